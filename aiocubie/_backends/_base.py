@@ -1,0 +1,156 @@
+"""The backend protocol: the one seam between aiocubie and a device (real or simulated).
+
+Every backend allocates by memory kind on a stream, frees, reports memory, records events
+and copies. Backends are synchronous and called from the event-loop thread; only their
+event callbacks may run on other threads. Only modules under ``_backends`` import numba.cuda
+or cupy, and they translate those libraries' errors into aiocubie's.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from typing import Any, Literal
+
+import attrs
+import numpy as np
+
+from .._requests import MemoryKind
+
+__all__ = ["ALLOCATORS", "Advice", "Backend", "Event", "MemoryInfo"]
+
+#: Allocator plugins a backend can switch between with ``set_allocator`` (seed 000).
+ALLOCATORS = ("default", "cupy", "cupy_async")
+
+#: Managed-memory advice (seed 004).
+Advice = Literal["preferred_location", "accessed_by", "read_mostly"]
+
+
+@attrs.frozen
+class MemoryInfo:
+    """Device memory in bytes, as the backend sees it (``free`` includes pool slack)."""
+
+    free: int
+    total: int
+
+
+class Event(abc.ABC):
+    """A point in a stream: done once all work queued on the stream before it is done."""
+
+    @abc.abstractmethod
+    def query(self) -> bool:
+        """True once the event has completed. Never blocks."""
+
+    @abc.abstractmethod
+    def synchronize(self) -> None:
+        """Block the calling thread until the event completes (for worker threads and tests)."""
+
+    @abc.abstractmethod
+    def add_done_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once when the event completes, from any thread.
+
+        If the event is already complete the callback may run at once, on the calling thread.
+        The callback must be quick and must not call into the device library.
+        """
+
+
+class Backend(abc.ABC):
+    """A device: memory, streams, events and copies.
+
+    Attributes
+    ----------
+    name : str
+        ``"simulator"`` or ``"cuda"``.
+    allocator : str
+        The allocator plugin in use, one of :data:`ALLOCATORS`.
+    granule : int
+        Bytes the planner keeps free for allocator rounding and fragmentation.
+    device_name : str
+        Human-readable device name.
+    """
+
+    name: str
+    allocator: str
+    granule: int
+    device_name: str
+
+    @abc.abstractmethod
+    def memory_info(self) -> MemoryInfo:
+        """Free and total device memory. May cost tens of microseconds on a GPU."""
+
+    @abc.abstractmethod
+    def create_stream(self) -> Any:
+        """A new stream. Work on one stream completes in the order it was queued."""
+
+    @abc.abstractmethod
+    def allocate(self, shape: tuple[int, ...], dtype: np.dtype[Any], kind: MemoryKind, stream: Any) -> Any:
+        """Allocate one C-contiguous array of ``kind``, ordered on ``stream``.
+
+        Raises
+        ------
+        AllocationError
+            When the device (or pool) has no room, or an injected fault fires.
+        """
+
+    @abc.abstractmethod
+    def zero(self, array: Any, stream: Any) -> None:
+        """Queue a fill of ``array`` with zeros on ``stream``."""
+
+    @abc.abstractmethod
+    def free(self, array: Any) -> None:
+        """Release ``array`` now; the caller drops every reference it holds to it."""
+
+    @abc.abstractmethod
+    def nbytes(self, array: Any) -> int:
+        """Bytes ``array`` takes."""
+
+    @abc.abstractmethod
+    def record_event(self, stream: Any) -> Event:
+        """Record an event on ``stream`` after everything queued so far.
+
+        Raises
+        ------
+        BackendError
+            If the event cannot be recorded.
+        """
+
+    @abc.abstractmethod
+    def copy(self, src: Any, dst: Any, stream: Any) -> None:
+        """Queue a copy from ``src`` to ``dst`` (host->device or device->host) on ``stream``.
+
+        Raises
+        ------
+        BackendError
+            On mismatched shapes or dtypes, or a failed copy.
+        """
+
+    @abc.abstractmethod
+    def host_array(self, shape: tuple[int, ...], dtype: np.dtype[Any], kind: MemoryKind) -> np.ndarray[Any, Any]:
+        """A zeroed host array: ``pinned`` (page-locked) or ``host`` (pageable)."""
+
+    @abc.abstractmethod
+    def prefetch(self, array: Any, device: int | None, stream: Any) -> None:
+        """Queue a prefetch of managed ``array`` to ``device`` (None: the CPU) on ``stream``."""
+
+    @abc.abstractmethod
+    def advise(self, array: Any, advice: Advice, device: int | None) -> None:
+        """Give managed-memory ``advice`` for ``array`` about ``device`` (None: the CPU)."""
+
+    @abc.abstractmethod
+    def set_allocator(self, name: str) -> None:
+        """Swap the allocator plugin through a context reset.
+
+        Every array and stream handed out before is invalid afterwards.
+
+        Raises
+        ------
+        UnknownAllocatorError
+            If ``name`` is not one of :data:`ALLOCATORS` (or is unavailable here).
+        """
+
+    @abc.abstractmethod
+    def reset(self) -> None:
+        """Reset the context: every array and stream handed out before is invalid."""
+
+    def close(self) -> None:
+        """Release what the backend holds (threads, pools). Idempotent."""

@@ -1,0 +1,157 @@
+"""The coordinated chunk planner: one plan along the run axis for a whole batch.
+
+Pure: no numba.cuda, no event loop, no I/O. Only VRAM kinds (device, managed) count against
+the bytes offered; host kinds are chunked in lockstep but cost no VRAM.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable, Mapping
+
+import attrs
+
+from ._errors import (
+    AiocubieWarning,
+    InsufficientMemoryError,
+    RunLengthMismatchError,
+    UnchunkableTooLargeError,
+)
+from ._requests import ArrayRequest
+
+__all__ = ["ChunkPlan", "offered_bytes", "plan_batch"]
+
+#: Above this many times the free memory, a request draws a warning (as cubie does).
+OVERSUBSCRIPTION_WARNING = 20
+
+
+@attrs.frozen
+class ChunkPlan:
+    """The chunk plan of one batch.
+
+    Attributes
+    ----------
+    runs : int
+        Length of the run axis (0 when nothing is chunkable).
+    chunks : int
+        Number of chunks; the minimum for the bytes offered.
+    chunk_length : int
+        Runs per chunk, ``ceil(runs / chunks)``.
+    offered : int
+        Bytes the plan had to fit in.
+    planned_bytes : int
+        VRAM bytes the batch takes with this plan (never more than ``offered``).
+    full_bytes : int
+        VRAM bytes the batch would take unchunked.
+    """
+
+    runs: int
+    chunks: int
+    chunk_length: int
+    offered: int
+    planned_bytes: int
+    full_bytes: int
+
+
+def offered_bytes(available: int, free: int, *, headroom: float, granule: int) -> int:
+    """Bytes a batch may use: ``min((1 - headroom) * available, free - granule)``, at least 0.
+
+    Parameters
+    ----------
+    available : int
+        What the group may use under the budget mode (free memory in passive mode; caps
+        minus holdings in active mode).
+    free : int
+        Free device memory as the backend reports it.
+    headroom : float
+        Fraction of ``available`` kept back, in [0, 1).
+    granule : int
+        Bytes kept free for allocator rounding and fragmentation.
+    """
+    return max(0, min(math.floor((1.0 - headroom) * available), free - granule))
+
+
+def _run_length(batch: Iterable[tuple[str, ArrayRequest]]) -> int:
+    runs: int | None = None
+    first = ""
+    for label, request in batch:
+        if request.unchunkable:
+            continue
+        if runs is None:
+            runs, first = request.runs, label
+        elif request.runs != runs:
+            raise RunLengthMismatchError(
+                f"arrays of one batch must agree on the run length: {first!r} has {runs} runs "
+                f"along its chunk axis but {label!r} has {request.runs}; give them the same "
+                "length, mark one unchunkable, or request them in different stream groups"
+            )
+    return runs or 0
+
+
+def plan_batch(
+    batch: Mapping[object, Mapping[str, ArrayRequest]],
+    offered: int,
+    *,
+    free: int | None = None,
+) -> ChunkPlan:
+    """Plan one batch of requests from several instances so that it fits ``offered`` bytes.
+
+    If the whole batch fits, the plan has one chunk. Otherwise the chunk count is the smallest
+    whose chunks fit: ``max_chunk = (offered - unchunkable) // bytes_per_run`` runs,
+    ``chunks = ceil(runs / max_chunk)``, ``chunk_length = ceil(runs / chunks)``. Integer
+    arithmetic throughout, so a plan is never larger than its budget.
+
+    Parameters
+    ----------
+    batch : mapping
+        Instance key -> ``{label: ArrayRequest}``.
+    offered : int
+        Bytes the batch may take (see :func:`offered_bytes`).
+    free : int, optional
+        Free device memory, only for the 20x oversubscription warning.
+
+    Raises
+    ------
+    RunLengthMismatchError
+        If chunkable arrays disagree on the run length.
+    UnchunkableTooLargeError
+        If the unchunkable arrays alone exceed ``offered``.
+    InsufficientMemoryError
+        If not even one run fits beside the unchunkable arrays.
+
+    Warns
+    -----
+    AiocubieWarning
+        If the batch asks for more than 20 times ``free``.
+    """
+    items = [(label, req) for requests in batch.values() for label, req in requests.items()]
+    runs = _run_length(items)
+    vram = [req for _, req in items if req.kind.uses_vram]
+    fixed = sum(req.nbytes for req in vram if req.unchunkable)
+    per_run = sum(req.bytes_per_run for req in vram)
+    full = fixed + per_run * runs
+
+    if free is not None and full > OVERSUBSCRIPTION_WARNING * max(free, 1):
+        warnings.warn(
+            f"the batch asks for {full} bytes, more than {OVERSUBSCRIPTION_WARNING}x the "
+            f"{free} bytes free: it will be walked in many small chunks",
+            AiocubieWarning,
+            stacklevel=2,
+        )
+    if full <= offered:
+        return ChunkPlan(runs, 1, runs, offered, full, full)
+    if fixed > offered:
+        raise UnchunkableTooLargeError(
+            f"the unchunkable arrays of the batch need {fixed} bytes but only {offered} are "
+            "offered: free memory, raise the group's proportion, or make them chunkable"
+        )
+    max_chunk = (offered - fixed) // per_run
+    if max_chunk < 1:
+        raise InsufficientMemoryError(
+            f"not even one run fits: one run needs {per_run} bytes beside {fixed} unchunkable, "
+            f"and {offered} are offered; free memory or raise the group's proportion"
+        )
+    chunks = -(-runs // max_chunk)
+    chunk_length = -(-runs // chunks)
+    return ChunkPlan(runs, chunks, chunk_length, offered, fixed + per_run * chunk_length, full)

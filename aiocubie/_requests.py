@@ -1,0 +1,268 @@
+"""Request and response value types: ArrayRequest, ArrayResponse, MemoryKind.
+
+Pure: no numba.cuda, no event loop. A request is validated when it is built, so a bad one
+never reaches the scheduler.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import numbers
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import attrs
+import numpy as np
+
+from ._errors import InvalidRequestError
+
+__all__ = ["ArrayRequest", "ArrayResponse", "MemoryKind", "check_requests"]
+
+#: Largest byte count one array may have (a signed 64-bit size, as CUDA and numpy use).
+MAX_NBYTES = 2**63 - 1
+
+
+class MemoryKind(str, enum.Enum):
+    """Where an array lives.
+
+    ``device`` and ``managed`` count against VRAM (and against caps in active mode);
+    ``pinned``, ``mapped`` and ``host`` live in host memory and are never budgeted.
+    """
+
+    DEVICE = "device"
+    PINNED = "pinned"
+    MAPPED = "mapped"
+    HOST = "host"
+    MANAGED = "managed"
+
+    @property
+    def uses_vram(self) -> bool:
+        """True for the kinds that take device memory."""
+        return self in (MemoryKind.DEVICE, MemoryKind.MANAGED)
+
+    @classmethod
+    def parse(cls, value: MemoryKind | str) -> MemoryKind:
+        """Return the kind named by ``value``; raise InvalidRequestError for an unknown name."""
+        if isinstance(value, MemoryKind):
+            return value
+        try:
+            return cls(value)
+        except ValueError:
+            names = ", ".join(k.value for k in cls)
+            raise InvalidRequestError(
+                f"unknown memory kind {value!r}: use one of {names}"
+            ) from None
+
+
+def _shape(value: Any) -> tuple[int, ...]:
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = (value,)
+    try:
+        dims = tuple(value)
+    except TypeError:
+        raise InvalidRequestError(
+            f"shape must be a tuple of non-negative integers, got {value!r}"
+        ) from None
+    for dim in dims:
+        if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
+            raise InvalidRequestError(
+                f"shape {value!r} holds {dim!r}, which is not an integer: "
+                "pass whole numbers of elements"
+            )
+        if dim < 0:
+            raise InvalidRequestError(f"shape {value!r} holds the negative size {dim}")
+    return tuple(int(d) for d in dims)
+
+
+def _dtype(value: Any) -> np.dtype[Any]:
+    try:
+        dtype = np.dtype(value)
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequestError(f"dtype {value!r} is not a numpy dtype: {exc}") from None
+    if dtype.kind not in "biufc" or dtype.hasobject:
+        raise InvalidRequestError(
+            f"dtype {dtype} is not supported on the GPU: use a boolean, integer, float or complex dtype"
+        )
+    return dtype
+
+
+@attrs.frozen
+class ArrayRequest:
+    """One array a component asks for.
+
+    Parameters
+    ----------
+    shape : tuple of int
+        Full (unchunked) shape. A bare int means a 1-d array.
+    dtype : numpy dtype or anything ``np.dtype`` accepts
+        Boolean, integer, float or complex.
+    kind : MemoryKind or str
+        ``"device"`` (default), ``"pinned"``, ``"mapped"``, ``"host"`` or ``"managed"``.
+    chunk_axis : int
+        The run axis, along which a batch is chunked when it does not fit. Negative values
+        count from the end.
+    unchunkable : bool
+        Keep the full shape whatever the plan (parameters, lookup tables).
+    zero : bool
+        Fill with zeros on the group's stream before the request resolves.
+
+    Raises
+    ------
+    InvalidRequestError
+        For a negative or non-integer size, an unsupported dtype, an unknown kind, a chunk
+        axis out of range, or an array larger than 2**63 - 1 bytes.
+
+    Examples
+    --------
+    >>> ArrayRequest(shape=(8, 1000), dtype="float32", chunk_axis=1).nbytes
+    32000
+    """
+
+    shape: tuple[int, ...] = attrs.field(converter=_shape)
+    dtype: np.dtype[Any] = attrs.field(converter=_dtype)
+    kind: MemoryKind = attrs.field(default=MemoryKind.DEVICE, converter=MemoryKind.parse)
+    chunk_axis: int = attrs.field(default=0)
+    unchunkable: bool = attrs.field(default=False, converter=bool)
+    zero: bool = attrs.field(default=False, converter=bool)
+
+    def __attrs_post_init__(self) -> None:
+        axis = self.chunk_axis
+        if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
+            raise InvalidRequestError(f"chunk_axis must be an integer, got {axis!r}")
+        ndim = len(self.shape)
+        if not self.unchunkable:
+            if ndim == 0:
+                raise InvalidRequestError(
+                    "a 0-d array has no axis to chunk: pass unchunkable=True"
+                )
+            if not -ndim <= axis < ndim:
+                raise InvalidRequestError(
+                    f"chunk_axis {axis} is out of range for shape {self.shape} "
+                    f"(valid: {-ndim}..{ndim - 1})"
+                )
+            object.__setattr__(self, "chunk_axis", int(axis) % ndim)
+        nbytes = math.prod(self.shape) * self.dtype.itemsize
+        if nbytes > MAX_NBYTES:
+            raise InvalidRequestError(
+                f"shape {self.shape} of {self.dtype} needs {nbytes} bytes, "
+                f"over the 2**63 - 1 a single array may have"
+            )
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the full, unchunked array."""
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    @property
+    def runs(self) -> int | None:
+        """Length of the run axis, or None for an unchunkable array."""
+        return None if self.unchunkable else self.shape[self.chunk_axis]
+
+    @property
+    def bytes_per_run(self) -> int:
+        """Bytes one run of this array takes (0 for an unchunkable array)."""
+        if self.unchunkable:
+            return 0
+        per_run = math.prod(s for i, s in enumerate(self.shape) if i != self.chunk_axis)
+        return per_run * self.dtype.itemsize
+
+    def chunked_shape(self, chunk_length: int) -> tuple[int, ...]:
+        """The shape this array has when the run axis is cut to ``chunk_length``."""
+        if self.unchunkable:
+            return self.shape
+        shape = list(self.shape)
+        shape[self.chunk_axis] = min(chunk_length, shape[self.chunk_axis])
+        return tuple(shape)
+
+
+def check_requests(requests: Any) -> dict[str, ArrayRequest]:
+    """Validate a ``{label: ArrayRequest}`` mapping and return it as a plain dict.
+
+    Raises
+    ------
+    InvalidRequestError
+        If ``requests`` is not a mapping of non-empty string labels to ArrayRequest.
+    """
+    if not isinstance(requests, Mapping):
+        raise InvalidRequestError(
+            f"requests must be a mapping of label -> ArrayRequest, got {type(requests).__name__}"
+        )
+    checked: dict[str, ArrayRequest] = {}
+    for label, request in requests.items():
+        if not isinstance(label, str) or not label:
+            raise InvalidRequestError(f"array labels must be non-empty strings, got {label!r}")
+        if not isinstance(request, ArrayRequest):
+            raise InvalidRequestError(
+                f"requests[{label!r}] is a {type(request).__name__}, not an ArrayRequest"
+            )
+        checked[label] = request
+    return checked
+
+
+@attrs.frozen(eq=False)
+class ArrayResponse:
+    """What a request resolves to: the arrays and the batch's chunk plan.
+
+    Every member of a batch gets the same ``chunks`` and ``chunk_length``, so all of them walk
+    the same chunks in lockstep: chunk ``i`` covers runs ``[i * chunk_length,
+    min((i + 1) * chunk_length, runs))``.
+
+    Attributes
+    ----------
+    arrays : dict
+        Label -> array allocated with its chunked shape (empty for a group member that had
+        nothing queued in the batch).
+    chunks : int
+        Number of chunks the batch is walked in (1 when it fits whole).
+    chunk_length : int
+        Runs per chunk (the last chunk may be shorter).
+    runs : int
+        Length of the run axis of the whole batch (0 when no array is chunkable).
+    chunked_shapes : dict
+        Label -> shape of each allocated array.
+    chunk_axes : dict
+        Label -> run axis of each array (None for unchunkable arrays).
+    stream : object
+        The stream group's stream the arrays were allocated on.
+    """
+
+    arrays: dict[str, Any]
+    chunks: int
+    chunk_length: int
+    runs: int
+    chunked_shapes: dict[str, tuple[int, ...]]
+    chunk_axes: dict[str, int | None]
+    stream: Any
+
+    def chunk_bounds(self, index: int) -> tuple[int, int]:
+        """Return ``(start, stop)`` in runs of chunk ``index``.
+
+        Raises
+        ------
+        IndexError
+            If ``index`` is not in ``range(self.chunks)``.
+        """
+        if not 0 <= index < self.chunks:
+            raise IndexError(f"chunk {index} out of range: the plan has {self.chunks} chunks")
+        start = index * self.chunk_length
+        return start, min(start + self.chunk_length, self.runs)
+
+    def chunk_slices(self, index: int, label: str) -> tuple[slice, ...]:
+        """Index of chunk ``index`` into the *full-size* host array matching ``label``.
+
+        Unchunkable arrays get full slices. Use it to copy the chunk's part of a host array
+        into (or out of) the device array ``arrays[label]``.
+        """
+        start, stop = self.chunk_bounds(index)
+        shape = self.chunked_shapes[label]
+        axis = self.chunk_axes[label]
+        index_tuple = [slice(None)] * len(shape)
+        if axis is not None:
+            index_tuple[axis] = slice(start, stop)
+        return tuple(index_tuple)
+
+    def chunk_ranges(self) -> Iterator[tuple[int, int]]:
+        """Yield ``(start, stop)`` of every chunk, in order."""
+        for index in range(self.chunks):
+            yield self.chunk_bounds(index)
