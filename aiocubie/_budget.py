@@ -185,17 +185,18 @@ class Budget:
 
 
 def group_available(
-    mode: LimitMode, *, free: int, group_cap: int, group_held: int, group: str = "?"
+    mode: LimitMode, *, free: int, group_cap: int, group_held: int, group: str = "?", warn: bool = True
 ) -> int:
     """Bytes a stream group may use for its next batch.
 
     Passive mode: the device's free memory. Active mode: the group's cap (the sum of its
     members' caps) minus what its members hold, never more than the free memory; above 95%
-    of the cap in use, an AiocubieWarning.
+    of the cap in use, an AiocubieWarning (unless ``warn`` is false).
     """
+    mode = LimitMode.parse(mode)  # a plain "passive" is not LimitMode.PASSIVE by identity
     if mode is LimitMode.PASSIVE:
         return max(0, free)
-    if group_cap > 0 and group_held > HIGH_USE_WARNING * group_cap:
+    if warn and group_cap > 0 and group_held > HIGH_USE_WARNING * group_cap:
         warnings.warn(
             f"stream group {group!r} holds {group_held} of its {group_cap} bytes "
             f"({group_held / group_cap:.0%}): release arrays or raise its proportions",

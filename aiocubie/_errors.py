@@ -12,6 +12,7 @@ __all__ = [
     "AllocationError",
     "BackendError",
     "BudgetError",
+    "ConfigurationError",
     "ContextResetError",
     "InsufficientMemoryError",
     "InvalidRequestError",
@@ -48,8 +49,12 @@ class BudgetError(AiocubieError, ValueError):
     """A VRAM proportion is invalid or would break the budget (over 1, or the 5% auto pool)."""
 
 
-class UnknownAllocatorError(AiocubieError, ValueError):
-    """``set_allocator`` or a backend name names something that does not exist."""
+class ConfigurationError(AiocubieError, ValueError):
+    """A manager option is invalid (mode, policy, headroom, batch window, backend name...)."""
+
+
+class UnknownAllocatorError(ConfigurationError):
+    """``set_allocator`` names an allocator that does not exist or cannot be used here."""
 
 
 class PlanningError(AiocubieError):

@@ -2,6 +2,70 @@
 
 from __future__ import annotations
 
-from ._base import ALLOCATORS, Advice, Backend, Event, MemoryInfo
+import logging
+import os
 
-__all__ = ["ALLOCATORS", "Advice", "Backend", "Event", "MemoryInfo"]
+from .._errors import ConfigurationError, UnknownAllocatorError
+from ._base import ALLOCATORS, Advice, Backend, Event, MemoryInfo
+from ._simulator import Faults, SimulatorBackend
+
+__all__ = [
+    "ALLOCATORS",
+    "Advice",
+    "Backend",
+    "Event",
+    "Faults",
+    "MemoryInfo",
+    "SimulatorBackend",
+    "create_backend",
+    "gpu_status",
+]
+
+BACKENDS = ("auto", "simulator", "cuda")
+log = logging.getLogger("aiocubie")
+
+
+def gpu_status() -> tuple[bool, str]:
+    """Whether a usable CUDA GPU is present, and why (or why not)."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        return False, "NUMBA_ENABLE_CUDASIM=1 selects numba's CUDA simulator"
+    try:
+        from ._cuda import cuda_usable
+    except ImportError as exc:
+        return False, f"numba.cuda cannot be imported ({exc})"
+    return cuda_usable()
+
+
+def create_backend(name: str = "auto", *, allocator: str | None = None) -> Backend:
+    """Create the backend ``name``: ``"auto"``, ``"simulator"`` or ``"cuda"``.
+
+    ``"auto"`` picks ``"cuda"`` when a usable GPU is present and the simulator otherwise, and
+    logs which and why at INFO level.
+
+    Raises
+    ------
+    ConfigurationError
+        For an unknown backend name, or ``"cuda"`` without a usable GPU.
+    UnknownAllocatorError
+        For an unknown allocator name.
+    """
+    if name not in BACKENDS:
+        raise ConfigurationError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
+    if allocator is not None and allocator not in ALLOCATORS:
+        raise UnknownAllocatorError(f"unknown allocator {allocator!r}: use one of {', '.join(ALLOCATORS)}")
+    if name == "auto":
+        usable, why = gpu_status()
+        name = "cuda" if usable else "simulator"
+        log.info("aiocubie backend: %s (%s)", name, why)
+    if name == "simulator":
+        backend: Backend = SimulatorBackend()
+    else:
+        usable, why = gpu_status()
+        if not usable:
+            raise ConfigurationError(f"backend 'cuda' is not usable here: {why}; use 'simulator'")
+        from ._cuda import CudaBackend
+
+        backend = CudaBackend()
+    if allocator is not None and allocator != backend.allocator:
+        backend.set_allocator(allocator)
+    return backend

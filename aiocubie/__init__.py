@@ -1,0 +1,76 @@
+"""aiocubie: an async GPU memory allocation service.
+
+Components register with a :class:`MemoryManager` and ``await mgr.request(...)`` the arrays
+they need; requests of a stream group are batched, chunk-planned to fit the memory budget,
+allocated on the group's stream, and resolved when the device is done.
+"""
+
+from __future__ import annotations
+
+from ._backends import ALLOCATORS, Backend, Event, Faults, MemoryInfo, SimulatorBackend, create_backend, gpu_status
+from ._budget import MIN_AUTO_POOL, LimitMode
+from ._errors import (
+    AiocubieError,
+    AiocubieWarning,
+    AllocationError,
+    BackendError,
+    BudgetError,
+    ConfigurationError,
+    ContextResetError,
+    InsufficientMemoryError,
+    InvalidRequestError,
+    ManagerStateError,
+    PlanningError,
+    RegistrationError,
+    RunLengthMismatchError,
+    UnchunkableTooLargeError,
+    UnknownAllocatorError,
+)
+from ._manager import MemoryManager, PendingRequest, default_manager
+from ._planner import ChunkPlan, offered_bytes, plan_batch
+from ._requests import ArrayRequest, ArrayResponse, MemoryKind
+from ._scheduler import Policy
+from ._stats import Percentiles, Snapshot, UsageStats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ALLOCATORS",
+    "MIN_AUTO_POOL",
+    "AiocubieError",
+    "AiocubieWarning",
+    "AllocationError",
+    "ArrayRequest",
+    "ArrayResponse",
+    "Backend",
+    "BackendError",
+    "BudgetError",
+    "ChunkPlan",
+    "ConfigurationError",
+    "ContextResetError",
+    "Event",
+    "Faults",
+    "InsufficientMemoryError",
+    "InvalidRequestError",
+    "LimitMode",
+    "ManagerStateError",
+    "MemoryInfo",
+    "MemoryKind",
+    "MemoryManager",
+    "PendingRequest",
+    "Percentiles",
+    "PlanningError",
+    "Policy",
+    "RegistrationError",
+    "RunLengthMismatchError",
+    "SimulatorBackend",
+    "Snapshot",
+    "UnchunkableTooLargeError",
+    "UnknownAllocatorError",
+    "UsageStats",
+    "create_backend",
+    "default_manager",
+    "gpu_status",
+    "offered_bytes",
+    "plan_batch",
+]

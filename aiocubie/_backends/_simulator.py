@@ -1,0 +1,317 @@
+"""The simulator backend: a device modelled on the CPU, so the whole service runs without a GPU.
+
+It models total and free memory, stream order (one worker thread per stream runs queued work
+in order, each item taking ``latency`` seconds), events that complete only after the work
+queued before them, and faults injected on demand. Arrays are real numpy arrays, which numba
+kernels accept under NUMBA_ENABLE_CUDASIM. It imports neither numba.cuda nor cupy.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+import numpy as np
+
+from .._errors import AllocationError, BackendError, UnknownAllocatorError
+from .._requests import MemoryKind
+from ._base import ALLOCATORS, Advice, Backend, Event, MemoryInfo
+
+__all__ = ["Faults", "SimulatorBackend", "SimEvent", "SimStream"]
+
+FaultSite = Literal["allocate", "record_event", "copy", "prefetch"]
+_FAULT_SITES = ("allocate", "record_event", "copy", "prefetch")
+
+
+class Faults:
+    """Faults to inject into a :class:`SimulatorBackend`.
+
+    Examples
+    --------
+    >>> sim = SimulatorBackend(total=1 << 20)
+    >>> sim.faults.inject("allocate", after=2)      # the 3rd allocation from now fails once
+    >>> sim.faults.inject("copy", probability=0.1, times=None, seed=0)  # 10% of copies fail
+    """
+
+    def __init__(self) -> None:
+        self._rules: dict[str, list[_Rule]] = {site: [] for site in _FAULT_SITES}
+        self.fired: dict[str, int] = dict.fromkeys(_FAULT_SITES, 0)
+        self._lock = threading.Lock()
+
+    def inject(
+        self,
+        site: FaultSite,
+        *,
+        after: int = 0,
+        times: int | None = 1,
+        probability: float = 1.0,
+        seed: int | None = None,
+    ) -> None:
+        """Make operations at ``site`` fail.
+
+        Parameters
+        ----------
+        site : {"allocate", "record_event", "copy", "prefetch"}
+            Which operation fails.
+        after : int
+            Let this many operations at ``site`` succeed first.
+        times : int or None
+            How many failures to inject (None: forever, until :meth:`clear`).
+        probability : float
+            Chance that an eligible operation fails (1.0: always).
+        seed : int, optional
+            Seed for the random draws, for reproducible tests.
+        """
+        if site not in self._rules:
+            raise ValueError(f"unknown fault site {site!r}: use one of {', '.join(_FAULT_SITES)}")
+        if after < 0 or (times is not None and times < 1) or not 0.0 <= probability <= 1.0:
+            raise ValueError(
+                f"bad fault rule: after={after} (>= 0), times={times} (>= 1 or None), "
+                f"probability={probability} (in [0, 1])"
+            )
+        with self._lock:
+            self._rules[site].append(_Rule(after, times, probability, random.Random(seed)))
+
+    def clear(self) -> None:
+        """Remove every rule."""
+        with self._lock:
+            for rules in self._rules.values():
+                rules.clear()
+
+    def check(self, site: str) -> bool:
+        """Count one operation at ``site``; True if it must fail."""
+        with self._lock:
+            rules = self._rules[site]
+            for rule in rules:
+                if rule.fires():
+                    if rule.times == 0:
+                        rules.remove(rule)
+                    self.fired[site] += 1
+                    return True
+            return False
+
+
+class _Rule:
+    def __init__(self, after: int, times: int | None, probability: float, rng: random.Random) -> None:
+        self.after, self.times, self.probability, self.rng = after, times, probability, rng
+
+    def fires(self) -> bool:
+        if self.after > 0:
+            self.after -= 1
+            return False
+        if self.probability < 1.0 and self.rng.random() >= self.probability:
+            return False
+        if self.times is not None:
+            self.times -= 1
+        return True
+
+
+class SimStream:
+    """A simulated stream: a worker thread that runs queued work in order."""
+
+    _ids = itertools.count()
+
+    def __init__(self, latency: float) -> None:
+        self.id = next(self._ids)
+        self.latency = latency
+        self.closed = False
+        self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=f"aiocubie-sim-stream-{self.id}", daemon=True)
+        self._thread.start()
+
+    def __repr__(self) -> str:
+        return f"<SimStream {self.id}>"
+
+    def enqueue(self, work: Callable[[], None]) -> None:
+        """Queue ``work`` to run after everything queued before it, ``latency`` seconds later."""
+        if self.closed:
+            raise BackendError(f"{self!r} was closed by a context reset: call reinit_streams()")
+        self._queue.put(work)
+
+    def close(self) -> None:
+        """Stop the worker after the work queued so far."""
+        if not self.closed:
+            self.closed = True
+            self._queue.put(None)
+
+    def _run(self) -> None:
+        while (work := self._queue.get()) is not None:
+            if self.latency:
+                time.sleep(self.latency)
+            work()
+
+
+class SimEvent(Event):
+    """An event on a :class:`SimStream`: done once the worker reaches it."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+
+    def query(self) -> bool:
+        return self._done.is_set()
+
+    def synchronize(self) -> None:
+        self._done.wait()
+
+    def add_done_callback(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
+
+    def _complete(self) -> None:
+        with self._lock:
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+
+class SimulatorBackend(Backend):
+    """A faithful CPU model of a CUDA device.
+
+    Parameters
+    ----------
+    total : int
+        Device memory in bytes (default 8 GiB).
+    latency : float
+        Seconds each item of stream work (allocation fill, copy, event) takes.
+    granule : int
+        Bytes the planner keeps free (as a GPU allocator's rounding would need).
+    reserved : int
+        Bytes taken by "other processes" at the start (see :meth:`occupy`).
+
+    Attributes
+    ----------
+    faults : Faults
+        Inject allocation, event, copy and prefetch failures.
+    """
+
+    name = "simulator"
+
+    def __init__(
+        self,
+        total: int = 8 << 30,
+        *,
+        latency: float = 0.0,
+        granule: int = 0,
+        reserved: int = 0,
+    ) -> None:
+        if total <= 0 or reserved < 0 or reserved > total or latency < 0 or granule < 0:
+            raise ValueError(
+                f"bad simulator settings: total={total} (> 0), reserved={reserved} "
+                f"(0..total), latency={latency} (>= 0), granule={granule} (>= 0)"
+            )
+        self.total = total
+        self.latency = latency
+        self.granule = granule
+        self.allocator = "default"
+        self.device_name = f"aiocubie simulator ({total / 2**30:.3g} GiB)"
+        self.faults = Faults()
+        self.resets = 0
+        self._reserved = reserved
+        self._used = 0
+        self._live: dict[int, int] = {}  # id(array) -> VRAM bytes
+        self._streams: list[SimStream] = []
+
+    # -- memory ---------------------------------------------------------------------------
+    @property
+    def used(self) -> int:
+        """VRAM bytes held by live arrays of this backend."""
+        return self._used
+
+    def occupy(self, nbytes: int) -> None:
+        """Pretend another process took (positive) or released (negative) ``nbytes``."""
+        if not 0 <= self._reserved + nbytes <= self.total - self._used:
+            raise ValueError(f"cannot occupy {nbytes} bytes: {self.memory_info()}")
+        self._reserved += nbytes
+
+    def memory_info(self) -> MemoryInfo:
+        return MemoryInfo(free=self.total - self._used - self._reserved, total=self.total)
+
+    def allocate(self, shape: tuple[int, ...], dtype: np.dtype[Any], kind: MemoryKind, stream: Any) -> Any:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if self.faults.check("allocate"):
+            raise AllocationError(f"injected fault: allocating {nbytes} bytes of {kind.value} {shape} {dtype}")
+        if kind.uses_vram:
+            free = self.memory_info().free
+            if nbytes > free:
+                raise AllocationError(
+                    f"out of memory: asked for {nbytes} bytes of {kind.value} memory "
+                    f"({shape}, {dtype}) with {free} of {self.total} free"
+                )
+        array = np.empty(shape, dtype)
+        if kind.uses_vram:
+            self._used += nbytes
+            self._live[id(array)] = nbytes
+        return array
+
+    def zero(self, array: Any, stream: SimStream) -> None:
+        stream.enqueue(lambda: array.fill(0))
+
+    def free(self, array: Any) -> None:
+        self._used -= self._live.pop(id(array), 0)
+
+    def nbytes(self, array: Any) -> int:
+        return int(array.nbytes)
+
+    def host_array(self, shape: tuple[int, ...], dtype: np.dtype[Any], kind: MemoryKind) -> np.ndarray[Any, Any]:
+        return np.zeros(shape, dtype)
+
+    # -- streams, events, copies ----------------------------------------------------------
+    def create_stream(self) -> SimStream:
+        stream = SimStream(self.latency)
+        self._streams.append(stream)
+        return stream
+
+    def record_event(self, stream: SimStream) -> SimEvent:
+        if self.faults.check("record_event"):
+            raise BackendError(f"injected fault: recording an event on {stream}")
+        event = SimEvent()
+        stream.enqueue(event._complete)
+        return event
+
+    def copy(self, src: Any, dst: Any, stream: SimStream) -> None:
+        if getattr(src, "shape", None) != getattr(dst, "shape", None) or src.dtype != dst.dtype:
+            raise BackendError(
+                f"cannot copy {getattr(src, 'shape', '?')} {getattr(src, 'dtype', '?')} into "
+                f"{getattr(dst, 'shape', '?')} {getattr(dst, 'dtype', '?')}: shapes and dtypes must match"
+            )
+        if self.faults.check("copy"):
+            raise BackendError(f"injected fault: copying {src.nbytes} bytes on {stream}")
+        stream.enqueue(lambda: np.copyto(dst, src))
+
+    def prefetch(self, array: Any, device: int | None, stream: SimStream) -> None:
+        if self.faults.check("prefetch"):
+            raise BackendError(f"injected fault: prefetching {array.nbytes} bytes on {stream}")
+        stream.enqueue(lambda: None)  # ordered like real work; data never moves on a CPU
+
+    def advise(self, array: Any, advice: Advice, device: int | None) -> None:
+        if advice not in ("preferred_location", "accessed_by", "read_mostly"):
+            raise BackendError(f"unknown managed-memory advice {advice!r}")
+
+    # -- context ----------------------------------------------------------------------------
+    def set_allocator(self, name: str) -> None:
+        if name not in ALLOCATORS:
+            raise UnknownAllocatorError(f"unknown allocator {name!r}: use one of {', '.join(ALLOCATORS)}")
+        self.reset()
+        self.allocator = name
+
+    def reset(self) -> None:
+        self.resets += 1
+        self._live.clear()
+        self._used = 0
+        self.close()
+
+    def close(self) -> None:
+        for stream in self._streams:
+            stream.close()
+        self._streams.clear()

@@ -1,0 +1,327 @@
+"""The per-group scheduler: collect requests into batches, plan, allocate, resolve.
+
+One :class:`GroupScheduler` task per stream group, owned by the manager's task group. A batch
+closes when the batch window has passed since its first request, when every member of the
+group has asked, or on :meth:`GroupScheduler.flush`. The batch gets one chunk plan, is
+allocated on the group's stream (all or nothing), and its requests resolve when the event
+recorded after the allocation completes. Resolution runs in its own task, so the group goes
+on to its next batch while the device works, and groups never wait on each other.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import inspect
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import attrs
+
+from ._backends import Backend, Event
+from ._completion import wait_event
+from ._errors import AiocubieError, BackendError, ContextResetError, InsufficientMemoryError
+from ._ledger import Allocation
+from ._planner import ChunkPlan, plan_batch
+from ._requests import ArrayRequest, ArrayResponse
+
+if TYPE_CHECKING:
+    from ._manager import MemoryManager
+
+__all__ = ["GroupScheduler", "Policy", "Ticket", "allocate_batch"]
+
+log = logging.getLogger("aiocubie")
+
+
+class Policy(str, enum.Enum):
+    """What an active-mode batch does when it does not fit the group's headroom now.
+
+    ``chunk``: plan against the headroom there is (more, smaller chunks).
+    ``wait``: wait, first come first served, until enough memory is released for the plan the
+    batch would get if the group held nothing.
+    ``fail``: raise :class:`InsufficientMemoryError` unless the batch fits whole.
+    """
+
+    CHUNK = "chunk"
+    WAIT = "wait"
+    FAIL = "fail"
+
+
+class State(enum.Enum):
+    PENDING = "pending"  # queued or being planned
+    ALLOCATED = "allocated"  # arrays exist; waiting for the device
+    READY = "ready"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+_ticket_ids = itertools.count()
+
+
+@attrs.define(eq=False)
+class Ticket:
+    """One ``await mgr.request(...)`` on its way through a group's scheduler."""
+
+    key: Hashable
+    group: str
+    requests: dict[str, ArrayRequest]
+    enqueued: float = attrs.field(factory=time.perf_counter)
+    done: anyio.Event = attrs.field(factory=anyio.Event)
+    state: State = State.PENDING
+    response: ArrayResponse | None = None
+    error: BaseException | None = None
+    id: int = attrs.field(factory=lambda: next(_ticket_ids))
+
+    def fail(self, error: BaseException) -> None:
+        """End the ticket with ``error`` (a copy: each awaiting task raises its own)."""
+        if self.state in (State.PENDING, State.ALLOCATED):
+            own = copy.copy(error)
+            own.__cause__ = error.__cause__
+            self.error, self.state = own, State.FAILED
+            self.done.set()
+
+
+class GroupScheduler:
+    """Batches, plans, allocates and resolves the requests of one stream group."""
+
+    def __init__(self, manager: MemoryManager, name: str) -> None:
+        self.mgr = manager
+        self.name = name
+        self.queue: deque[Ticket] = deque()
+        self._wake = anyio.Event()
+        self._changed = anyio.Event()  # memory released or a waiting ticket cancelled
+        self._flush = False
+        self._inflight: dict[int, tuple[list[Ticket], anyio.CancelScope]] = {}
+        self._waiting: list[Ticket] = []  # the batch being planned or waiting for memory
+
+    # -- called by the manager (sync, loop thread) -----------------------------------------
+    def submit(self, ticket: Ticket) -> None:
+        """Queue ``ticket`` for the next batch."""
+        self.queue.append(ticket)
+        self._wake.set()
+
+    def flush(self) -> None:
+        """Close the batch being collected now, without waiting for the window."""
+        self._flush = True
+        self._wake.set()
+
+    def changed(self) -> None:
+        """Memory was released (or a waiting request withdrawn): re-check a waiting batch."""
+        self._changed.set()
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Withdraw ``ticket`` (its awaiting task was cancelled); free what it holds."""
+        if ticket.state is State.PENDING:
+            try:
+                self.queue.remove(ticket)
+            except ValueError:  # already taken into a batch: the planner drops it
+                self.changed()
+        if ticket.state in (State.PENDING, State.ALLOCATED, State.READY):
+            was_ready = ticket.state is State.READY
+            ticket.state = State.CANCELLED
+            if was_ready:
+                # the arrays exist but the caller will never see them
+                self.mgr._release_response(ticket.response)
+            self.mgr._counters(self.name, ticket.key, "cancellations")
+
+    def pending(self) -> list[Ticket]:
+        """Every ticket not yet resolved: queued, being planned or in flight."""
+        inflight = [t for tickets, _ in self._inflight.values() for t in tickets]
+        return [*self.queue, *self._waiting, *inflight]
+
+    def reset(self, error: AiocubieError) -> None:
+        """A context reset: fail every in-flight ticket (its arrays are gone) with ``error``.
+
+        Queued and planning tickets stay: they are served on the new context.
+        """
+        for tickets, scope in self._inflight.values():
+            scope.cancel()
+            for ticket in tickets:
+                ticket.fail(error)
+        self._inflight.clear()
+        self.changed()
+
+    # -- the scheduler task ----------------------------------------------------------------
+    async def run(self) -> None:
+        """Serve batches until cancelled."""
+        while True:
+            batch = await self._collect()
+            try:
+                await self._serve(batch)
+            except AiocubieError as exc:
+                log.info("group %r: batch of %d failed: %s", self.name, len(batch), exc)
+                self._fail(batch, exc)
+            except Exception as exc:  # a bug or a foreign error: fail the batch, keep serving
+                log.exception("group %r: batch of %d failed unexpectedly", self.name, len(batch))
+                error = BackendError(f"allocation failed unexpectedly: {exc!r}")
+                error.__cause__ = exc
+                self._fail(batch, error)
+            finally:
+                self._waiting = []
+
+    async def _wait(self, which: str) -> None:
+        await getattr(self, which).wait()
+        setattr(self, which, anyio.Event())
+
+    async def _collect(self) -> list[Ticket]:
+        while not self.queue:
+            await self._wait("_wake")
+        window = self.mgr.options.batch_window
+        if window > 0:
+            with anyio.move_on_after(window):
+                while not (self._flush or self._everyone_asked()):
+                    await self._wait("_wake")
+        self._flush = False
+        limit = self.mgr.options.max_batch or len(self.queue)
+        batch = [self.queue.popleft() for _ in range(min(limit, len(self.queue)))]
+        self._waiting = batch
+        return batch
+
+    def _everyone_asked(self) -> bool:
+        asked = {ticket.key for ticket in self.queue}
+        return self.mgr._members_of(self.name) <= asked
+
+    def _live(self, batch: list[Ticket]) -> list[Ticket]:
+        return [t for t in batch if t.state is State.PENDING]
+
+    async def _serve(self, batch: list[Ticket]) -> None:
+        plan = await self._plan(batch)
+        batch = self._live(batch)
+        if plan is None or not batch:
+            return
+        stream = self.mgr._stream_of_group(self.name)
+        allocations, event = allocate_batch(
+            self.mgr.backend, self.name, [(t.key, t.requests) for t in batch], plan, stream
+        )
+        now = time.perf_counter()
+        for ticket, allocs in zip(batch, allocations):
+            ticket.response = self.mgr._respond(ticket.requests, allocs, plan, stream)
+            ticket.state = State.ALLOCATED
+            self.mgr._record_wait(self.name, ticket.key, now - ticket.enqueued)
+        self.mgr._record_batch(self.name, plan, {t.key for t in batch})
+        scope = anyio.CancelScope()
+        self._inflight[id(scope)] = (batch, scope)
+        self.mgr._spawn(self._resolve, batch, plan, event, scope, stream, now)
+
+    async def _plan(self, batch: list[Ticket]) -> ChunkPlan | None:
+        """One plan for the live tickets of ``batch``; under the wait policy, wait for room."""
+        mgr = self.mgr
+        while batch := self._live(batch):
+            requests = {t.id: t.requests for t in batch}
+            plan, offered, free = self._plan_against(requests, fresh=False)
+            if plan is None or plan.chunks > 1:  # about to chunk or fail: read the device again
+                plan, offered, free = self._plan_against(requests, fresh=True)
+            if mgr.policy is Policy.CHUNK or not mgr.active:
+                return plan or plan_batch(requests, offered, free=free)
+            if plan is not None and plan.chunks == 1:
+                return plan
+            if mgr.policy is Policy.FAIL:
+                full = sum(r.nbytes for reqs in requests.values() for r in reqs.values() if r.kind.uses_vram)
+                raise InsufficientMemoryError(
+                    f"policy 'fail': the batch needs {full} bytes whole but group {self.name!r} "
+                    f"is offered {offered}; release memory, or use policy 'chunk' or 'wait'"
+                )
+            best = plan_batch(requests, mgr._offered(self.name, free, as_if_empty=True))
+            if plan is not None and plan.planned_bytes >= best.planned_bytes:
+                return plan
+            # not enough room yet: wait for a release (or re-read the device now and then)
+            with anyio.move_on_after(0.05):
+                await self._wait("_changed")
+        return None
+
+    def _plan_against(
+        self, requests: dict[int, dict[str, ArrayRequest]], *, fresh: bool
+    ) -> tuple[ChunkPlan | None, int, int]:
+        free = self.mgr._free_memory(fresh=fresh)
+        offered = self.mgr._offered(self.name, free)
+        try:
+            return plan_batch(requests, offered, free=free), offered, free
+        except InsufficientMemoryError:
+            return None, offered, free
+
+    async def _resolve(
+        self,
+        batch: list[Ticket],
+        plan: ChunkPlan,
+        event: Event,
+        scope: anyio.CancelScope,
+        stream: Any,
+        recorded: float,
+    ) -> None:
+        with scope:
+            await wait_event(event)
+        if scope.cancel_called:  # a context reset failed these tickets already
+            return
+        del self._inflight[id(scope)]
+        now = time.perf_counter()
+        for ticket in batch:
+            if ticket.state is State.ALLOCATED:
+                ticket.state = State.READY
+                self.mgr._record_ready(self.name, ticket.key, now - recorded)
+                ticket.done.set()
+            elif ticket.state is State.CANCELLED:
+                self.mgr._release_response(ticket.response)
+        self.changed()
+        await self._run_hooks(batch, plan, stream)
+
+    async def _run_hooks(self, batch: list[Ticket], plan: ChunkPlan, stream: Any) -> None:
+        served: list[tuple[Hashable, ArrayResponse]] = [
+            (t.key, t.response) for t in batch if t.state is State.READY and t.response
+        ]
+        asked = {key for key, _ in served}
+        for key in self.mgr._members_of(self.name) - asked:
+            served.append((key, self.mgr._respond({}, [], plan, stream)))
+        for key, response in served:
+            hook = self.mgr._ready_hook(key)
+            if hook is None:
+                continue
+            try:
+                result = hook(response)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("allocation-ready hook of %s raised; the scheduler goes on", self.mgr._name(key))
+
+    def _fail(self, batch: list[Ticket], error: AiocubieError) -> None:
+        for ticket in batch:
+            if ticket.state is State.PENDING:
+                self.mgr._counters(self.name, ticket.key, "failures")
+            ticket.fail(error)
+
+
+def allocate_batch(
+    backend: Backend,
+    group: str,
+    entries: list[tuple[Hashable, dict[str, ArrayRequest]]],
+    plan: ChunkPlan,
+    stream: Any,
+) -> tuple[list[list[Allocation]], Event]:
+    """Allocate every array of a batch with ``plan``'s shapes, then record an event; all or nothing.
+
+    Returns one list of allocations per entry, and the event after the last allocation (and
+    zero fill). If anything fails, what was allocated is freed before the error propagates.
+    """
+    allocations: list[list[Allocation]] = []
+    try:
+        for key, requests in entries:
+            allocs: list[Allocation] = []
+            allocations.append(allocs)
+            for label, request in requests.items():
+                shape = request.chunked_shape(plan.chunk_length)
+                array = backend.allocate(shape, request.dtype, request.kind, stream)
+                vram = backend.nbytes(array) if request.kind.uses_vram else 0
+                allocs.append(Allocation(array, label, key, group, request.kind, vram))
+                if request.zero:
+                    backend.zero(array, stream)
+        event = backend.record_event(stream)
+    except BaseException:
+        for allocs in allocations:
+            for alloc in allocs:
+                backend.free(alloc.array)
+        raise
+    return allocations, event
