@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 
@@ -25,14 +26,40 @@ BACKENDS = ("auto", "simulator", "cuda")
 log = logging.getLogger("aiocubie")
 
 
+def _driver_devices() -> tuple[int, str]:
+    # Ask the driver directly: importing numba.cuda first would fix numba's choice between
+    # the GPU and its simulator (NUMBA_ENABLE_CUDASIM) before the caller can make it.
+    for library in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            driver = ctypes.CDLL(library)
+            break
+        except OSError:
+            continue
+    else:
+        return 0, "no CUDA driver (libcuda) on this machine"
+    if (status := driver.cuInit(0)) != 0:
+        return 0, f"the CUDA driver failed to initialise (cuInit error {status})"
+    count = ctypes.c_int(0)
+    if (status := driver.cuDeviceGetCount(ctypes.byref(count))) != 0 or count.value == 0:
+        return 0, f"the CUDA driver sees no device (error {status})"
+    return count.value, f"{count.value} CUDA device(s)"
+
+
 def gpu_status() -> tuple[bool, str]:
-    """Whether a usable CUDA GPU is present, and why (or why not)."""
+    """Whether a usable CUDA GPU is present, and why (or why not).
+
+    Probes the CUDA driver without importing numba.cuda when there is no GPU, so callers can
+    still choose numba's simulator (NUMBA_ENABLE_CUDASIM=1) afterwards.
+    """
     if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         return False, "NUMBA_ENABLE_CUDASIM=1 selects numba's CUDA simulator"
+    devices, why = _driver_devices()
+    if not devices:
+        return False, why
     try:
         from ._cuda import cuda_usable
     except ImportError as exc:
-        return False, f"numba.cuda cannot be imported ({exc})"
+        return False, f"{why}, but numba.cuda cannot be imported ({exc})"
     return cuda_usable()
 
 
