@@ -8,6 +8,7 @@ never polls. It imports no device library.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -23,7 +24,7 @@ def thread_safe_caller() -> Callable[[Callable[[], None]], None]:
     asyncio's ``loop.call_soon_threadsafe`` or trio's ``TrioToken.run_sync_soon``: both wake
     a sleeping loop through its self-pipe, which is the cheapest wake-up each loop has.
     """
-    native = anyio.lowlevel.current_token().native_token
+    native: Any = anyio.lowlevel.current_token().native_token
     call_soon = getattr(native, "call_soon_threadsafe", None) or native.run_sync_soon
     return call_soon  # type: ignore[no-any-return]
 

@@ -47,6 +47,9 @@ class Ledger:
 
     def add(self, owner: object, allocations: Iterable[Allocation]) -> None:
         """Record ``allocations`` as held by ``owner`` (an ArrayResponse)."""
+        allocations = list(allocations)
+        if not allocations:  # an empty response holds nothing and must not linger here
+            return
         held = self._by_owner.setdefault(id(owner), [])
         for alloc in allocations:
             alloc.owner = owner

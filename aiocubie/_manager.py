@@ -14,7 +14,7 @@ import time
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable, Generator, Hashable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Generator, Hashable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -681,7 +681,7 @@ class MemoryManager:
         elif ticket.state is State.READY:
             self._release_response(ticket.response)
 
-    def _spawn(self, func: Callable[..., Awaitable[Any]], *args: Any) -> None:
+    def _spawn(self, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
         assert self._task_group is not None
         self._task_group.start_soon(func, *args)
 

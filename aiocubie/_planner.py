@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import attrs
 
@@ -90,7 +91,7 @@ def _run_length(batch: Iterable[tuple[str, ArrayRequest]]) -> int:
 
 
 def plan_batch(
-    batch: Mapping[object, Mapping[str, ArrayRequest]],
+    batch: Mapping[Any, Mapping[str, ArrayRequest]],
     offered: int,
     *,
     free: int | None = None,
@@ -152,6 +153,6 @@ def plan_batch(
             f"not even one run fits: one run needs {per_run} bytes beside {fixed} unchunkable, "
             f"and {offered} are offered; free memory or raise the group's proportion"
         )
-    chunks = -(-runs // max_chunk)
+    chunks = -(-runs // max_chunk) + (runs % max_chunk == 1)
     chunk_length = -(-runs // chunks)
     return ChunkPlan(runs, chunks, chunk_length, offered, fixed + per_run * chunk_length, full)

@@ -77,7 +77,7 @@ def _shape(value: Any) -> tuple[int, ...]:
 
 def _dtype(value: Any) -> np.dtype[Any]:
     try:
-        dtype = np.dtype(value)
+        dtype: np.dtype[Any] = np.dtype(value)
     except (TypeError, ValueError) as exc:
         raise InvalidRequestError(f"dtype {value!r} is not a numpy dtype: {exc}") from None
     if dtype.kind not in "biufc" or dtype.hasobject:
@@ -85,6 +85,10 @@ def _dtype(value: Any) -> np.dtype[Any]:
             f"dtype {dtype} is not supported on the GPU: use a boolean, integer, float or complex dtype"
         )
     return dtype
+
+
+def _kind(value: MemoryKind | str) -> MemoryKind:
+    return MemoryKind.parse(value)
 
 
 @attrs.frozen
@@ -121,7 +125,7 @@ class ArrayRequest:
 
     shape: tuple[int, ...] = attrs.field(converter=_shape)
     dtype: np.dtype[Any] = attrs.field(converter=_dtype)
-    kind: MemoryKind = attrs.field(default=MemoryKind.DEVICE, converter=MemoryKind.parse)
+    kind: MemoryKind = attrs.field(default=MemoryKind.DEVICE, converter=_kind)
     chunk_axis: int = attrs.field(default=0)
     unchunkable: bool = attrs.field(default=False, converter=bool)
     zero: bool = attrs.field(default=False, converter=bool)

@@ -67,7 +67,7 @@ _ticket_ids = itertools.count()
 class Ticket:
     """One ``await mgr.request(...)`` on its way through a group's scheduler."""
 
-    key: Hashable
+    key: int
     group: str
     requests: dict[str, ArrayRequest]
     enqueued: float = attrs.field(factory=time.perf_counter)
@@ -270,7 +270,7 @@ class GroupScheduler:
         await self._run_hooks(batch, plan, stream)
 
     async def _run_hooks(self, batch: list[Ticket], plan: ChunkPlan, stream: Any) -> None:
-        served: list[tuple[Hashable, ArrayResponse]] = [
+        served: list[tuple[int, ArrayResponse]] = [
             (t.key, t.response) for t in batch if t.state is State.READY and t.response
         ]
         asked = {key for key, _ in served}
