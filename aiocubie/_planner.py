@@ -153,6 +153,6 @@ def plan_batch(
             f"not even one run fits: one run needs {per_run} bytes beside {fixed} unchunkable, "
             f"and {offered} are offered; free memory or raise the group's proportion"
         )
-    chunks = -(-runs // max_chunk) + (runs % max_chunk == 1)
+    chunks = -(-runs // max_chunk)
     chunk_length = -(-runs // chunks)
     return ChunkPlan(runs, chunks, chunk_length, offered, fixed + per_run * chunk_length, full)
