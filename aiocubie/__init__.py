@@ -31,6 +31,7 @@ from ._planner import ChunkPlan, offered_bytes, plan_batch
 from ._requests import ArrayRequest, ArrayResponse, MemoryKind
 from ._scheduler import Policy
 from ._stats import Percentiles, Snapshot, UsageStats
+from ._walk import Chunk, walk_chunks
 
 __version__ = "0.1.0"
 
@@ -45,6 +46,7 @@ __all__ = [
     "Backend",
     "BackendError",
     "BudgetError",
+    "Chunk",
     "ChunkPlan",
     "ConfigurationError",
     "ContextResetError",
@@ -73,4 +75,5 @@ __all__ = [
     "gpu_status",
     "offered_bytes",
     "plan_batch",
+    "walk_chunks",
 ]
