@@ -126,6 +126,8 @@ def plan_batch(
     AiocubieWarning
         If the batch asks for more than 20 times ``free``.
     """
+    if offered < 0:
+        raise ValueError(f"offered must be >= 0 bytes, got {offered}")
     items = [(label, req) for requests in batch.values() for label, req in requests.items()]
     runs = _run_length(items)
     vram = [req for _, req in items if req.kind.uses_vram]

@@ -76,6 +76,8 @@ def _shape(value: Any) -> tuple[int, ...]:
 
 
 def _dtype(value: Any) -> np.dtype[Any]:
+    if value is None:  # np.dtype(None) is float64: too easy to get by accident
+        raise InvalidRequestError("dtype is required: pass e.g. np.float32")
     try:
         dtype: np.dtype[Any] = np.dtype(value)
     except (TypeError, ValueError) as exc:
@@ -89,6 +91,12 @@ def _dtype(value: Any) -> np.dtype[Any]:
 
 def _kind(value: MemoryKind | str) -> MemoryKind:
     return MemoryKind.parse(value)
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidRequestError(f"flags unchunkable and zero take True or False, got {value!r}")
+    return bool(value)
 
 
 @attrs.frozen
@@ -127,8 +135,8 @@ class ArrayRequest:
     dtype: np.dtype[Any] = attrs.field(converter=_dtype)
     kind: MemoryKind = attrs.field(default=MemoryKind.DEVICE, converter=_kind)
     chunk_axis: int = attrs.field(default=0)
-    unchunkable: bool = attrs.field(default=False, converter=bool)
-    zero: bool = attrs.field(default=False, converter=bool)
+    unchunkable: bool = attrs.field(default=False, converter=_flag)
+    zero: bool = attrs.field(default=False, converter=_flag)
 
     def __attrs_post_init__(self) -> None:
         axis = self.chunk_axis

@@ -394,3 +394,13 @@ class TestArrayResponse:
         params = np.arange(5)
         for i in range(chunks):
             np.testing.assert_array_equal(params[resp.chunk_slices(i, "p")], params)
+
+
+def test_dtype_none_and_non_bool_flags_are_rejected() -> None:
+    with pytest.raises(InvalidRequestError, match="dtype is required"):
+        ArrayRequest((4,), None)
+    with pytest.raises(InvalidRequestError, match="'no'"):
+        ArrayRequest((4,), "f4", unchunkable="no")
+    with pytest.raises(InvalidRequestError, match="1"):
+        ArrayRequest((4,), "f4", zero=1)
+    assert ArrayRequest((4,), "f4", zero=np.bool_(True)).zero is True
