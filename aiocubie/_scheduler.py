@@ -98,6 +98,8 @@ class GroupScheduler:
         self._flush = False
         self._inflight: dict[int, tuple[list[Ticket], anyio.CancelScope]] = {}
         self._waiting: list[Ticket] = []  # the batch being planned or waiting for memory
+        self._resolved = anyio.Event()  # set once the last batch sent to the device has resolved
+        self._resolved.set()
 
     # -- called by the manager (sync, loop thread) -----------------------------------------
     def submit(self, ticket: Ticket) -> None:
@@ -206,7 +208,8 @@ class GroupScheduler:
         self.mgr._record_batch(self.name, plan, {t.key for t in batch})
         scope = anyio.CancelScope()
         self._inflight[id(scope)] = (batch, scope)
-        self.mgr._spawn(self._resolve, batch, plan, event, scope, stream, now)
+        previous, self._resolved = self._resolved, anyio.Event()
+        self.mgr._spawn(self._resolve, batch, plan, event, scope, stream, now, previous, self._resolved)
 
     async def _plan(self, batch: list[Ticket]) -> ChunkPlan | None:
         """One plan for the live tickets of ``batch``; under the wait policy, wait for room."""
@@ -252,10 +255,15 @@ class GroupScheduler:
         scope: anyio.CancelScope,
         stream: Any,
         recorded: float,
+        previous: anyio.Event,
+        resolved: anyio.Event,
     ) -> None:
         with scope:
             await wait_event(event)
+            # trio wakes tasks in any order: wait for the previous batch, so a group resolves FIFO
+            await previous.wait()
         if scope.cancel_called:  # a context reset failed these tickets already
+            resolved.set()
             return
         del self._inflight[id(scope)]
         now = time.perf_counter()
@@ -266,6 +274,7 @@ class GroupScheduler:
                 ticket.done.set()
             elif ticket.state is State.CANCELLED:
                 self.mgr._release_response(ticket.response)
+        resolved.set()
         self.changed()
         await self._run_hooks(batch, plan, stream)
 
