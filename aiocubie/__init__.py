@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ._backends import ALLOCATORS, Backend, Event, Faults, MemoryInfo, SimulatorBackend, create_backend, gpu_status
 from ._budget import MIN_AUTO_POOL, LimitMode
+from ._cli import select_backend
 from ._errors import (
     AiocubieError,
     AiocubieWarning,
@@ -75,5 +76,6 @@ __all__ = [
     "gpu_status",
     "offered_bytes",
     "plan_batch",
+    "select_backend",
     "walk_chunks",
 ]
