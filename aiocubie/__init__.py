@@ -29,6 +29,7 @@ from ._errors import (
 )
 from ._manager import MemoryManager, PendingRequest, default_manager
 from ._planner import ChunkPlan, offered_bytes, plan_batch
+from ._recorder import Recorder
 from ._requests import ArrayRequest, ArrayResponse, MemoryKind
 from ._scheduler import Policy
 from ._stats import Percentiles, Snapshot, UsageStats
@@ -64,6 +65,7 @@ __all__ = [
     "Percentiles",
     "PlanningError",
     "Policy",
+    "Recorder",
     "RegistrationError",
     "RunLengthMismatchError",
     "SimulatorBackend",
