@@ -186,6 +186,12 @@ class MemoryManager:
         self.options = Options(float(batch_window), max_batch, float(headroom), float(free_cache_seconds))
         self._mode = self._parse_mode(mode)
         self.policy = self._parse_policy(policy)
+        if not isinstance(backend, (str, Backend)):
+            raise ConfigurationError(
+                f"backend must be a name ('auto', 'simulator', 'cuda') or a Backend, got {backend!r}"
+            )
+        if allocator is not None and not isinstance(allocator, str):
+            raise ConfigurationError(f"allocator must be a name or None, got {allocator!r}")
         self._owns_backend = not isinstance(backend, Backend)
         self.backend: Backend = create_backend(backend, allocator=allocator) if isinstance(backend, str) else backend
         if allocator is not None and not self._owns_backend and allocator != self.backend.allocator:
@@ -606,7 +612,12 @@ class MemoryManager:
         if like is not None:
             if np.shape(like) != request.shape:
                 raise InvalidRequestError(f"like has shape {np.shape(like)}, not {request.shape}")
-            array[...] = like
+            try:
+                array[...] = like
+            except (TypeError, ValueError) as exc:  # text or objects numpy cannot cast
+                raise InvalidRequestError(
+                    f"like={like!r} cannot be copied into a {request.dtype} host array: {exc}"
+                ) from exc
         return array
 
     async def to_device(self, instance: object, host_arrays: Sequence[Any], device_arrays: Sequence[Any]) -> None:
@@ -813,6 +824,7 @@ class MemoryManager:
         self._task_group.start_soon(group.scheduler.run, name=f"aiocubie scheduler {group.name!r}")
 
     def _group(self, name: str) -> _Group:
+        self._check_group_name(name)  # an unhashable name would raise TypeError below
         group = self._groups.get(name)
         if group is None:
             known = ", ".join(map(repr, self._groups)) or "none"
