@@ -80,7 +80,7 @@ def _dtype(value: Any) -> np.dtype[Any]:
         raise InvalidRequestError("dtype is required: pass e.g. np.float32")
     try:
         dtype: np.dtype[Any] = np.dtype(value)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, SyntaxError) as exc:  # numpy parses "f4,i4" strings as Python
         raise InvalidRequestError(f"dtype {value!r} is not a numpy dtype: {exc}") from None
     if dtype.kind not in "biufc" or dtype.hasobject:
         raise InvalidRequestError(
