@@ -344,6 +344,7 @@ class MemoryManager:
                     group.scheduler.cancel(ticket)
                     ticket.fail(gone)
         self._free(self._ledger.pop_where(lambda a: a.key == key))
+        self._changed()  # caps changed, and an open batch may no longer wait for this member
 
     def _reap(self) -> None:
         while self._dead:

@@ -113,8 +113,9 @@ class GroupScheduler:
         self._wake.set()
 
     def changed(self) -> None:
-        """Memory was released (or a waiting request withdrawn): re-check a waiting batch."""
+        """Memory was released, a waiting request withdrawn or a member left: re-check the batch."""
         self._changed.set()
+        self._wake.set()  # an open batch may now have heard from every member still registered
 
     def cancel(self, ticket: Ticket) -> None:
         """Withdraw ``ticket`` (its awaiting task was cancelled); free what it holds."""
