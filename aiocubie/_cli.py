@@ -84,7 +84,7 @@ def select_backend(name: str = "auto") -> tuple[str, str]:
     if "numba.cuda" in sys.modules:
         from numba import config
 
-        if bool(config.ENABLE_CUDASIM) != simulated:
+        if bool(config.ENABLE_CUDASIM) != simulated:  # type: ignore[attr-defined]
             raise ConfigurationError(
                 f"backend {chosen!r} needs numba.cuda {'with' if simulated else 'without'} its simulator, "
                 "but numba.cuda was already imported the other way: choose the backend before importing it"

@@ -1,3 +1,5 @@
+# numba ships no type information: its kernel decorator and device functions are untyped.
+# mypy: disable-error-code="untyped-decorator,attr-defined,no-untyped-call"
 """``python -m aiocubie demo``: three components in two stream groups push a workload larger
 than the memory budget through real numba CUDA kernels, chunk by chunk, and check the result.
 

@@ -116,8 +116,9 @@ async def walk_chunks(
         host = {label: array[response.chunk_slices(index, label)] for label, array in {**ins, **outs}.items()}
         sources, targets = [], []
         for label in ins:
-            if axes[label] is not None:
-                source, target = _copy_in_pair(host[label], response.arrays[label], device[label], axes[label])
+            axis = axes[label]
+            if axis is not None:
+                source, target = _copy_in_pair(host[label], response.arrays[label], device[label], axis)
                 sources.append(source)
                 targets.append(target)
         if sources:
