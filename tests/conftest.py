@@ -1,8 +1,22 @@
-"""Shared fixtures: async tests run on asyncio and trio through anyio's pytest plugin."""
+"""Shared fixtures: async tests run on asyncio and trio through anyio's pytest plugin.
+
+``--soak`` runs the reliability load and storm tests at full size (same as AIOCUBIE_SOAK=1).
+"""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--soak", action="store_true", help="run load and storm tests at full size (minutes)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--soak"):
+        os.environ["AIOCUBIE_SOAK"] = "1"  # read by tests/reliability when they are imported
 
 
 @pytest.fixture(params=["asyncio", "trio"])
