@@ -7,7 +7,17 @@ allocated on the group's stream, and resolved when the device is done.
 
 from __future__ import annotations
 
-from ._backends import ALLOCATORS, Backend, Event, Faults, MemoryInfo, SimulatorBackend, create_backend, gpu_status
+from ._backends import (
+    ALLOCATORS,
+    Backend,
+    Event,
+    Faults,
+    MemoryInfo,
+    SimulatorBackend,
+    create_backend,
+    current_cupy_stream,
+    gpu_status,
+)
 from ._budget import MIN_AUTO_POOL, LimitMode
 from ._cli import select_backend
 from ._errors import (
@@ -74,6 +84,7 @@ __all__ = [
     "UnknownAllocatorError",
     "UsageStats",
     "create_backend",
+    "current_cupy_stream",
     "default_manager",
     "gpu_status",
     "offered_bytes",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+from contextlib import AbstractContextManager
+from typing import Any
 
 from .._errors import ConfigurationError, UnknownAllocatorError
 from ._base import ALLOCATORS, Advice, Backend, Event, MemoryInfo
@@ -19,6 +21,7 @@ __all__ = [
     "MemoryInfo",
     "SimulatorBackend",
     "create_backend",
+    "current_cupy_stream",
     "gpu_status",
 ]
 
@@ -92,7 +95,18 @@ def create_backend(name: str = "auto", *, allocator: str | None = None) -> Backe
             raise ConfigurationError(f"backend 'cuda' is not usable here: {why}; use 'simulator'")
         from ._cuda import CudaBackend
 
-        backend = CudaBackend()
-    if allocator is not None and allocator != backend.allocator:
+        return CudaBackend(allocator=allocator or "default")
+    if allocator is not None:
         backend.set_allocator(allocator)
     return backend
+
+
+def current_cupy_stream(stream: Any) -> AbstractContextManager[Any]:
+    """A context manager that makes a numba ``stream`` CuPy's current stream (seed 001).
+
+    CuPy work inside the block (kernels, copies, ``MemoryAsyncPool`` allocations) is then
+    ordered on the group's stream. Needs CuPy (extras ``cuda12`` or ``cuda13``).
+    """
+    from ._cuda import current_cupy_stream as bind
+
+    return bind(stream)

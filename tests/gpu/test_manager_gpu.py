@@ -70,7 +70,7 @@ async def test_copies_and_managed_prefetch(cuda_backend: Any) -> None:
         mgr.register(solver)
         request = {
             "d": ArrayRequest((1000, 37), np.float64),
-            "m": ArrayRequest((1 << 20,), np.int32, kind="managed"),
+            "m": ArrayRequest((1 << 20,), np.int32, kind="managed", unchunkable=True),
             "p": ArrayRequest((64,), np.float32, kind="pinned", unchunkable=True),
         }
         async with mgr.request(solver, request) as response:
