@@ -11,12 +11,14 @@ from __future__ import annotations
 import math
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import anyio
 import numpy as np
 from numba import cuda
+from numba.core.errors import NumbaPerformanceWarning
 
 from ._manager import MemoryManager
 from ._requests import ArrayRequest
@@ -307,6 +309,8 @@ def run_demo(backend: str, why: str, *, runs: int, batches: int, budget: int | N
     )
 
     async def main() -> tuple[dict[str, list[Any]], Snapshot]:
+        # The budget makes chunks small on purpose: numba's small-grid warnings are noise here.
+        warnings.simplefilter("ignore", NumbaPerformanceWarning)
         async with mgr:
             with _Progress(progress) as bars:
                 return await _pipeline(mgr, share, runs, batches, bars)
