@@ -175,7 +175,7 @@ class GroupScheduler:
         while not self.queue:
             await self._wait("_wake")
         window = self.mgr.options.batch_window
-        if window > 0:
+        if window > 0 and not (self._flush or self._everyone_asked()):  # no timeout scope if it can close now
             with anyio.move_on_after(window):
                 while not (self._flush or self._everyone_asked()):
                     await self._wait("_wake")
