@@ -758,7 +758,8 @@ class MemoryManager:
         for alloc in allocations:
             self.backend.free(alloc.array)
             self._free_delta -= alloc.vram
-        if allocations:
+        # only a batch waiting for memory (active mode, policy "wait") cares: spare waking every group
+        if allocations and self.active and self.policy is Policy.WAIT:
             self._changed()
 
     def _changed(self) -> None:
@@ -786,7 +787,10 @@ class MemoryManager:
             setattr(counters, field, getattr(counters, field) + 1)
 
     def _counter_pair(self, group: str, key: Hashable) -> tuple[Counters, ...]:
-        pair = [self._group_counters.setdefault(group, Counters())]
+        group_counters = self._group_counters.get(group)
+        if group_counters is None:  # not setdefault: that would build a Counters on every call
+            group_counters = self._group_counters[group] = Counters()
+        pair = [group_counters]
         member = self._members.get(key)  # type: ignore[call-overload]
         if member is not None:
             pair.append(self._member_counters[member.name])
