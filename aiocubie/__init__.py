@@ -17,9 +17,9 @@ from ._backends import (
     create_backend,
     current_cupy_stream,
     gpu_status,
+    select_backend,
 )
 from ._budget import MIN_AUTO_POOL, LimitMode
-from ._cli import select_backend
 from ._errors import (
     AiocubieError,
     AiocubieWarning,

@@ -7,91 +7,20 @@ chosen by NUMBA_ENABLE_CUDASIM at that first import. It holds no library logic o
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
 import importlib.metadata
-import os
 import platform
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ._errors import AiocubieError, ConfigurationError
+from ._backends import select_backend
+from ._errors import AiocubieError
 
-__all__ = ["main", "select_backend"]
+__all__ = ["main"]
 
 #: What ``aiocubie bench`` runs: the benchmark driver of a repository checkout.
 BENCH_SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "run"
-_LIBCUDA = ("libcuda.so.1", "libcuda.so", "nvcuda.dll", ctypes.util.find_library("cuda"))
-
-
-def _probe_driver() -> tuple[bool, str]:
-    """Ask the CUDA driver for a device through ctypes, without importing numba.cuda."""
-    for name in filter(None, _LIBCUDA):
-        try:
-            lib = ctypes.CDLL(name)
-            break
-        except OSError:
-            continue
-    else:
-        return False, "no CUDA driver library (libcuda) found"
-    status = lib.cuInit(0)
-    if status != 0:
-        return False, f"the CUDA driver did not initialise (cuInit returned {status})"
-    count = ctypes.c_int(0)
-    status = lib.cuDeviceGetCount(ctypes.byref(count))
-    if status != 0 or count.value < 1:
-        return False, f"the CUDA driver found no GPU (cuDeviceGetCount: status {status}, {count.value} devices)"
-    return True, f"the CUDA driver found {count.value} GPU(s)"
-
-
-def select_backend(name: str = "auto") -> tuple[str, str]:
-    """Choose ``"cuda"`` or ``"simulator"`` before numba.cuda is imported, and say why.
-
-    For the simulator it sets ``NUMBA_ENABLE_CUDASIM=1``, so numba kernels written for the
-    GPU run on the CPU (slowly) on the simulator's numpy arrays. Call it before the first
-    ``from numba import cuda`` of the program.
-
-    Parameters
-    ----------
-    name : {"auto", "simulator", "cuda"}
-        ``"auto"``: the GPU when the driver reports one, else the simulator.
-
-    Returns
-    -------
-    tuple of (str, str)
-        The backend name and the reason it was chosen.
-
-    Raises
-    ------
-    ConfigurationError
-        For an unknown name, for ``"cuda"`` without a GPU, or when numba.cuda was already
-        imported in the other mode than the one chosen.
-    """
-    if name not in ("auto", "simulator", "cuda"):
-        raise ConfigurationError(f"unknown backend {name!r}: use auto, simulator or cuda")
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-        found, why = False, "NUMBA_ENABLE_CUDASIM=1 selects numba's CUDA simulator"
-    else:
-        found, why = _probe_driver()
-    if name == "cuda" and not found:
-        raise ConfigurationError(f"backend 'cuda' is not usable here: {why}; use 'simulator'")
-    chosen = "cuda" if name == "cuda" or (name == "auto" and found) else "simulator"
-    if name == "simulator":
-        why = "asked for"
-    simulated = chosen == "simulator"
-    if "numba.cuda" in sys.modules:
-        from numba import config
-
-        if bool(config.ENABLE_CUDASIM) != simulated:  # type: ignore[attr-defined]
-            raise ConfigurationError(
-                f"backend {chosen!r} needs numba.cuda {'with' if simulated else 'without'} its simulator, "
-                "but numba.cuda was already imported the other way: choose the backend before importing it"
-            )
-    elif simulated:
-        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
-    return chosen, why
 
 
 def _version(package: str) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import aiocubie
-from aiocubie import _cli
+from aiocubie import _backends, _cli
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -67,19 +67,19 @@ def test_bad_options_exit_2_with_a_message(args: tuple[str, ...], message: str, 
 
 def test_cuda_without_a_gpu_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "0")
-    monkeypatch.setattr(_cli, "_probe_driver", lambda: (False, "no GPU in this test"))
+    monkeypatch.setattr(_backends, "_driver_devices", lambda: (0, "no GPU in this test"))
     with pytest.raises(aiocubie.ConfigurationError, match="backend 'cuda' is not usable here: no GPU in this test"):
-        _cli.select_backend("cuda")
+        aiocubie.select_backend("cuda")
     with pytest.raises(aiocubie.ConfigurationError, match="unknown backend 'gpu'"):
-        _cli.select_backend("gpu")
+        aiocubie.select_backend("gpu")
 
 
 def test_auto_follows_the_driver_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "0")  # restored afterwards, whatever select_backend sets
     monkeypatch.delitem(sys.modules, "numba.cuda", raising=False)  # as if not imported yet
-    monkeypatch.setattr(_cli, "_probe_driver", lambda: (False, "no driver here"))
-    assert _cli.select_backend("auto") == ("simulator", "no driver here")
-    assert _cli.os.environ["NUMBA_ENABLE_CUDASIM"] == "1"
+    monkeypatch.setattr(_backends, "_driver_devices", lambda: (0, "no driver here"))
+    assert aiocubie.select_backend("auto") == ("simulator", "no driver here")
+    assert os.environ["NUMBA_ENABLE_CUDASIM"] == "1"
 
 
 def test_bench_without_benchmarks_says_where_they_live(

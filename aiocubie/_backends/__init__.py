@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import sys
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -23,6 +24,7 @@ __all__ = [
     "create_backend",
     "current_cupy_stream",
     "gpu_status",
+    "select_backend",
 ]
 
 BACKENDS = ("auto", "simulator", "cuda")
@@ -99,6 +101,51 @@ def create_backend(name: str = "auto", *, allocator: str | None = None) -> Backe
     if allocator is not None:
         backend.set_allocator(allocator)
     return backend
+
+
+def select_backend(name: str = "auto") -> tuple[str, str]:
+    """Choose ``"cuda"`` or ``"simulator"`` before numba.cuda is imported, and say why.
+
+    For the simulator it sets ``NUMBA_ENABLE_CUDASIM=1``, so numba kernels written for the
+    GPU run on the CPU (slowly) on the simulator's numpy arrays. Call it before the first
+    ``from numba import cuda`` of the program.
+
+    Parameters
+    ----------
+    name : {"auto", "simulator", "cuda"}
+        ``"auto"``: the GPU when there is a usable one, else the simulator.
+
+    Returns
+    -------
+    tuple of (str, str)
+        The backend name and the reason it was chosen.
+
+    Raises
+    ------
+    ConfigurationError
+        For an unknown name, for ``"cuda"`` without a GPU, or when numba.cuda was already
+        imported in the other mode than the one chosen.
+    """
+    if name not in BACKENDS:
+        raise ConfigurationError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
+    found, why = gpu_status()
+    if name == "cuda" and not found:
+        raise ConfigurationError(f"backend 'cuda' is not usable here: {why}; use 'simulator'")
+    chosen = "cuda" if found and name != "simulator" else "simulator"
+    if name == "simulator":
+        why = "asked for"
+    simulated = chosen == "simulator"
+    if "numba.cuda" in sys.modules:
+        from numba import config
+
+        if bool(config.ENABLE_CUDASIM) != simulated:  # type: ignore[attr-defined]
+            raise ConfigurationError(
+                f"backend {chosen!r} needs numba.cuda {'with' if simulated else 'without'} its simulator, "
+                "but numba.cuda was already imported the other way: choose the backend before importing it"
+            )
+    elif simulated:
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    return chosen, why
 
 
 def current_cupy_stream(stream: Any) -> AbstractContextManager[Any]:

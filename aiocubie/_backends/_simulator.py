@@ -214,7 +214,7 @@ class SimulatorBackend(Backend):
         self.latency = latency
         self.granule = granule
         self.allocator = "default"
-        self.device_name = f"aiocubie simulator ({total / 2**30:.3g} GiB)"
+        self.device_name = f"aiocubie simulator ({total:,} bytes)"
         self.faults = Faults()
         self.resets = 0
         self._reserved = reserved
