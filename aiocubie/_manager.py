@@ -337,12 +337,16 @@ class MemoryManager:
         group = self._groups[member.group]
         group.members.discard(key)
         self._budget.remove(key)
-        if group.scheduler is not None:
-            gone = RegistrationError(f"{member.name} was unregistered before its request was served")
-            for ticket in group.scheduler.pending():
+        gone = RegistrationError(f"{member.name} was unregistered before its request was served")
+        for each in self._groups.values():  # queued requests stay in the group they were made in
+            if each.scheduler is None:
+                continue
+            for ticket in each.scheduler.pending():
                 if ticket.key == key:
-                    group.scheduler.cancel(ticket)
-                    ticket.fail(gone)
+                    each.scheduler.cancel(ticket)
+                    # cancel() marks it cancelled, so fail() would do nothing: wake its awaiter here
+                    ticket.error = gone
+                    ticket.done.set()
         self._free(self._ledger.pop_where(lambda a: a.key == key))
         self._changed()  # caps changed, and an open batch may no longer wait for this member
 
@@ -469,6 +473,7 @@ class MemoryManager:
     @property
     def stream_groups(self) -> dict[str, list[str]]:
         """Group name -> names of its members."""
+        self._reap()  # a collected instance is no member
         return {
             name: sorted(self._members[key].name for key in group.members)
             for name, group in self._groups.items()
@@ -583,13 +588,13 @@ class MemoryManager:
         UnknownAllocatorError
             For an unknown or unavailable allocator (nothing is reset then).
         """
+        self.backend.set_allocator(name)  # first: an unknown name must not warn of a reset
         warnings.warn(
             f"set_allocator({name!r}) resets the device context: arrays and compiled kernels "
             "from before are invalid",
             AiocubieWarning,
             stacklevel=2,
         )
-        self.backend.set_allocator(name)
         self._reset(f"set_allocator({name!r})")
         self._ledger.pop_where(lambda a: True)  # the context that held them is gone
         self._free_delta = 0
