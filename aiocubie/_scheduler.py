@@ -176,7 +176,8 @@ class GroupScheduler:
             await self._wait("_wake")
         window = self.mgr.options.batch_window
         if window > 0 and not (self._flush or self._everyone_asked()):  # no timeout scope if it can close now
-            with anyio.move_on_after(window):
+            # the window runs from the batch's first request, which may have queued behind the last batch
+            with anyio.move_on_after(self.queue[0].enqueued + window - time.perf_counter()):
                 while not (self._flush or self._everyone_asked()):
                     await self._wait("_wake")
         self._flush = False
