@@ -25,7 +25,7 @@ import attrs
 
 from ._backends import Backend, Event
 from ._completion import wait_event
-from ._errors import AiocubieError, BackendError, ContextResetError, InsufficientMemoryError
+from ._errors import AiocubieError, BackendError, InsufficientMemoryError
 from ._ledger import Allocation
 from ._planner import ChunkPlan, plan_batch
 from ._requests import ArrayRequest, ArrayResponse
@@ -219,7 +219,9 @@ class GroupScheduler:
         while batch := self._live(batch):
             requests = {t.id: t.requests for t in batch}
             plan, offered, free = self._plan_against(requests, fresh=False)
-            if plan is None or plan.chunks > 1:  # about to chunk or fail: read the device again
+            # About to chunk or fail, or to take over half of what the cached reading says is
+            # free (where another process's allocation since would bite): read the device again.
+            if plan is None or plan.chunks > 1 or 2 * plan.planned_bytes > free:
                 plan, offered, free = self._plan_against(requests, fresh=True)
             if mgr.policy is Policy.CHUNK or not mgr.active:
                 return plan or plan_batch(requests, offered, free=free)

@@ -310,6 +310,24 @@ async def test_passive_chunks_only_when_the_device_is_short(sim: SimulatorBacken
 
 
 @pytest.mark.anyio
+async def test_a_large_batch_rereads_a_stale_free_memory_cache(sim: SimulatorBackend) -> None:
+    # The default cache keeps a reading for 50 ms; another process takes memory inside that
+    # time. A batch wanting over half of the cached free memory must read the device again
+    # and chunk, rather than fail its allocation.
+    async with MemoryManager(sim, mode="passive", free_cache_seconds=3600) as mgr:
+        part = Part()
+        mgr.register(part)
+        async with mgr.request(part, {"x": vec(10)}):
+            pass  # fills the cache with TOTAL free
+        sim.occupy(700_000)
+        async with mgr.request(part, {"x": vec(70_000)}) as response:  # 560 kB: over half of 1 MB
+            offered = int((1 - HEADROOM) * 300_000)
+            assert (response.chunks, response.chunk_length) == expected_plan(70_000, 8, 0, offered) == (2, 35_000)
+        sim.occupy(-700_000)
+    assert_all_released(mgr, sim)
+
+
+@pytest.mark.anyio
 async def test_active_limits_a_group_to_its_caps_minus_holdings(sim: SimulatorBackend) -> None:
     async with MemoryManager(sim, mode="active", policy="chunk") as mgr:
         a, b = Part(), Part()
