@@ -143,8 +143,10 @@ class _CupyPoolManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMemoryMa
         self.pool: Any = None
 
     def initialize(self) -> None:
-        cupy = _import_cupy()
-        self.pool = cupy.cuda.MemoryAsyncPool() if self.stream_ordered else cupy.cuda.MemoryPool()
+        # numba calls this on every context lookup, so on every allocation: build the pool once
+        if self.pool is None:
+            cupy = _import_cupy()
+            self.pool = cupy.cuda.MemoryAsyncPool() if self.stream_ordered else cupy.cuda.MemoryPool()
 
     def memalloc(self, size: int) -> Any:
         # MemoryAsyncPool allocates on CuPy's current stream: CudaBackend.allocate binds it.
