@@ -1,0 +1,154 @@
+"""The CUDA backend as a benchmark device: raw CuPy-pool and numba baselines, a stream blocker.
+
+Only ``benchmarks/run --backend cuda`` imports this module: it is the one that imports
+numba.cuda, CuPy and cuda.bindings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import itertools
+import time
+from collections.abc import Callable
+from importlib import metadata
+from typing import Any
+
+import cupy
+from bench_common import MIB, RawPath, Settings, Step
+from bench_sim import F32, SHAPE, backend_path
+from cuda.bindings import driver as binding
+from numba import cuda
+
+from aiocubie import ALLOCATORS
+from aiocubie._backends._cuda import CudaBackend, _stream_ptr
+
+#: Kernel length before the stamp in bridge.py's measurement: allocation-sized GPU work.
+KERNEL_US = 20
+
+_HOST_FN_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_blocks: dict[int, tuple[float, list[int]]] = {}
+_keys = itertools.count(1)  # 0 would arrive as None
+
+
+@_HOST_FN_TYPE
+def _sleep_then_stamp(key: int) -> None:
+    # Runs on a CUDA driver thread: the stream waits until it returns.
+    seconds, ended = _blocks.pop(key)
+    time.sleep(seconds)
+    ended.append(time.perf_counter_ns())
+
+
+_SLEEP_FN = binding.CUhostFn(ctypes.cast(_sleep_then_stamp, ctypes.c_void_p).value)
+
+
+class CudaDevice:
+    """Device 0 through aiocubie's CudaBackend, plus the raw paths it is compared with."""
+
+    name = "cuda"
+    allocators = ALLOCATORS
+    baseline = "raw CuPy MemoryPool.malloc + event record + synchronize"
+
+    def __init__(self) -> None:
+        self.backend = CudaBackend()
+        self._fresh_streams()
+
+    def _fresh_streams(self) -> None:
+        self.stream = self.backend.create_stream()
+        self.numba_stream = cuda.stream()
+        self.cupy_stream = cupy.cuda.Stream(non_blocking=True)
+        self.pool = cupy.cuda.MemoryPool()
+
+    def use(self, allocator: str) -> None:
+        """Switch the backend's allocator plugin (a context reset) and rebuild the raw paths' streams."""
+        if allocator == self.backend.allocator:
+            return
+        self.pool.free_all_blocks()  # before the reset: these blocks belong to the old context
+        del self.stream, self.numba_stream, self.cupy_stream, self.pool
+        self.backend.set_allocator(allocator)
+        self._fresh_streams()
+
+    def raw_paths(self) -> dict[str, RawPath]:
+        """Label -> raw path, the baseline first."""
+        plugin = self.backend.allocator
+        return {
+            self.baseline: self._cupy_path,
+            f"raw numba device_array + event + synchronize ({plugin} plugin)": self._numba_path,
+            "raw backend: CudaBackend.allocate + record_event + synchronize": backend_path(self.backend, self.stream),
+        }
+
+    def _cupy_path(self, n: int) -> Step:
+        pool, stream = self.pool, self.cupy_stream
+
+        def step() -> Callable[[], None]:
+            blocks = [pool.malloc(MIB) for _ in range(n)]
+            event = cupy.cuda.Event(disable_timing=True)
+            event.record(stream)
+            event.synchronize()
+            return blocks.clear
+
+        return step
+
+    def _numba_path(self, n: int) -> Step:
+        stream = self.numba_stream
+
+        def step() -> Callable[[], None]:
+            arrays = [cuda.device_array(SHAPE, F32, stream=stream) for _ in range(n)]
+            event = cuda.event(timing=False)
+            event.record(stream)
+            event.synchronize()
+            return arrays.clear
+
+        return step
+
+    def block(self, stream: Any, seconds: float) -> Callable[[], int | None]:
+        """Queue a host function that sleeps ``seconds`` on ``stream``; return a reader of the ns it ended at."""
+        key, ended = next(_keys), []
+        _blocks[key] = (seconds, ended)
+        (err,) = binding.cuLaunchHostFunc(binding.CUstream(_stream_ptr(stream)), _SLEEP_FN, key)
+        if err != binding.CUresult.CUDA_SUCCESS:
+            del _blocks[key]
+            raise RuntimeError(f"cuLaunchHostFunc failed: {err.name}")
+        return lambda: ended[0] if ended else None
+
+    def info(self) -> dict[str, Any]:
+        """Device and library facts for the report."""
+        facts: dict[str, Any] = {"device": self.backend.device_name}
+        free, total = cuda.current_context().get_memory_info()
+        facts["device_memory_mib"] = int(total) >> 20
+        facts["driver_version"] = cupy.cuda.runtime.driverGetVersion()
+        for dist in ("numba", "numba-cuda", "cupy-cuda13x", "cupy-cuda12x", "cuda-bindings"):
+            try:
+                facts[dist] = metadata.version(dist)
+            except metadata.PackageNotFoundError:
+                pass
+        return facts
+
+    def mechanisms(self, settings: Settings) -> dict[str, Any]:
+        """benchmarks/bridge.py's comparison of event->loop mechanisms (asyncio, a 20 us kernel) on this backend."""
+        import bridge
+
+        args = argparse.Namespace(
+            rounds=settings.iters(20, 2),
+            per_round=settings.iters(20, 3),
+            warmup=settings.iters(3, 1),
+            idle_s=settings.idle_seconds,
+        )
+        bench = bridge.Bench(self.backend, slots=2)
+        mechanism = self.backend.event_mechanism
+        try:
+
+            async def both() -> dict[str, Any]:
+                measured = await bridge.measure(args, bench, KERNEL_US)
+                return {"mechanisms": measured, "idle_cpu_pct": await bridge.idle_cpu(args, bench)}
+
+            return asyncio.run(both())
+        finally:
+            bench.close()
+            self.backend.event_mechanism = mechanism  # bridge.Bench switches it per sample
+
+    def close(self) -> None:
+        """Free the raw pool and the backend's pools."""
+        self.pool.free_all_blocks()
+        self.backend.close()
