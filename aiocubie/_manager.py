@@ -832,6 +832,7 @@ class MemoryManager:
         assert self._task_group is not None
         group.scheduler = GroupScheduler(self, group.name)
         self._task_group.start_soon(group.scheduler.run, name=f"aiocubie scheduler {group.name!r}")
+        self._task_group.start_soon(group.scheduler.resolve, name=f"aiocubie resolver {group.name!r}")
 
     def _group(self, name: str) -> _Group:
         self._check_group_name(name)  # an unhashable name would raise TypeError below

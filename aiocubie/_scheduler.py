@@ -17,10 +17,11 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Awaitable, Hashable
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
 import attrs
 
 from ._backends import Backend, Event
@@ -64,6 +65,17 @@ _ticket_ids = itertools.count()
 
 
 @attrs.define(eq=False)
+class _Flight:
+    """A batch allocated and sent to the device, waiting for its event."""
+
+    tickets: list[Ticket]
+    plan: ChunkPlan
+    event: Event
+    stream: Any
+    recorded: float
+
+
+@attrs.define(eq=False)
 class Ticket:
     """One ``await mgr.request(...)`` on its way through a group's scheduler."""
 
@@ -96,10 +108,10 @@ class GroupScheduler:
         self._wake = anyio.Event()
         self._changed = anyio.Event()  # memory released or a waiting ticket cancelled
         self._flush = False
-        self._inflight: dict[int, tuple[list[Ticket], anyio.CancelScope]] = {}
+        self._inflight: deque[_Flight] = deque()  # allocated batches, in stream order
+        self._sent = anyio.Event()  # a batch was added to _inflight
+        self._device_wait: anyio.CancelScope | None = None  # the resolver's wait on the device
         self._waiting: list[Ticket] = []  # the batch being planned or waiting for memory
-        self._resolved = anyio.Event()  # set once the last batch sent to the device has resolved
-        self._resolved.set()
 
     # -- called by the manager (sync, loop thread) -----------------------------------------
     def submit(self, ticket: Ticket) -> None:
@@ -134,7 +146,7 @@ class GroupScheduler:
 
     def pending(self) -> list[Ticket]:
         """Every ticket not yet resolved: queued, being planned or in flight."""
-        inflight = [t for tickets, _ in self._inflight.values() for t in tickets]
+        inflight = [t for flight in self._inflight for t in flight.tickets]
         return [*self.queue, *self._waiting, *inflight]
 
     def reset(self, error: AiocubieError) -> None:
@@ -142,16 +154,17 @@ class GroupScheduler:
 
         Queued and planning tickets stay: they are served on the new context.
         """
-        for tickets, scope in self._inflight.values():
-            scope.cancel()
-            for ticket in tickets:
+        for flight in self._inflight:
+            for ticket in flight.tickets:
                 ticket.fail(error)
         self._inflight.clear()
+        if self._device_wait is not None:  # the event may never complete on a reset device
+            self._device_wait.cancel()
         self.changed()
 
     # -- the scheduler task ----------------------------------------------------------------
     async def run(self) -> None:
-        """Serve batches until cancelled."""
+        """Collect, plan and allocate batches until cancelled (see :meth:`resolve`)."""
         while True:
             batch = await self._collect()
             try:
@@ -208,10 +221,8 @@ class GroupScheduler:
             ticket.state = State.ALLOCATED
             self.mgr._record_wait(self.name, ticket.key, now - ticket.enqueued)
         self.mgr._record_batch(self.name, plan, {t.key for t in batch})
-        scope = anyio.CancelScope()
-        self._inflight[id(scope)] = (batch, scope)
-        previous, self._resolved = self._resolved, anyio.Event()
-        self.mgr._spawn(self._resolve, batch, plan, event, scope, stream, now, previous, self._resolved)
+        self._inflight.append(_Flight(batch, plan, event, stream, now))
+        self._sent.set()
 
     async def _plan(self, batch: list[Ticket]) -> ChunkPlan | None:
         """One plan for the live tickets of ``batch``; under the wait policy, wait for room."""
@@ -251,54 +262,69 @@ class GroupScheduler:
         except InsufficientMemoryError:
             return None, offered, free
 
-    async def _resolve(
-        self,
-        batch: list[Ticket],
-        plan: ChunkPlan,
-        event: Event,
-        scope: anyio.CancelScope,
-        stream: Any,
-        recorded: float,
-        previous: anyio.Event,
-        resolved: anyio.Event,
-    ) -> None:
-        with scope:
-            await wait_event(event)
-            # trio wakes tasks in any order: wait for the previous batch, so a group resolves FIFO
-            await previous.wait()
-        if scope.cancel_called:  # a context reset failed these tickets already
-            resolved.set()
-            return
-        del self._inflight[id(scope)]
+    async def resolve(self) -> None:
+        """Resolve in-flight batches in stream order as their events complete, until cancelled.
+
+        One task per group, so a group's batches resolve first in, first out on any loop
+        (trio wakes tasks in no set order) and no task is spawned per batch.
+        """
+        while True:
+            while not self._inflight:
+                await self._wait("_sent")
+            flight = self._inflight[0]
+            if not flight.event.query():
+                with anyio.CancelScope() as self._device_wait:
+                    await wait_event(flight.event)
+                self._device_wait = None
+            if not self._inflight or self._inflight[0] is not flight:
+                continue  # a context reset failed it (and everything behind it) meanwhile
+            self._inflight.popleft()
+            self._finish(flight)
+            if self._inflight:
+                # let this batch's tasks resume before the next batch's: on trio, tasks woken in
+                # one tick run in any order, and a group's requests must resume first come first
+                await anyio.lowlevel.checkpoint()
+
+    def _finish(self, flight: _Flight) -> None:
         now = time.perf_counter()
-        for ticket in batch:
+        for ticket in flight.tickets:
             if ticket.state is State.ALLOCATED:
                 ticket.state = State.READY
-                self.mgr._record_ready(self.name, ticket.key, now - recorded)
+                self.mgr._record_ready(self.name, ticket.key, now - flight.recorded)
                 ticket.done.set()
             elif ticket.state is State.CANCELLED:
                 self.mgr._release_response(ticket.response)
-        resolved.set()
-        self.changed()
-        await self._run_hooks(batch, plan, stream)
+        self._run_hooks(flight)
 
-    async def _run_hooks(self, batch: list[Ticket], plan: ChunkPlan, stream: Any) -> None:
+    def _run_hooks(self, flight: _Flight) -> None:
+        """Call the ready hooks: members with nothing in the batch get the plan with no arrays.
+
+        Async hooks run as tasks of the manager, so a slow hook never holds up resolution.
+        """
         served: list[tuple[int, ArrayResponse]] = [
-            (t.key, t.response) for t in batch if t.state is State.READY and t.response
+            (t.key, t.response) for t in flight.tickets if t.state is State.READY and t.response
         ]
         asked = {key for key, _ in served}
         for key in self.mgr._members_of(self.name) - asked:
-            served.append((key, self.mgr._respond({}, [], plan, stream)))
+            if self.mgr._ready_hook(key) is not None:
+                served.append((key, self.mgr._respond({}, [], flight.plan, flight.stream)))
         for key, response in served:
             hook = self.mgr._ready_hook(key)
             if hook is None:
                 continue
             try:
                 result = hook(response)
-                if inspect.isawaitable(result):
-                    await result
             except Exception:
                 log.exception("allocation-ready hook of %s raised; the scheduler goes on", self.mgr._name(key))
+                continue
+            if inspect.isawaitable(result):
+                self.mgr._spawn(self._await_hook, result, key)
+
+    async def _await_hook(self, result: Awaitable[Any], key: int) -> None:
+        try:
+            await result
+        except Exception:
+            log.exception("allocation-ready hook of %s raised; the scheduler goes on", self.mgr._name(key))
 
     def _fail(self, batch: list[Ticket], error: AiocubieError) -> None:
         for ticket in batch:

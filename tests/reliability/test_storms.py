@@ -39,7 +39,7 @@ def stages(mgr: MemoryManager) -> list[str]:
         assert scheduler is not None
         found += ["queued"] * len(scheduler.queue)
         found += ["planning or waiting"] * sum(t.state.value == "pending" for t in scheduler._waiting)
-        found += [stage_of(t) for tickets, _ in scheduler._inflight.values() for t in tickets]
+        found += [stage_of(t) for flight in scheduler._inflight for t in flight.tickets]
     return found
 
 
