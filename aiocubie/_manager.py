@@ -37,7 +37,7 @@ from ._errors import (
     RegistrationError,
 )
 from ._ledger import Allocation, Ledger
-from ._planner import ChunkPlan, offered_bytes, plan_batch
+from ._planner import ChunkPlan, offered_bytes, plan_batch, run_length
 from ._requests import ArrayRequest, ArrayResponse, MemoryKind, check_requests
 from ._scheduler import GroupScheduler, Policy, State, Ticket, allocate_batch
 from ._stats import Counters, Snapshot, UsageStats
@@ -513,7 +513,7 @@ class MemoryManager:
         """
         checked = check_requests(requests)
         self._member(instance)
-        plan_batch({0: checked}, offered=2**63)  # run lengths of one request must agree
+        run_length(checked.items())  # the arrays of one request must agree at once
         return PendingRequest(self, instance, checked)
 
     def flush(self, group: str | None = None) -> None:
@@ -832,7 +832,6 @@ class MemoryManager:
         assert self._task_group is not None
         group.scheduler = GroupScheduler(self, group.name)
         self._task_group.start_soon(group.scheduler.run, name=f"aiocubie scheduler {group.name!r}")
-        self._task_group.start_soon(group.scheduler.resolve, name=f"aiocubie resolver {group.name!r}")
 
     def _group(self, name: str) -> _Group:
         self._check_group_name(name)  # an unhashable name would raise TypeError below

@@ -21,7 +21,7 @@ from ._errors import (
 )
 from ._requests import ArrayRequest
 
-__all__ = ["ChunkPlan", "offered_bytes", "plan_batch"]
+__all__ = ["ChunkPlan", "offered_bytes", "plan_batch", "run_length"]
 
 #: Above this many times the free memory, a request draws a warning (as cubie does).
 OVERSUBSCRIPTION_WARNING = 20
@@ -73,7 +73,14 @@ def offered_bytes(available: int, free: int, *, headroom: float, granule: int) -
     return max(0, min(math.floor((1.0 - headroom) * available), free - granule))
 
 
-def _run_length(batch: Iterable[tuple[str, ArrayRequest]]) -> int:
+def run_length(batch: Iterable[tuple[str, ArrayRequest]]) -> int:
+    """The run length the chunkable arrays of ``batch`` (label, request pairs) share (0: none).
+
+    Raises
+    ------
+    RunLengthMismatchError
+        If two chunkable arrays disagree.
+    """
     runs: int | None = None
     first = ""
     for label, request in batch:
@@ -129,7 +136,7 @@ def plan_batch(
     if offered < 0:
         raise ValueError(f"offered must be >= 0 bytes, got {offered}")
     items = [(label, req) for requests in batch.values() for label, req in requests.items()]
-    runs = _run_length(items)
+    runs = run_length(items)
     vram = [req for _, req in items if req.kind.uses_vram]
     fixed = sum(req.nbytes for req in vram if req.unchunkable)
     per_run = sum(req.bytes_per_run for req in vram)

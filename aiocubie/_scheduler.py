@@ -10,6 +10,7 @@ on to its next batch while the device works, and groups never wait on each other
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import enum
 import inspect
@@ -17,15 +18,14 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Hashable
+from collections.abc import Awaitable, Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import anyio.lowlevel
 import attrs
 
 from ._backends import Backend, Event
-from ._completion import wait_event
+from ._completion import thread_safe_caller
 from ._errors import AiocubieError, BackendError, InsufficientMemoryError
 from ._ledger import Allocation
 from ._planner import ChunkPlan, plan_batch
@@ -73,6 +73,7 @@ class _Flight:
     event: Event
     stream: Any
     recorded: float
+    done: bool = False  # the device reached the event
 
 
 @attrs.define(eq=False)
@@ -109,8 +110,6 @@ class GroupScheduler:
         self._changed = anyio.Event()  # memory released or a waiting ticket cancelled
         self._flush = False
         self._inflight: deque[_Flight] = deque()  # allocated batches, in stream order
-        self._sent = anyio.Event()  # a batch was added to _inflight
-        self._device_wait: anyio.CancelScope | None = None  # the resolver's wait on the device
         self._waiting: list[Ticket] = []  # the batch being planned or waiting for memory
 
     # -- called by the manager (sync, loop thread) -----------------------------------------
@@ -157,14 +156,12 @@ class GroupScheduler:
         for flight in self._inflight:
             for ticket in flight.tickets:
                 ticket.fail(error)
-        self._inflight.clear()
-        if self._device_wait is not None:  # the event may never complete on a reset device
-            self._device_wait.cancel()
+        self._inflight.clear()  # their events' late callbacks find nothing to do
         self.changed()
 
     # -- the scheduler task ----------------------------------------------------------------
     async def run(self) -> None:
-        """Collect, plan and allocate batches until cancelled (see :meth:`resolve`)."""
+        """Collect, plan and allocate batches until cancelled."""
         while True:
             batch = await self._collect()
             try:
@@ -221,8 +218,15 @@ class GroupScheduler:
             ticket.state = State.ALLOCATED
             self.mgr._record_wait(self.name, ticket.key, now - ticket.enqueued)
         self.mgr._record_batch(self.name, plan, {t.key for t in batch})
-        self._inflight.append(_Flight(batch, plan, event, stream, now))
-        self._sent.set()
+        flight = _Flight(batch, plan, event, stream, now)
+        self._inflight.append(flight)
+        if event.query():
+            self._completed(flight)
+        else:
+            # the callback runs in this task's context, where anyio knows its loop (async hooks
+            # are spawned from it)
+            call_soon, context = thread_safe_caller(), contextvars.copy_context()
+            event.add_done_callback(lambda: _call_soon(call_soon, context.run, self._completed, flight))
 
     async def _plan(self, batch: list[Ticket]) -> ChunkPlan | None:
         """One plan for the live tickets of ``batch``; under the wait policy, wait for room."""
@@ -262,28 +266,18 @@ class GroupScheduler:
         except InsufficientMemoryError:
             return None, offered, free
 
-    async def resolve(self) -> None:
-        """Resolve in-flight batches in stream order as their events complete, until cancelled.
+    def _completed(self, flight: _Flight) -> None:
+        """The device reached ``flight``'s event: resolve every completed batch at the head.
 
-        One task per group, so a group's batches resolve first in, first out on any loop
-        (trio wakes tasks in no set order) and no task is spawned per batch.
+        Runs as a plain callback in the loop thread (no task per batch), and resolves in
+        stream order, so a group's batches resolve first in, first out.
         """
-        while True:
-            while not self._inflight:
-                await self._wait("_sent")
-            flight = self._inflight[0]
-            if not flight.event.query():
-                with anyio.CancelScope() as self._device_wait:
-                    await wait_event(flight.event)
-                self._device_wait = None
-            if not self._inflight or self._inflight[0] is not flight:
-                continue  # a context reset failed it (and everything behind it) meanwhile
-            self._inflight.popleft()
-            self._finish(flight)
-            if self._inflight:
-                # let this batch's tasks resume before the next batch's: on trio, tasks woken in
-                # one tick run in any order, and a group's requests must resume first come first
-                await anyio.lowlevel.checkpoint()
+        flight.done = True
+        try:
+            while self._inflight and self._inflight[0].done:
+                self._finish(self._inflight.popleft())
+        except Exception:  # a loop callback must not raise: trio would crash the whole run
+            log.exception("group %r: resolving a batch failed", self.name)
 
     def _finish(self, flight: _Flight) -> None:
         now = time.perf_counter()
@@ -364,3 +358,10 @@ def allocate_batch(
                 backend.free(alloc.array)
         raise
     return allocations, event
+
+
+def _call_soon(call_soon: Callable[..., object], *args: Any) -> None:
+    try:
+        call_soon(*args)
+    except RuntimeError:  # the loop has closed: nobody is left waiting
+        pass
