@@ -234,8 +234,7 @@ class MemoryManager:
         closed = ManagerStateError("the memory manager was closed before the request was served")
         for group in self._groups.values():
             if group.scheduler is not None:
-                for ticket in group.scheduler.pending():
-                    ticket.fail(closed)
+                group.scheduler.close(closed)
                 group.scheduler = None
         task_group.cancel_scope.cancel()
         await task_group.__aexit__(None, None, None)

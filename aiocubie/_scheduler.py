@@ -4,8 +4,9 @@ One :class:`GroupScheduler` task per stream group, owned by the manager's task g
 closes when the batch window has passed since its first request, when every member of the
 group has asked, or on :meth:`GroupScheduler.flush`. The batch gets one chunk plan, is
 allocated on the group's stream (all or nothing), and its requests resolve when the event
-recorded after the allocation completes. Resolution runs in its own task, so the group goes
-on to its next batch while the device works, and groups never wait on each other.
+recorded after the allocation completes: the completion bridge calls back into the loop
+thread, which resolves the group's completed batches in stream order. The group goes on to its
+next batch while the device works, and groups never wait on each other.
 """
 
 from __future__ import annotations
@@ -158,6 +159,13 @@ class GroupScheduler:
                 ticket.fail(error)
         self._inflight.clear()  # their events' late callbacks find nothing to do
         self.changed()
+
+    def close(self, error: AiocubieError) -> None:
+        """The manager is closing: fail every ticket not yet resolved with ``error``."""
+        for ticket in self.pending():
+            ticket.fail(error)
+        self.queue.clear()
+        self._inflight.clear()  # late event callbacks find nothing to resolve, no hook to call
 
     # -- the scheduler task ----------------------------------------------------------------
     async def run(self) -> None:
