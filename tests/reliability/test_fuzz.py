@@ -223,7 +223,7 @@ def test_request_mappings_and_labels(manager: MemoryManager, label: Any, value: 
         mappings = [{label: value}] if isinstance(label, (str, int, float, bytes, type(None))) else []
         for requests in (*mappings, [(label, value)], label):
             try:
-                pending = manager.request(instance, requests)
+                manager.request(instance, requests)
             except Exception as exc:  # noqa: BLE001
                 assert isinstance(exc, InvalidRequestError), f"{type(exc).__name__}: {exc}"
                 parts = [requests, *(x for item in getattr(requests, "items", dict)() for x in item)]
