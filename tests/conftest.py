@@ -6,8 +6,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
+from simkit import TOTAL
+
+from aiocubie import SimulatorBackend
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -23,3 +27,11 @@ def pytest_configure(config: pytest.Config) -> None:
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     """Run each ``@pytest.mark.anyio`` test on both asyncio and trio."""
     return str(request.param)
+
+
+@pytest.fixture
+def sim() -> Iterator[SimulatorBackend]:
+    """A simulated device of ``simkit.TOTAL`` bytes, closed after the test."""
+    backend = SimulatorBackend(total=TOTAL)
+    yield backend
+    backend.close()

@@ -7,12 +7,13 @@ depends on timing; ``fail_after`` only stops a broken bridge from hanging the su
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import anyio
 import pytest
 
 from aiocubie import Event, SimulatorBackend
+from aiocubie._backends._simulator import SimEvent
 from aiocubie._completion import thread_safe_caller, wait_event
 
 HANG_GUARD = 10  # seconds: only a hung test takes this long
@@ -37,35 +38,6 @@ def gated_event(sim: SimulatorBackend) -> tuple[Event, threading.Event]:
     return sim.record_event(stream), gate
 
 
-class ThreadEvent(Event):
-    """A minimal Event completed by a plain thread: the bridge must not rely on the simulator."""
-
-    def __init__(self) -> None:
-        self._done = threading.Event()
-        self._callbacks: list[Callable[[], None]] = []
-        self._lock = threading.Lock()
-
-    def query(self) -> bool:
-        return self._done.is_set()
-
-    def synchronize(self) -> None:
-        self._done.wait()
-
-    def add_done_callback(self, callback: Callable[[], None]) -> None:
-        with self._lock:
-            if not self._done.is_set():
-                self._callbacks.append(callback)
-                return
-        callback()
-
-    def complete(self) -> None:
-        with self._lock:
-            self._done.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback()
-
-
 @pytest.mark.anyio
 async def test_wait_event_resolves_when_another_thread_completes_it(sim: SimulatorBackend) -> None:
     event, gate = gated_event(sim)
@@ -87,7 +59,7 @@ async def test_wait_event_resolves_when_another_thread_completes_it(sim: Simulat
 
 @pytest.mark.anyio
 async def test_wait_event_from_a_plain_thread() -> None:
-    event = ThreadEvent()
+    event = SimEvent()  # on no stream: completed by a plain thread, not a simulator worker
     with anyio.fail_after(HANG_GUARD):
         async with anyio.create_task_group() as tg:
             tg.start_soon(wait_event, event)

@@ -8,14 +8,15 @@ Async tests run on asyncio and trio. Streams are held shut with gates rather tha
 from __future__ import annotations
 
 import gc
-import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import anyio
 import numpy as np
 import pytest
+
+from simkit import HANG_GUARD, TOTAL, Part, assert_all_released, hold_stream, vec, wait_until
 
 from aiocubie import (
     AiocubieWarning,
@@ -35,41 +36,6 @@ from aiocubie import (
     UnknownAllocatorError,
 )
 
-TOTAL = 1_000_000
-HANG_GUARD = 10  # seconds: only a hung test takes this long
-
-
-class Part:
-    """A component to register: any weak-referenceable object will do."""
-
-
-@pytest.fixture
-def sim() -> Iterator[SimulatorBackend]:
-    backend = SimulatorBackend(total=TOTAL)
-    yield backend
-    backend.close()
-
-
-def vec(n: int, dtype: str = "float64", **kwargs: Any) -> ArrayRequest:
-    return ArrayRequest((n,), dtype, **kwargs)
-
-
-async def wait_until(predicate: Callable[[], bool]) -> None:
-    with anyio.fail_after(HANG_GUARD):
-        while not predicate():
-            await anyio.sleep(0.001)
-
-
-def hold_stream(stream: Any) -> threading.Event:
-    """Keep the simulator ``stream`` busy until the returned gate is set."""
-    gate = threading.Event()
-    stream.enqueue(lambda: gate.wait(HANG_GUARD))
-    return gate
-
-
-def assert_all_released(mgr: MemoryManager, sim: SimulatorBackend) -> None:
-    assert mgr.stats().live_bytes == 0
-    assert sim.used == 0
 
 
 # -- construction and lifecycle -----------------------------------------------------------------

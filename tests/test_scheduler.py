@@ -8,12 +8,11 @@ Streams are held shut with gates where an order matters; ``fail_after`` only gua
 from __future__ import annotations
 
 import math
-import threading
-from collections.abc import Callable, Iterator
-from typing import Any
 
 import anyio
 import pytest
+
+from simkit import HANG_GUARD, TOTAL, Part, assert_all_released, hold_stream, vec, wait_until
 
 from aiocubie import (
     AllocationError,
@@ -27,43 +26,13 @@ from aiocubie import (
     UnchunkableTooLargeError,
 )
 
-TOTAL = 1_000_000
 HEADROOM = 0.05  # the manager's default
-HANG_GUARD = 10  # seconds: only a hung test takes this long
 LONG_WINDOW = 10.0  # a batch window no passing test waits out
-
-
-class Part:
-    """A component to register: any weak-referenceable object will do."""
-
-
-@pytest.fixture
-def sim() -> Iterator[SimulatorBackend]:
-    backend = SimulatorBackend(total=TOTAL)
-    yield backend
-    backend.close()
-
-
-def vec(n: int, dtype: str = "float64", **kwargs: Any) -> ArrayRequest:
-    return ArrayRequest((n,), dtype, **kwargs)
-
-
-async def wait_until(predicate: Callable[[], bool]) -> None:
-    with anyio.fail_after(HANG_GUARD):
-        while not predicate():
-            await anyio.sleep(0.001)
 
 
 async def settle() -> None:
     """Give the schedulers time to act on what they have (nothing is asserted on time)."""
     await anyio.sleep(0.05)
-
-
-def hold_stream(stream: Any) -> threading.Event:
-    """Keep the simulator ``stream`` busy until the returned gate is set."""
-    gate = threading.Event()
-    stream.enqueue(lambda: gate.wait(HANG_GUARD))
-    return gate
 
 
 def expected_plan(runs: int, bytes_per_run: int, fixed: int, offered: int) -> tuple[int, int]:
@@ -73,11 +42,6 @@ def expected_plan(runs: int, bytes_per_run: int, fixed: int, offered: int) -> tu
     max_chunk = (offered - fixed) // bytes_per_run
     chunks = math.ceil(runs / max_chunk)
     return chunks, math.ceil(runs / chunks)
-
-
-def assert_all_released(mgr: MemoryManager, sim: SimulatorBackend) -> None:
-    assert mgr.stats().live_bytes == 0
-    assert sim.used == 0
 
 
 class Asker:

@@ -167,7 +167,8 @@ class SimEvent(Event):
                 return
         callback()
 
-    def _complete(self) -> None:
+    def complete(self) -> None:
+        """Mark the event done and call its callbacks (the stream's worker does, in order)."""
         with self._lock:
             self._done.set()
             callbacks, self._callbacks = self._callbacks, []
@@ -276,7 +277,7 @@ class SimulatorBackend(Backend):
         if self.faults.check("record_event"):
             raise BackendError(f"injected fault: recording an event on {stream}")
         event = SimEvent()
-        stream.enqueue(event._complete)
+        stream.enqueue(event.complete)
         return event
 
     def copy(self, src: Any, dst: Any, stream: SimStream) -> None:
