@@ -67,10 +67,6 @@ class Ledger:
         """VRAM bytes held by ``keys`` together."""
         return sum(self.live_by_key.get(key, 0) for key in keys)
 
-    def owned(self, owner: object) -> bool:
-        """True if ``owner`` still holds arrays."""
-        return id(owner) in self._by_owner
-
     def pop_owner(self, owner: object) -> list[Allocation]:
         """Remove and return everything ``owner`` holds (nothing if already released)."""
         allocs = self._by_owner.pop(id(owner), [])

@@ -65,7 +65,7 @@ class _Member:
     key: int
     name: str
     group: str
-    ref: Callable[[], object]
+    keepalive: object  # the instance itself when it cannot be weakly referenced, else None
     invalidate_hook: InvalidateHook | None
     ready_hook: ReadyHook | None
     finalizer: weakref.finalize | None  # type: ignore[type-arg]
@@ -302,15 +302,15 @@ class MemoryManager:
         self._budget.add(key, proportion)  # validates first: nothing is half-registered
         self._names += 1
         try:
-            ref: Callable[[], object] = weakref.ref(instance)
             finalizer: weakref.finalize | None = weakref.finalize(instance, self._dead.append, key)  # type: ignore[type-arg]
-        except TypeError:  # not weak-referenceable: hold it until unregister()
-            ref, finalizer = (lambda: instance), None
+            keepalive = None
+        except TypeError:  # not weak-referenceable: hold it, so no other object takes its id
+            finalizer, keepalive = None, instance
         member = _Member(
             key,
             name or f"{type(instance).__name__}#{self._names}",
             stream_group,
-            ref,
+            keepalive,
             invalidate_hook,
             ready_hook,
             finalizer,
