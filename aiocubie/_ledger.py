@@ -67,6 +67,11 @@ class Ledger:
         """VRAM bytes held by ``keys`` together."""
         return sum(self.live_by_key.get(key, 0) for key in keys)
 
+    def forget(self, key: Hashable) -> int:
+        """Drop the totals of ``key`` (which holds nothing now) and return its peak."""
+        self.live_by_key.pop(key, None)
+        return self.peak_by_key.pop(key, 0)
+
     def pop_owner(self, owner: object) -> list[Allocation]:
         """Remove and return everything ``owner`` holds (nothing if already released)."""
         allocs = self._by_owner.pop(id(owner), [])

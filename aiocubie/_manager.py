@@ -347,6 +347,9 @@ class MemoryManager:
                     ticket.error = gone
                     ticket.done.set()
         self._free(self._ledger.pop_where(lambda a: a.key == key))
+        # the id may be reused by a new instance: keep the peak under the name, forget the id
+        counters = self._member_counters[member.name]
+        counters.peak_bytes = max(counters.peak_bytes, self._ledger.forget(key))
         self._changed()  # caps changed, and an open batch may no longer wait for this member
 
     def _reap(self) -> None:
@@ -666,14 +669,11 @@ class MemoryManager:
             for name, counters in self._group_counters.items()
         }
         by_name = {m.name: m.key for m in self._members.values()}
-        instances = {
-            name: UsageStats.of(
-                counters,
-                ledger.live_by_key.get(by_name.get(name), 0),
-                ledger.peak_by_key.get(by_name.get(name), 0),
-            )
-            for name, counters in self._member_counters.items()
-        }
+        instances = {}
+        for name, counters in self._member_counters.items():
+            key = by_name.get(name)
+            live, peak = ledger.live_by_key.get(key, 0), ledger.peak_by_key.get(key, 0)
+            instances[name] = UsageStats.of(counters, live, max(peak, counters.peak_bytes))
         return Snapshot(Snapshot.now(), info.free, info.total, ledger.live, ledger.peak, groups, instances)
 
     # -- internals used by the scheduler ---------------------------------------------------

@@ -48,6 +48,7 @@ class Counters:
         self.chunks = 0
         self.failures = 0
         self.cancellations = 0
+        self.peak_bytes = 0  # kept here when an instance leaves (the ledger forgets its id)
         self.queue_wait: deque[float] = deque(maxlen=SAMPLES)
         self.ready_latency: deque[float] = deque(maxlen=SAMPLES)
 

@@ -714,3 +714,20 @@ async def test_a_thousand_concurrent_requests(sim: SimulatorBackend) -> None:
         assert sum(g.requests for g in stats.groups.values()) == 1000
         assert sum(g.failures + g.cancellations for g in stats.groups.values()) == 0
         assert_all_released(mgr, sim)
+
+
+@pytest.mark.anyio
+async def test_stats_keep_the_peak_of_an_instance_that_left(sim: SimulatorBackend) -> None:
+    async with MemoryManager(sim) as mgr:
+        gone, stays = Part(), Part()
+        mgr.register(gone, name="gone")
+        mgr.register(stays, name="stays")
+        async with mgr.request(gone, {"x": vec(1000)}):
+            pass
+        mgr.unregister(gone)
+        del gone
+        await mgr.request(stays, {"x": vec(10)})
+        snap = mgr.stats()
+        assert snap.instances["gone"].peak_bytes == 8000 and snap.instances["gone"].live_bytes == 0
+        assert snap.instances["gone"].requests == 1
+        assert snap.instances["stays"].peak_bytes == 80 and snap.instances["stays"].live_bytes == 80
