@@ -723,18 +723,20 @@ class MemoryManager:
         return self._free_reading - self._free_delta
 
     def _offered(self, group: str, free: int, *, as_if_empty: bool = False) -> int:
-        members = self._groups[group].members
-        held = self._ledger.held(members)
-        if as_if_empty:  # what the group would be offered if its members held nothing
-            free, held = free + held, 0
-        available = group_available(
-            self._mode,
-            free=free,
-            group_cap=self._budget.group_cap(members),
-            group_held=held,
-            group=group,
-            warn=False,
-        )
+        available = free  # passive mode: caps and holdings do not matter
+        if self.active:
+            members = self._groups[group].members
+            held = self._ledger.held(members)
+            if as_if_empty:  # what the group would be offered if its members held nothing
+                free, held = free + held, 0
+            available = group_available(
+                self._mode,
+                free=free,
+                group_cap=self._budget.group_cap(members),
+                group_held=held,
+                group=group,
+                warn=False,
+            )
         return offered_bytes(available, free, headroom=self.options.headroom, granule=self.backend.granule)
 
     def _respond(
