@@ -146,7 +146,7 @@ class ArrayRequest:
         if not self.unchunkable:
             if ndim == 0:
                 raise InvalidRequestError(
-                    "a 0-d array has no axis to chunk: pass unchunkable=True"
+                    f"shape {self.shape} is 0-d: it has no axis to chunk; pass unchunkable=True"
                 )
             if not -ndim <= axis < ndim:
                 raise InvalidRequestError(

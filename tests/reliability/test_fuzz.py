@@ -15,7 +15,7 @@ import anyio
 import numpy as np
 import pytest
 from _reliability import Component
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from aiocubie import (
@@ -95,6 +95,7 @@ kinds = st.one_of(st.sampled_from([k.value for k in MemoryKind]), st.sampled_fro
 
 @FUZZ
 @given(shape=shapes, dtype=dtypes, kind=kinds, axis=st.one_of(st.integers(-6, 6), junk), flags=st.tuples(junk, junk))
+@example(shape=[], dtype="float32", kind="device", axis=1, flags=(False, False))  # once named no field
 def test_array_request_accepts_or_names_the_bad_field(shape: Any, dtype: Any, kind: Any, axis: Any, flags: Any) -> None:
     unchunkable, zero = (f if isinstance(f, bool) else f for f in flags)
     fields = {"shape": shape, "dtype": dtype, "kind": kind, "chunk_axis": axis, "unchunkable": unchunkable, "zero": zero}
