@@ -277,7 +277,8 @@ class MemoryManager:
         invalidate_hook : callable, optional
             Called with no argument on a context reset (set_allocator, invalidate_all).
         ready_hook : callable, optional
-            Called with each ArrayResponse of the group's batches (sync or async).
+            Called with each ArrayResponse of the group's batches: a plain function in the
+            loop thread as the batch resolves, an ``async def`` function as a task of its own.
         name : str, optional
             Name in stats and logs (default: the type name and a number).
 

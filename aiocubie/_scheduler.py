@@ -314,17 +314,19 @@ class GroupScheduler:
             hook = self.mgr._ready_hook(key)
             if hook is None:
                 continue
+            if inspect.iscoroutinefunction(hook):
+                # called inside its task: a task cancelled before it starts leaves no coroutine
+                # behind that was never awaited
+                self.mgr._spawn(self._call_hook, hook, response, key)
+                continue
             try:
-                result = hook(response)
+                hook(response)
             except Exception:
                 log.exception("allocation-ready hook of %s raised; the scheduler goes on", self.mgr._name(key))
-                continue
-            if inspect.isawaitable(result):
-                self.mgr._spawn(self._await_hook, result, key)
 
-    async def _await_hook(self, result: Awaitable[Any], key: int) -> None:
+    async def _call_hook(self, hook: Callable[[ArrayResponse], Awaitable[Any]], response: ArrayResponse, key: int) -> None:
         try:
-            await result
+            await hook(response)
         except Exception:
             log.exception("allocation-ready hook of %s raised; the scheduler goes on", self.mgr._name(key))
 
