@@ -333,3 +333,38 @@ def test_unknown_allocator_resets_nothing(sim: SimulatorBackend) -> None:
         sim.set_allocator("jemalloc")
     assert sim.allocator == "default" and sim.resets == 0 and sim.used == 800
     sim.record_event(stream).synchronize()
+
+
+def test_copies_refuse_read_only_and_non_contiguous_arrays(sim: SimulatorBackend) -> None:
+    stream = sim.create_stream()
+    device = sim.allocate((4, 6), F8, MemoryKind.DEVICE, stream)
+    read_only = np.zeros((4, 6))
+    read_only.flags.writeable = False
+    with pytest.raises(BackendError, match="read-only"):
+        sim.copy(device, read_only, stream)
+    with pytest.raises(BackendError, match="non-contiguous source"):
+        sim.copy(np.zeros((6, 4)).T, device, stream)
+
+
+def test_a_failing_work_item_does_not_stop_its_stream(sim: SimulatorBackend) -> None:
+    stream = sim.create_stream()
+
+    def boom() -> None:
+        raise RuntimeError("work failed")
+
+    stream.enqueue(boom)
+    event = sim.record_event(stream)
+    event.synchronize()  # would block forever if the worker had died
+    assert event.query()
+
+
+def test_an_unreferenced_stream_stops_its_worker() -> None:
+    import gc
+
+    stream = SimulatorBackend(total=TOTAL).create_stream()
+    name = f"aiocubie-sim-stream-{stream.id}"
+    (worker,) = [t for t in threading.enumerate() if t.name == name]
+    del stream
+    gc.collect()
+    worker.join(timeout=10)
+    assert not worker.is_alive()

@@ -9,10 +9,12 @@ kernels accept under NUMBA_ENABLE_CUDASIM. It imports neither numba.cuda nor cup
 from __future__ import annotations
 
 import itertools
+import logging
 import queue
 import random
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -23,6 +25,8 @@ from .._requests import MemoryKind
 from ._base import ALLOCATORS, Advice, Backend, Event, MemoryInfo
 
 __all__ = ["Faults", "SimulatorBackend", "SimEvent", "SimStream"]
+
+log = logging.getLogger("aiocubie")
 
 FaultSite = Literal["allocate", "record_event", "copy", "prefetch"]
 _FAULT_SITES = ("allocate", "record_event", "copy", "prefetch")
@@ -121,8 +125,13 @@ class SimStream:
         self.latency = latency
         self.closed = False
         self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name=f"aiocubie-sim-stream-{self.id}", daemon=True)
-        self._thread.start()
+        # The worker holds the queue, not the stream: a stream nobody holds any more is
+        # collected, and its finalizer stops the worker.
+        worker = threading.Thread(
+            target=_work, args=(self._queue, latency), name=f"aiocubie-sim-stream-{self.id}", daemon=True
+        )
+        worker.start()
+        weakref.finalize(self, self._queue.put, None)
 
     def __repr__(self) -> str:
         return f"<SimStream {self.id}>"
@@ -139,11 +148,16 @@ class SimStream:
             self.closed = True
             self._queue.put(None)
 
-    def _run(self) -> None:
-        while (work := self._queue.get()) is not None:
-            if self.latency:
-                time.sleep(self.latency)
+
+
+def _work(work_queue: queue.SimpleQueue[Callable[[], None] | None], latency: float) -> None:
+    while (work := work_queue.get()) is not None:
+        if latency:
+            time.sleep(latency)
+        try:
             work()
+        except Exception:  # keep the stream alive: what is queued behind must still run
+            log.exception("simulated stream work failed")
 
 
 class SimEvent(Event):
@@ -221,7 +235,7 @@ class SimulatorBackend(Backend):
         self._reserved = reserved
         self._used = 0
         self._live: dict[int, int] = {}  # id(array) -> VRAM bytes
-        self._streams: list[SimStream] = []
+        self._streams: weakref.WeakSet[SimStream] = weakref.WeakSet()  # closed on reset; not kept alive
 
     # -- memory ---------------------------------------------------------------------------
     @property
@@ -270,7 +284,7 @@ class SimulatorBackend(Backend):
     # -- streams, events, copies ----------------------------------------------------------
     def create_stream(self) -> SimStream:
         stream = SimStream(self.latency)
-        self._streams.append(stream)
+        self._streams.add(stream)
         return stream
 
     def record_event(self, stream: SimStream) -> SimEvent:
@@ -285,6 +299,14 @@ class SimulatorBackend(Backend):
             raise BackendError(
                 f"cannot copy {getattr(src, 'shape', '?')} {getattr(src, 'dtype', '?')} into "
                 f"{getattr(dst, 'shape', '?')} {getattr(dst, 'dtype', '?')}: shapes and dtypes must match"
+            )
+        if not dst.flags.writeable:
+            raise BackendError(f"cannot copy into a read-only {dst.shape} array: pass a writable one")
+        if not (src.flags.c_contiguous and dst.flags.c_contiguous):  # as on a GPU: one block each
+            raise BackendError(
+                f"cannot copy between a {'non-' * (not src.flags.c_contiguous)}contiguous source and a "
+                f"{'non-' * (not dst.flags.c_contiguous)}contiguous target of shape {dst.shape}: "
+                "copy through np.ascontiguousarray (walk_chunks does)"
             )
         if self.faults.check("copy"):
             raise BackendError(f"injected fault: copying {src.nbytes} bytes on {stream}")
@@ -313,6 +335,6 @@ class SimulatorBackend(Backend):
         self.close()
 
     def close(self) -> None:
-        for stream in self._streams:
+        for stream in list(self._streams):
             stream.close()
         self._streams.clear()
