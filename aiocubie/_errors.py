@@ -19,6 +19,7 @@ __all__ = [
     "ManagerStateError",
     "PlanningError",
     "RegistrationError",
+    "ReleasedError",
     "RunLengthMismatchError",
     "UnchunkableTooLargeError",
     "UnknownAllocatorError",
@@ -75,6 +76,10 @@ class AllocationError(AiocubieError, MemoryError):
 
 class BackendError(AiocubieError):
     """A backend operation other than allocation failed (event, copy, stream, prefetch)."""
+
+
+class ReleasedError(AiocubieError):
+    """The request's arrays were freed (``free``, ``free_all``) before it resolved."""
 
 
 class ContextResetError(AiocubieError):

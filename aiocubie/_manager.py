@@ -35,6 +35,7 @@ from ._errors import (
     InvalidRequestError,
     ManagerStateError,
     RegistrationError,
+    ReleasedError,
 )
 from ._ledger import Allocation, Ledger
 from ._planner import ChunkPlan, offered_bytes, plan_batch, run_length
@@ -300,6 +301,8 @@ class MemoryManager:
                 raise RegistrationError(f"{label} must be callable, got {hook!r}")
         if name is not None and not isinstance(name, str):
             raise RegistrationError(f"name must be a string, got {name!r}")
+        if name is not None and any(m.name == name for m in self._members.values()):
+            raise RegistrationError(f"the name {name!r} is taken by another registered instance: pick another")
         self._budget.add(key, proportion)  # validates first: nothing is half-registered
         self._names += 1
         try:
@@ -461,12 +464,23 @@ class MemoryManager:
         return self._member(instance).group
 
     def change_stream_group(self, instance: object, new_group: str) -> None:
-        """Move ``instance`` to ``new_group`` (created if new). Queued requests stay where they are."""
+        """Move ``instance`` to ``new_group`` (created if new).
+
+        Its queued requests move with it; those already being planned or in flight finish in
+        the old group.
+        """
         member = self._member(instance)
         self._check_group_name(new_group)
-        self._groups[member.group].members.discard(member.key)
+        old = self._groups[member.group]
+        old.members.discard(member.key)
         member.group = new_group
-        self._ensure_group(new_group).members.add(member.key)
+        new = self._ensure_group(new_group)
+        new.members.add(member.key)
+        if old.scheduler is not None and new.scheduler is not None and old is not new:
+            for ticket in [t for t in old.scheduler.queue if t.key == member.key]:
+                old.scheduler.queue.remove(ticket)
+                ticket.group = new_group
+                new.scheduler.submit(ticket)
         self._changed()
 
     def is_grouped(self, instance: object) -> bool:
@@ -562,12 +576,27 @@ class MemoryManager:
         self._release_response(response)
 
     def free(self, label: str) -> None:
-        """Free every array labelled ``label``, whichever instance holds it."""
-        self._free(self._ledger.pop_where(lambda a: a.label == label))
+        """Free every array labelled ``label``, whichever instance holds it.
+
+        Requests still in flight whose arrays are freed fail with :class:`ReleasedError`
+        (and the rest of their arrays are freed too).
+        """
+        self._free_where(lambda a: a.label == label, f"free({label!r})")
 
     def free_all(self) -> None:
-        """Free every array the manager handed out."""
-        self._free(self._ledger.pop_where(lambda a: True))
+        """Free every array the manager handed out (requests in flight fail with ReleasedError)."""
+        self._free_where(lambda a: True, "free_all()")
+
+    def _free_where(self, predicate: Callable[[Allocation], bool], cause: str) -> None:
+        allocations = self._ledger.pop_where(predicate)
+        self._free(allocations)
+        owners = {id(a.owner) for a in allocations}
+        if owners:
+            error = ReleasedError(f"{cause} freed this request's arrays before it resolved; request again")
+            for group in self._groups.values():
+                if group.scheduler is not None:
+                    for response in group.scheduler.fail_in_flight(owners, error):
+                        self._release_response(response)
 
     def invalidate_all(self) -> None:
         """Call every invalidate hook once and release every array.
@@ -686,7 +715,7 @@ class MemoryManager:
         member = self._member(instance)
         group = self._groups[member.group]
         assert group.scheduler is not None
-        ticket = Ticket(member.key, member.group, requests)
+        ticket = Ticket(member.key, member.group, requests, run_length(requests.items()))
         self._counters(member.group, member.key, "requests")
         group.scheduler.submit(ticket)
         return ticket

@@ -19,7 +19,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -27,7 +27,7 @@ import attrs
 
 from ._backends import Backend, Event
 from ._completion import thread_safe_caller
-from ._errors import AiocubieError, BackendError, InsufficientMemoryError
+from ._errors import AiocubieError, AllocationError, BackendError, InsufficientMemoryError
 from ._ledger import Allocation
 from ._planner import ChunkPlan, plan_batch
 from ._requests import ArrayRequest, ArrayResponse
@@ -84,6 +84,8 @@ class Ticket:
     key: int
     group: str
     requests: dict[str, ArrayRequest]
+    runs: int = 0  # the run length its chunkable arrays share (0: none)
+    leftover: bool = False  # queued when a batch closed without it (cut by size or run length)
     enqueued: float = attrs.field(factory=time.perf_counter)
     done: anyio.Event = attrs.field(factory=anyio.Event)
     state: State = State.PENDING
@@ -121,8 +123,9 @@ class GroupScheduler:
 
     def flush(self) -> None:
         """Close the batch being collected now, without waiting for the window."""
-        self._flush = True
-        self._wake.set()
+        if self.queue:  # a flush with nothing queued must not cut the next batch's window short
+            self._flush = True
+            self._wake.set()
 
     def changed(self) -> None:
         """Memory was released, a waiting request withdrawn or a member left: re-check the batch."""
@@ -160,6 +163,17 @@ class GroupScheduler:
         self._inflight.clear()  # their events' late callbacks find nothing to do
         self.changed()
 
+    def fail_in_flight(self, owners: set[int], error: AiocubieError) -> list[ArrayResponse]:
+        """Fail the in-flight tickets whose response (by id) is in ``owners``; return the responses."""
+        failed = []
+        for flight in self._inflight:
+            for ticket in flight.tickets:
+                if ticket.state is State.ALLOCATED and id(ticket.response) in owners:
+                    ticket.fail(error)
+                    if ticket.response is not None:
+                        failed.append(ticket.response)
+        return failed
+
     def close(self, error: AiocubieError) -> None:
         """The manager is closing: fail every ticket not yet resolved with ``error``."""
         for ticket in self.pending():
@@ -193,14 +207,27 @@ class GroupScheduler:
         while not self.queue:
             await self._wait("_wake")
         window = self.mgr.options.batch_window
-        if window > 0 and not (self._flush or self._everyone_asked()):  # no timeout scope if it can close now
+        # requests left over when the last batch was cut had their window: they close at once
+        if self._flush or any(t.leftover for t in self.queue):
+            window = 0
+        if window > 0 and not self._everyone_asked():  # no timeout scope if it can close now
             # the window runs from the batch's first request, which may have queued behind the last batch
             with anyio.move_on_after(self.queue[0].enqueued + window - time.perf_counter()):
                 while not (self._flush or self._everyone_asked()):
                     await self._wait("_wake")
         self._flush = False
         limit = self.mgr.options.max_batch or len(self.queue)
-        batch = [self.queue.popleft() for _ in range(min(limit, len(self.queue)))]
+        batch: list[Ticket] = []
+        runs = 0
+        while self.queue and len(batch) < limit:
+            # one plan walks one run axis: a request of another length starts the next batch
+            head = self.queue[0]
+            if head.runs and runs and head.runs != runs:
+                break
+            runs = runs or head.runs
+            batch.append(self.queue.popleft())
+        for ticket in self.queue:
+            ticket.leftover = True
         self._waiting = batch
         return batch
 
@@ -217,24 +244,44 @@ class GroupScheduler:
         if plan is None or not batch:
             return
         stream = self.mgr._stream_of_group(self.name)
-        allocations, event = allocate_batch(
-            self.mgr.backend, self.name, [(t.key, t.requests) for t in batch], plan, stream
-        )
+        entries = [(t.key, t.requests) for t in batch]
+        cached = self.mgr._free_memory(fresh=False)
+        try:
+            allocations, event = allocate_batch(self.mgr.backend, self.name, entries, plan, stream)
+        except AllocationError:
+            # planned on a cached reading while another process took memory: plan again, once
+            if self.mgr._free_memory(fresh=True) >= cached:
+                raise
+            plan = await self._plan(batch)
+            batch = self._live(batch)
+            if plan is None or not batch:
+                return
+            stream = self.mgr._stream_of_group(self.name)
+            entries = [(t.key, t.requests) for t in batch]
+            allocations, event = allocate_batch(self.mgr.backend, self.name, entries, plan, stream)
         now = time.perf_counter()
         for ticket, allocs in zip(batch, allocations):
             ticket.response = self.mgr._respond(ticket.requests, allocs, plan, stream)
             ticket.state = State.ALLOCATED
-            self.mgr._record_wait(self.name, ticket.key, now - ticket.enqueued)
-        self.mgr._record_batch(self.name, plan, {t.key for t in batch})
         flight = _Flight(batch, plan, event, stream, now)
         self._inflight.append(flight)
-        if event.query():
-            self._completed(flight)
-        else:
-            # the callback runs in this task's context, where anyio knows its loop (async hooks
-            # are spawned from it)
-            call_soon, context = thread_safe_caller(), contextvars.copy_context()
-            event.add_done_callback(lambda: _call_soon(call_soon, context.run, self._completed, flight))
+        try:
+            if event.query():
+                self._completed(flight)
+            else:
+                # the callback runs in this task's context, where anyio knows its loop (async
+                # hooks are spawned from it)
+                call_soon, context = thread_safe_caller(), contextvars.copy_context()
+                event.add_done_callback(lambda: _call_soon(call_soon, context.run, self._completed, flight))
+        except BaseException:  # the batch never resolves: take it back and free what it holds
+            if flight in self._inflight:
+                self._inflight.remove(flight)
+            for ticket in batch:
+                self.mgr._release_response(ticket.response)
+            raise
+        for ticket in batch:
+            self.mgr._record_wait(self.name, ticket.key, now - ticket.enqueued)
+        self.mgr._record_batch(self.name, plan, {t.key for t in batch})
 
     async def _plan(self, batch: list[Ticket]) -> ChunkPlan | None:
         """One plan for the live tickets of ``batch``; under the wait policy, wait for room."""
@@ -340,7 +387,7 @@ class GroupScheduler:
 def allocate_batch(
     backend: Backend,
     group: str,
-    entries: list[tuple[Hashable, dict[str, ArrayRequest]]],
+    entries: Sequence[tuple[Hashable, dict[str, ArrayRequest]]],
     plan: ChunkPlan,
     stream: Any,
 ) -> tuple[list[list[Allocation]], Event]:

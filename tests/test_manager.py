@@ -32,6 +32,7 @@ from aiocubie import (
     ManagerStateError,
     MemoryManager,
     RegistrationError,
+    ReleasedError,
     SimulatorBackend,
     UnknownAllocatorError,
 )
@@ -731,3 +732,59 @@ async def test_stats_keep_the_peak_of_an_instance_that_left(sim: SimulatorBacken
         assert snap.instances["gone"].peak_bytes == 8000 and snap.instances["gone"].live_bytes == 0
         assert snap.instances["gone"].requests == 1
         assert snap.instances["stays"].peak_bytes == 80 and snap.instances["stays"].live_bytes == 80
+
+
+@pytest.mark.anyio
+async def test_free_all_fails_requests_in_flight_instead_of_resolving_them(sim: SimulatorBackend) -> None:
+    async with MemoryManager(sim) as mgr:
+        part = Part()
+        mgr.register(part)
+        gate = hold_stream(mgr.get_stream(part))  # the batch is allocated but not ready
+        errors: list[BaseException] = []
+
+        async def in_flight() -> None:
+            try:
+                await mgr.request(part, {"a": vec(500), "b": vec(500)})
+            except ReleasedError as exc:
+                errors.append(exc)
+
+        try:
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(in_flight)
+                    await wait_until(lambda: sim.used == 8000)
+                    mgr.free("a")  # one of its two arrays
+        finally:
+            gate.set()
+        assert len(errors) == 1 and "free('a')" in str(errors[0])
+        assert_all_released(mgr, sim)  # the other array went with it
+
+
+def test_names_are_unique(sim: SimulatorBackend) -> None:
+    mgr = MemoryManager(sim)
+    first, other = Part(), Part()
+    mgr.register(first, name="solver")
+    with pytest.raises(RegistrationError, match="'solver' is taken"):
+        mgr.register(other, name="solver")
+    assert not mgr.is_registered(other)
+
+
+@pytest.mark.anyio
+async def test_queued_requests_follow_their_instance_to_a_new_group(sim: SimulatorBackend) -> None:
+    async with MemoryManager(sim, mode="active", batch_window=HANG_GUARD * 2) as mgr:
+        mover, silent = Part(), Part()
+        mgr.register(mover, proportion=0.5, stream_group="old")
+        mgr.register(silent, proportion=0.1, stream_group="old")  # never asks: the batch stays open
+        result: list[ArrayResponse] = []
+
+        async def ask() -> None:
+            result.append(await mgr.request(mover, {"x": vec(40_000)}))  # 320 kB: over "old"'s 100 kB
+
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(ask)
+                await wait_until(lambda: mgr.stats().groups["old"].requests == 1)
+                mgr.change_stream_group(mover, "new")  # alone in "new": its batch closes at once
+        assert result[0].chunks == 1 and result[0].stream is mgr.get_stream(mover)
+        mgr.free_all()
+    assert_all_released(mgr, sim)
