@@ -40,6 +40,42 @@ def hold_stream(stream: Any) -> threading.Event:
     return gate
 
 
+async def interrupt_in_flight(
+    mgr: MemoryManager,
+    sim: SimulatorBackend,
+    part: Part,
+    requests: dict[str, ArrayRequest],
+    interrupt: Callable[[], object],
+    expected: type[BaseException],
+) -> list[BaseException]:
+    """Run ``interrupt()`` while ``part``'s request is allocated but its stream held shut.
+
+    Returns the ``expected`` errors the request raised (a request that resolves anyway, or
+    raises something else, fails the test).
+    """
+    errors: list[BaseException] = []
+    used = sim.used + sum(r.nbytes for r in requests.values())
+
+    async def in_flight() -> None:
+        try:
+            await mgr.request(part, requests)
+        except expected as exc:
+            errors.append(exc)
+        else:
+            raise AssertionError("the request resolved despite the interruption")
+
+    gate = hold_stream(mgr.get_stream(part))
+    try:
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(in_flight)
+                await wait_until(lambda: sim.used == used)
+                interrupt()
+    finally:
+        gate.set()
+    return errors
+
+
 def assert_all_released(mgr: MemoryManager, sim: SimulatorBackend) -> None:
     """Accounting is back to exactly zero, in the manager and on the device."""
     assert mgr.stats().live_bytes == 0

@@ -16,7 +16,16 @@ import anyio
 import numpy as np
 import pytest
 
-from simkit import HANG_GUARD, TOTAL, Part, assert_all_released, hold_stream, vec, wait_until
+from simkit import (
+    HANG_GUARD,
+    TOTAL,
+    Part,
+    assert_all_released,
+    hold_stream,
+    interrupt_in_flight,
+    vec,
+    wait_until,
+)
 
 from aiocubie import (
     AiocubieWarning,
@@ -401,23 +410,7 @@ async def test_invalidate_all_calls_hooks_once_releases_and_fails_in_flight(sim:
         mgr.register(b, invalidate_hook=lambda: calls.append("b"))
         mgr.register(c)  # no hook
         await mgr.request(b, {"x": vec(100)})
-        gate = hold_stream(mgr.get_stream(a))  # a's batch is allocated but never ready
-        errors: list[BaseException] = []
-
-        async def in_flight() -> None:
-            try:
-                await mgr.request(a, {"y": vec(100)})
-            except ContextResetError as exc:
-                errors.append(exc)
-
-        try:
-            with anyio.fail_after(HANG_GUARD):
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(in_flight)
-                    await wait_until(lambda: sim.used == 1600)
-                    mgr.invalidate_all()
-        finally:
-            gate.set()
+        errors = await interrupt_in_flight(mgr, sim, a, {"y": vec(100)}, mgr.invalidate_all, ContextResetError)
         assert sorted(calls) == ["a", "b"]
         assert len(errors) == 1 and "invalidate_all" in str(errors[0])
         assert_all_released(mgr, sim)
@@ -435,24 +428,10 @@ async def test_set_allocator_resets_like_invalidate_all(sim: SimulatorBackend) -
         mgr.register(b, invalidate_hook=lambda: calls.append("b"))
         await mgr.request(b, {"x": vec(100)})
         old_streams = {mgr.get_stream(a), mgr.get_stream(b)}
-        gate = hold_stream(mgr.get_stream(a))
-        errors: list[BaseException] = []
-
-        async def in_flight() -> None:
-            try:
-                await mgr.request(a, {"y": vec(100)})
-            except ContextResetError as exc:
-                errors.append(exc)
-
-        try:
-            with anyio.fail_after(HANG_GUARD):
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(in_flight)
-                    await wait_until(lambda: sim.used == 1600)
-                    with pytest.warns(AiocubieWarning, match="resets the device context"):
-                        mgr.set_allocator("cupy")
-        finally:
-            gate.set()
+        with pytest.warns(AiocubieWarning, match="resets the device context"):
+            errors = await interrupt_in_flight(
+                mgr, sim, a, {"y": vec(100)}, lambda: mgr.set_allocator("cupy"), ContextResetError
+            )
         assert sim.allocator == "cupy" and sim.resets == 1
         assert sorted(calls) == ["a", "b"]
         assert len(errors) == 1 and "set_allocator('cupy')" in str(errors[0])
@@ -739,23 +718,8 @@ async def test_free_all_fails_requests_in_flight_instead_of_resolving_them(sim: 
     async with MemoryManager(sim) as mgr:
         part = Part()
         mgr.register(part)
-        gate = hold_stream(mgr.get_stream(part))  # the batch is allocated but not ready
-        errors: list[BaseException] = []
-
-        async def in_flight() -> None:
-            try:
-                await mgr.request(part, {"a": vec(500), "b": vec(500)})
-            except ReleasedError as exc:
-                errors.append(exc)
-
-        try:
-            with anyio.fail_after(HANG_GUARD):
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(in_flight)
-                    await wait_until(lambda: sim.used == 8000)
-                    mgr.free("a")  # one of its two arrays
-        finally:
-            gate.set()
+        requests = {"a": vec(500), "b": vec(500)}
+        errors = await interrupt_in_flight(mgr, sim, part, requests, lambda: mgr.free("a"), ReleasedError)
         assert len(errors) == 1 and "free('a')" in str(errors[0])
         assert_all_released(mgr, sim)  # the other array went with it
 
