@@ -93,6 +93,7 @@ dtypes = st.one_of(
 kinds = st.one_of(st.sampled_from([k.value for k in MemoryKind]), st.sampled_from(list(MemoryKind)), junk)
 
 
+@pytest.mark.filterwarnings("ignore:Data type alias:DeprecationWarning")  # numpy's own, for junk text like 'a'
 @FUZZ
 @given(shape=shapes, dtype=dtypes, kind=kinds, axis=st.one_of(st.integers(-6, 6), junk), flags=st.tuples(junk, junk))
 @example(shape=[], dtype="float32", kind="device", axis=1, flags=(False, False))  # once named no field
