@@ -239,26 +239,22 @@ class GroupScheduler:
         return [t for t in batch if t.state is State.PENDING]
 
     async def _serve(self, batch: list[Ticket]) -> None:
-        plan = await self._plan(batch)
-        batch = self._live(batch)
-        if plan is None or not batch:
-            return
-        stream = self.mgr._stream_of_group(self.name)
-        entries = [(t.key, t.requests) for t in batch]
-        cached = self.mgr._free_memory(fresh=False)
-        try:
-            allocations, event = allocate_batch(self.mgr.backend, self.name, entries, plan, stream)
-        except AllocationError:
-            # planned on a cached reading while another process took memory: plan again, once
-            if self.mgr._free_memory(fresh=True) >= cached:
-                raise
+        for attempt in range(2):
             plan = await self._plan(batch)
             batch = self._live(batch)
             if plan is None or not batch:
                 return
             stream = self.mgr._stream_of_group(self.name)
-            entries = [(t.key, t.requests) for t in batch]
-            allocations, event = allocate_batch(self.mgr.backend, self.name, entries, plan, stream)
+            cached = self.mgr._free_memory(fresh=False)
+            try:
+                entries = [(t.key, t.requests) for t in batch]
+                allocations, event = allocate_batch(self.mgr.backend, self.name, entries, plan, stream)
+                break
+            except AllocationError:
+                # planned on a cached reading while another process took memory: plan again, once
+                if attempt or self.mgr._free_memory(fresh=True) >= cached:
+                    raise
+        assert plan is not None  # the loop leaves only through a successful allocation
         now = time.perf_counter()
         for ticket, allocs in zip(batch, allocations):
             ticket.response = self.mgr._respond(ticket.requests, allocs, plan, stream)
