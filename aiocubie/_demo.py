@@ -73,6 +73,20 @@ class Stage:
         self.advance = advance
         mgr.register(self, stream_group=group, proportion=proportion, name=name)
 
+    async def run_chunked(
+        self,
+        kernel: Any,
+        requests: dict[str, ArrayRequest],
+        inputs: dict[str, np.ndarray[Any, Any]],
+        outputs: dict[str, np.ndarray[Any, Any]],
+        args: tuple[str, ...],
+    ) -> None:
+        """Request ``requests`` and launch ``kernel`` on each chunk with the device arrays ``args``."""
+        async with self.mgr.request(self, requests) as response:
+            async for chunk in walk_chunks(self.mgr, self, response, inputs=inputs, outputs=outputs):
+                await self.launch(kernel, chunk.length, *(chunk.device[label] for label in args))
+                self.advance(chunk.length)
+
     async def launch(self, kernel: Any, size: int, *args: Any) -> None:
         """Run ``kernel`` over ``size`` items on this stage's stream and wait for it."""
         stream = self.mgr.get_stream(self)
@@ -112,12 +126,8 @@ class Loader(Stage):
             "scale": ArrayRequest(scale.shape, scale.dtype, unchunkable=True),
             "features": ArrayRequest(raw.shape, raw.dtype, chunk_axis=1),
         }
-        async with self.mgr.request(self, requests) as response:
-            inputs = {"raw": raw, "scale": scale}
-            async for chunk in walk_chunks(self.mgr, self, response, inputs=inputs, outputs={"features": features}):
-                d = chunk.device
-                await self.launch(scale_kernel, chunk.length, d["raw"], d["scale"], d["features"])
-                self.advance(chunk.length)
+        inputs = {"raw": raw, "scale": scale}
+        await self.run_chunked(scale_kernel, requests, inputs, {"features": features}, ("raw", "scale", "features"))
         return features
 
 
@@ -132,12 +142,8 @@ class Solver(Stage):
             "weights": ArrayRequest(weights.shape, weights.dtype, unchunkable=True),
             "energy": ArrayRequest(runs, np.float32),
         }
-        async with self.mgr.request(self, requests) as response:
-            inputs = {"x": x, "weights": weights}
-            async for chunk in walk_chunks(self.mgr, self, response, inputs=inputs, outputs={"energy": energy}):
-                d = chunk.device
-                await self.launch(energy_kernel, chunk.length, d["x"], d["weights"], d["energy"])
-                self.advance(chunk.length)
+        inputs = {"x": x, "weights": weights}
+        await self.run_chunked(energy_kernel, requests, inputs, {"energy": energy}, ("x", "weights", "energy"))
         return energy
 
 
@@ -150,11 +156,7 @@ class Reducer(Stage):
             "energy": ArrayRequest(energy.shape, energy.dtype),
             "total": ArrayRequest(1, np.float64, unchunkable=True, zero=True),
         }
-        async with self.mgr.request(self, requests) as response:
-            walk = walk_chunks(self.mgr, self, response, inputs={"energy": energy}, outputs={"total": total})
-            async for chunk in walk:
-                await self.launch(sum_kernel, chunk.length, chunk.device["energy"], chunk.device["total"])
-                self.advance(chunk.length)
+        await self.run_chunked(sum_kernel, requests, {"energy": energy}, {"total": total}, ("energy", "total"))
         return float(total[0])
 
 
