@@ -89,10 +89,13 @@ class DeviceAccount:
         ``as_if_empty``: what it would be offered if its members held nothing (what a batch
         waiting for memory waits for).
         """
-        if as_if_empty and self.options.active:
+        options = self.options
+        if not options.active:  # passive: what is free
+            return offered_bytes(free, free, headroom=options.headroom, granule=self.backend.granule)
+        if as_if_empty:
             free += self.ledger.held(members)  # what they hold would be free
         available = self.available(members, free, as_if_empty=as_if_empty)
-        return offered_bytes(available, free, headroom=self.options.headroom, granule=self.backend.granule)
+        return offered_bytes(available, free, headroom=options.headroom, granule=self.backend.granule)
 
     # -- allocation and release --------------------------------------------------------------
     def allocate(
@@ -110,34 +113,44 @@ class DeviceAccount:
         """
         backend = self.backend
         batch: list[list[Allocation]] = []
+        totals: list[int] = []
         chunk_length = plan.chunk_length
         try:
             for key, requests in entries:
                 allocs: list[Allocation] = []
-                batch.append(allocs)
+                batch.append(allocs)  # before allocating: a failure frees what this entry has too
+                vram = 0
                 whole = chunk_length >= requests.runs
                 for label, request in requests.arrays.items():
-                    shape = request.shape if whole else request.chunked_shape(chunk_length)
+                    if whole:
+                        shape, nbytes = request.shape, request.nbytes
+                    else:
+                        shape = request.chunked_shape(chunk_length)
+                        nbytes = math.prod(shape) * request.dtype.itemsize
                     array = backend.allocate(shape, request.dtype, request.kind, stream)
-                    vram = backend.nbytes(array) if request.kind.uses_vram else 0
-                    allocs.append(Allocation(array, label, key, group, request.kind, vram))
+                    if not request.uses_vram:
+                        nbytes = 0
+                    allocs.append(Allocation(array, label, key, group, request.kind, nbytes))
+                    vram += nbytes
                     if request.zero:
                         backend.zero(array, stream)
+                totals.append(vram)
             event = backend.record_event(stream)
         except BaseException:
             for allocs in batch:
                 for alloc in allocs:
                     backend.free(alloc.array)
             raise
-        responses = []
-        for (_, requests), allocs in zip(entries, batch):
-            responses.append(self.respond(requests, allocs, plan, stream))
+        responses = [
+            self.respond(requests, allocs, plan, stream, vram)
+            for (_, requests), allocs, vram in zip(entries, batch, totals)
+        ]
         return responses, event
 
     def respond(
-        self, requests: RequestSet, allocations: list[Allocation], plan: ChunkPlan, stream: Any
+        self, requests: RequestSet, allocations: list[Allocation], plan: ChunkPlan, stream: Any, vram: int = 0
     ) -> ArrayResponse:
-        """The response for ``allocations``, entered in the ledger."""
+        """The response for ``allocations`` (``vram`` bytes together), entered in the ledger."""
         response = ArrayResponse(
             arrays={a.label: a.array for a in allocations},
             chunks=plan.chunks,
@@ -148,8 +161,8 @@ class DeviceAccount:
             stream=stream,
         )
         if allocations:
-            self.ledger.add(response, allocations)
-            self._free_delta += sum(a.vram for a in allocations)
+            self.ledger.add(response, allocations, vram)
+            self._free_delta += vram
         return response
 
     def release(self, response: ArrayResponse | None) -> None:
@@ -167,8 +180,9 @@ class DeviceAccount:
         """Free ``allocations`` (already out of the ledger) on the device."""
         if not allocations:
             return
+        free = self.backend.free
         for alloc in allocations:
-            self.backend.free(alloc.array)
+            free(alloc.array)
             self._free_delta -= alloc.vram
         if self.options.waits:  # only a batch waiting for memory cares: spare waking every group
             self._on_release()

@@ -9,7 +9,8 @@ path pays for no backend detection. It imports no device library.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Generator
+import types
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
 import anyio.lowlevel
@@ -87,12 +88,10 @@ class Loop:
         """A new :class:`Signal` for this loop."""
         return _AsyncioSignal(self._loop) if self._loop is not None else _TrioSignal()
 
-    async def checkpoint(self) -> None:
+    def checkpoint(self) -> Awaitable[None]:
         """Yield to the loop once: a cancellation point, as anyio's checkpoint is."""
-        if self._loop is not None:
-            await asyncio.sleep(0)  # what anyio's asyncio checkpoint does, less its lookups
-        else:
-            await anyio.lowlevel.checkpoint()
+        # on asyncio, what anyio's checkpoint (asyncio.sleep(0)) does, less its lookups and frames
+        return _yield_once() if self._loop is not None else anyio.lowlevel.checkpoint()
 
     def call_soon_threadsafe_or_drop(self, func: Callable[..., Any], *args: Any) -> None:
         """:attr:`call_soon_threadsafe`, doing nothing once the loop has closed (nobody waits)."""
@@ -112,6 +111,11 @@ class Loop:
         signal = self.signal()
         event.add_done_callback(lambda: self.call_soon_threadsafe_or_drop(signal.set))
         await signal
+
+
+@types.coroutine
+def _yield_once() -> Generator[None, None, None]:
+    yield  # a bare yield from a task: asyncio runs the task again on the next loop iteration
 
 
 def thread_safe_caller() -> Callable[..., Any]:

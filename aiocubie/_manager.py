@@ -55,27 +55,25 @@ class PendingRequest:
     the awaiting task withdraws a queued request and frees an allocated one.
     """
 
-    __slots__ = ("_mgr", "_instance", "_requests", "_response", "_awaited")
+    __slots__ = ("_mgr", "_instance", "_member", "_requests", "_response", "_awaited")
 
-    def __init__(self, manager: MemoryManager, instance: object, requests: RequestSet) -> None:
+    def __init__(self, manager: MemoryManager, instance: object, member: Member, requests: RequestSet) -> None:
         self._mgr = manager
         self._instance = instance
+        self._member = member
         self._requests = requests
         self._response: ArrayResponse | None = None
         self._awaited = False
 
     def __await__(self) -> Generator[Any, None, ArrayResponse]:
-        return self._get().__await__()
-
-    async def _get(self) -> ArrayResponse:
         if self._awaited:
             raise ManagerStateError("a request can be awaited only once: call mgr.request() again")
         self._awaited = True
-        self._response = await self._mgr._serve(self._instance, self._requests)
-        return self._response
+        return self._mgr._serve(self._instance, self._member, self._requests).__await__()
 
     async def __aenter__(self) -> ArrayResponse:
-        return await self._get()
+        self._response = await self
+        return self._response
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -453,15 +451,16 @@ class MemoryManager:
             When awaited, if the batch could not be served.
         """
         checked = check_requests(requests)
-        self._member(instance)
-        return PendingRequest(self, instance, checked)
+        return PendingRequest(self, instance, self._member(instance), checked)
 
-    async def _serve(self, instance: object, requests: RequestSet) -> ArrayResponse:
+    async def _serve(self, instance: object, member: Member, requests: RequestSet) -> ArrayResponse:
         """Submit a request when it is awaited and wait for it (PendingRequest's await)."""
         loop = self._loop
         if loop is None:
             raise ManagerStateError("the memory manager is not running: use `async with MemoryManager() as mgr:`")
-        member = self._member(instance)
+        self._reap()
+        if self._registry.members.get(member.key) is not member:  # unregistered since request()
+            member = self._registry.member(instance)
         group = self._registry.groups[member.group]
         ticket = Ticket(member.key, requests, (group.counters, member.counters))
         for counters in ticket.counters:

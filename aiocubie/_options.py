@@ -92,15 +92,15 @@ class Options:
     max_batch: int | None = attrs.field(default=None, converter=_max_batch)
     free_cache_seconds: float = attrs.field(default=0.05, converter=_free_cache_seconds)
 
-    @property
-    def active(self) -> bool:
-        """True in active mode."""
-        return self.mode is LimitMode.ACTIVE
+    #: True in active mode.
+    active: bool = attrs.field(init=False, eq=False, repr=False)
+    #: True when a batch that does not fit waits for memory (active mode, policy wait).
+    waits: bool = attrs.field(init=False, eq=False, repr=False)
 
-    @property
-    def waits(self) -> bool:
-        """True when a batch that does not fit waits for memory (active mode, policy wait)."""
-        return self.mode is LimitMode.ACTIVE and self.policy is Policy.WAIT
+    def __attrs_post_init__(self) -> None:
+        # read on every request: computed once
+        object.__setattr__(self, "active", self.mode is LimitMode.ACTIVE)
+        object.__setattr__(self, "waits", self.active and self.policy is Policy.WAIT)
 
     def replace(self, **changes: Any) -> Options:
         """A copy with ``changes`` applied, validated like the original."""

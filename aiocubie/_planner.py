@@ -9,9 +9,8 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
-import attrs
 
 from ._errors import AiocubieWarning, InsufficientMemoryError, UnchunkableTooLargeError
 from ._requests import ArrayRequest, run_length
@@ -22,9 +21,8 @@ __all__ = ["ChunkPlan", "offered_bytes", "plan_batch", "plan_chunks"]
 OVERSUBSCRIPTION_WARNING = 20
 
 
-@attrs.frozen
-class ChunkPlan:
-    """The chunk plan of one batch.
+class ChunkPlan(NamedTuple):
+    """The chunk plan of one batch (a named tuple: built once per batch, cheaply).
 
     Attributes
     ----------
@@ -106,7 +104,7 @@ def plan_batch(
     """
     items = [(label, req) for requests in batch.values() for label, req in requests.items()]
     runs = run_length(items)
-    vram = [req for _, req in items if req.kind.uses_vram]
+    vram = [req for _, req in items if req.uses_vram]
     fixed = sum(req.nbytes for req in vram if req.unchunkable)
     per_run = sum(req.bytes_per_run for req in vram)
     return plan_chunks(runs, fixed, per_run, offered, free=free, stacklevel=3)

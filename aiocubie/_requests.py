@@ -143,6 +143,8 @@ class ArrayRequest:
     runs: int | None = attrs.field(init=False, eq=False, repr=False)
     #: Bytes one run of this array takes (0 for an unchunkable array).
     bytes_per_run: int = attrs.field(init=False, eq=False, repr=False)
+    #: True when the array takes device memory (its kind is device or managed).
+    uses_vram: bool = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         axis = self.chunk_axis
@@ -169,6 +171,7 @@ class ArrayRequest:
             )
         # computed once: the planner reads them for every batch
         object.__setattr__(self, "nbytes", nbytes)
+        object.__setattr__(self, "uses_vram", self.kind.uses_vram)
         if self.unchunkable:
             object.__setattr__(self, "runs", None)
             object.__setattr__(self, "bytes_per_run", 0)
@@ -210,9 +213,8 @@ def run_length(batch: Iterable[tuple[str, ArrayRequest]]) -> int:
     return runs or 0
 
 
-@attrs.frozen(eq=False)
 class RequestSet:
-    """The arrays of one request, checked, with the totals the planner needs.
+    """The arrays of one request, checked, with the totals the planner needs (read-only).
 
     Attributes
     ----------
@@ -226,16 +228,37 @@ class RequestSet:
         VRAM bytes one run of the chunkable arrays takes.
     chunk_axes : dict
         Label -> run axis (None for unchunkable arrays).
+    shapes : dict
+        Label -> full (unchunked) shape.
     """
 
-    arrays: dict[str, ArrayRequest]
-    runs: int
-    fixed: int
-    per_run: int
-    chunk_axes: dict[str, int | None]
+    __slots__ = ("arrays", "runs", "fixed", "per_run", "chunk_axes", "shapes")
+
+    def __init__(
+        self,
+        arrays: dict[str, ArrayRequest],
+        runs: int,
+        fixed: int,
+        per_run: int,
+        chunk_axes: dict[str, int | None] | None = None,
+        shapes: dict[str, tuple[int, ...]] | None = None,
+    ) -> None:
+        self.arrays = arrays
+        self.runs = runs
+        self.fixed = fixed
+        self.per_run = per_run
+        if chunk_axes is None:
+            chunk_axes = {label: None if r.unchunkable else r.chunk_axis for label, r in arrays.items()}
+        self.chunk_axes = chunk_axes
+        self.shapes = {label: r.shape for label, r in arrays.items()} if shapes is None else shapes
+
+    def __repr__(self) -> str:
+        return f"RequestSet({self.arrays!r}, runs={self.runs}, fixed={self.fixed}, per_run={self.per_run})"
 
     def chunked_shapes(self, chunk_length: int) -> dict[str, tuple[int, ...]]:
         """Label -> shape of each array when the run axis is cut to ``chunk_length``."""
+        if chunk_length >= self.runs:
+            return self.shapes
         return {label: r.chunked_shape(chunk_length) for label, r in self.arrays.items()}
 
 
@@ -254,7 +277,10 @@ def check_requests(requests: Any) -> RequestSet:
             f"requests must be a mapping of label -> ArrayRequest, got {type(requests).__name__}"
         )
     arrays: dict[str, ArrayRequest] = {}
-    fixed = per_run = 0
+    axes: dict[str, int | None] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    fixed = per_run = runs = 0
+    first = ""
     for label, request in requests.items():
         if not isinstance(label, str) or not label:
             raise InvalidRequestError(f"array labels must be non-empty strings, got {label!r}")
@@ -263,14 +289,20 @@ def check_requests(requests: Any) -> RequestSet:
                 f"requests[{label!r}] is a {type(request).__name__}, not an ArrayRequest"
             )
         arrays[label] = request
-        if request.kind.uses_vram:
-            if request.unchunkable:
+        shapes[label] = request.shape
+        if request.runs is None:
+            axes[label] = None
+            if request.uses_vram:
                 fixed += request.nbytes
-            else:
+        else:
+            axes[label] = request.chunk_axis
+            if not first:
+                runs, first = request.runs, label
+            elif request.runs != runs:
+                run_length([(first, arrays[first]), (label, request)])  # raises, saying why
+            if request.uses_vram:
                 per_run += request.bytes_per_run
-    runs = run_length(arrays.items())
-    axes = {label: None if r.unchunkable else r.chunk_axis for label, r in arrays.items()}
-    return RequestSet(arrays, runs, fixed, per_run, axes)
+    return RequestSet(arrays, runs, fixed, per_run, axes, shapes)
 
 
 @attrs.frozen(eq=False)

@@ -41,7 +41,7 @@ log = logging.getLogger("aiocubie")
 Spawn = Callable[..., object]
 
 #: What a member with nothing in a batch is answered with (its ready hook gets the plan).
-_NOTHING = RequestSet({}, 0, 0, 0, {})
+_NOTHING = RequestSet({}, 0, 0, 0)
 
 
 @attrs.define(eq=False)
@@ -306,12 +306,16 @@ class GroupScheduler:
 
         Raises the planning error when it cannot fit, or (policy fail) not whole.
         """
-        runs = fixed = per_run = 0
-        for ticket in batch:
-            requests = ticket.requests
-            runs = runs or requests.runs
-            fixed += requests.fixed
-            per_run += requests.per_run
+        if len(batch) == 1:
+            requests = batch[0].requests
+            runs, fixed, per_run = requests.runs, requests.fixed, requests.per_run
+        else:
+            runs = fixed = per_run = 0
+            for ticket in batch:
+                requests = ticket.requests
+                runs = runs or requests.runs
+                fixed += requests.fixed
+                per_run += requests.per_run
         members = self.group.members
         plan, offered, free = self._plan_against(runs, fixed, per_run, fresh=False)
         # About to chunk or fail, or to take over half of what the cached reading says is
@@ -355,34 +359,33 @@ class GroupScheduler:
         Returns False (nothing allocated) when the allocation failed on a stale free-memory
         reading and ``retry`` allows planning again; raises on any other failure.
         """
-        account, group = self._account, self.group
-        cached = account.free_memory(fresh=False)
-        stream = group.stream
+        account = self._account
+        stream = self.group.stream
         try:
             responses, event = account.allocate([(t.key, t.requests) for t in batch], self.name, plan, stream)
         except AllocationError:
             # planned on a cached reading while another process took memory: plan again, once
+            # (nothing is allocated now, so the cached reading is what the plan saw)
+            cached = account.free_memory(fresh=False)
             if retry and account.free_memory(fresh=True) < cached:
                 return False
             raise
         now = time.perf_counter()
-        counted: set[int] = set()
         for ticket, response in zip(batch, responses):
             ticket.allocate(response)
             waited = now - ticket.enqueued
             for counters in ticket.counters:
                 counters.queue_wait.append(waited)
-                if id(counters) not in counted:
-                    counted.add(id(counters))
-                    counters.batches += 1
-                    counters.chunks += plan.chunks
+        counted = batch[0].counters if len(batch) == 1 else {id(c): c for t in batch for c in t.counters}.values()
+        for counters in counted:
+            counters.batches += 1
+            counters.chunks += plan.chunks
         flight = _Flight(batch, plan, stream, now)
-        self._inflight.append(flight)
-        self._await_event(flight, event)
-        return True
-
-    def _await_event(self, flight: _Flight, event: Event) -> None:
         try:
+            if not self._inflight and event.query():  # done already, nothing before it: resolve now
+                self._finish(flight)
+                return True
+            self._inflight.append(flight)
             if event.query():
                 self._completed(flight)
             else:
@@ -394,9 +397,10 @@ class GroupScheduler:
         except BaseException:  # the batch never resolves: take it back and free what it holds
             if flight in self._inflight:
                 self._inflight.remove(flight)
-            for ticket in flight.tickets:
+            for ticket in batch:
                 self._account.release(ticket.response)
             raise
+        return True
 
     def _completed(self, flight: _Flight) -> None:
         """The device reached ``flight``'s event: resolve every completed batch at the head.
