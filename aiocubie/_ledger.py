@@ -75,8 +75,14 @@ class Ledger:
 
     def pop_owner(self, owner: object) -> list[Allocation]:
         """Remove and return everything ``owner`` holds (nothing if already released)."""
-        allocs = self._by_owner.pop(id(owner), [])
-        self._forget(allocs)
+        allocs = self._by_owner.pop(id(owner), None)
+        if allocs is None:
+            return []
+        first = allocs[0]  # one owner: one key and group
+        vram = sum(alloc.vram for alloc in allocs) if len(allocs) > 1 else first.vram
+        self.live -= vram
+        self.live_by_key[first.key] -= vram
+        self.live_by_group[first.group] -= vram
         return allocs
 
     def pop_where(self, predicate: Callable[[Allocation], bool]) -> list[Allocation]:

@@ -463,8 +463,8 @@ class MemoryManager:
             member = self._registry.member(instance)
         group = self._registry.groups[member.group]
         ticket = Ticket(member.key, requests, (group.counters, member.counters))
-        for counters in ticket.counters:
-            counters.requests += 1
+        group.counters.requests += 1
+        member.counters.requests += 1
         # queued (or served, when it closes a batch at once) in the order requests are awaited
         self._schedulers[member.group].submit(ticket)
         try:

@@ -101,11 +101,13 @@ class GroupScheduler:
     # -- called from the loop thread (sync) ----------------------------------------------------
     def submit(self, ticket: Ticket) -> None:
         """Take ``ticket``: serve it now if it closes a batch at once, else queue it."""
+        members = self.group.members
         if (
             not self.queue
             and not self._planning
             and not self._closed
-            and (self.options.batch_window == 0 or self.group.members <= {ticket.key})
+            # every member has asked (it is the only one), or batches do not wait
+            and ((len(members) <= 1 and (not members or ticket.key in members)) or not self.options.batch_window)
         ):
             self._serve_now(ticket)
         else:
@@ -371,6 +373,7 @@ class GroupScheduler:
                 return False
             raise
         now = time.perf_counter()
+        chunks = plan.chunks
         for ticket, response in zip(batch, responses):
             ticket.allocate(response)
             waited = now - ticket.enqueued
@@ -379,12 +382,12 @@ class GroupScheduler:
         counted = batch[0].counters if len(batch) == 1 else {id(c): c for t in batch for c in t.counters}.values()
         for counters in counted:
             counters.batches += 1
-            counters.chunks += plan.chunks
-        flight = _Flight(batch, plan, stream, now)
+            counters.chunks += chunks
         try:
             if not self._inflight and event.query():  # done already, nothing before it: resolve now
-                self._finish(flight)
+                self._finish(batch, plan, stream, now)
                 return True
+            flight = _Flight(batch, plan, stream, now)
             self._inflight.append(flight)
             if event.query():
                 self._completed(flight)
@@ -395,8 +398,7 @@ class GroupScheduler:
                 call = self._loop.call_soon_threadsafe_or_drop
                 event.add_done_callback(lambda: call(context.run, self._completed, flight))
         except BaseException:  # the batch never resolves: take it back and free what it holds
-            if flight in self._inflight:
-                self._inflight.remove(flight)
+            self._inflight = deque(f for f in self._inflight if f.tickets is not batch)
             for ticket in batch:
                 self._account.release(ticket.response)
             raise
@@ -416,13 +418,15 @@ class GroupScheduler:
                 break
         try:
             while self._inflight and self._inflight[0].done:
-                self._finish(self._inflight.popleft())
+                done = self._inflight.popleft()
+                self._finish(done.tickets, done.plan, done.stream, done.recorded)
         except Exception:  # a loop callback must not raise: trio would crash the whole run
             log.exception("group %r: resolving a batch failed", self.name)
 
-    def _finish(self, flight: _Flight) -> None:
-        latency = time.perf_counter() - flight.recorded
-        for ticket in flight.tickets:
+    def _finish(self, tickets: list[Ticket], plan: ChunkPlan, stream: Any, recorded: float) -> None:
+        """The device is done with a batch: resolve its tickets, then call the ready hooks."""
+        latency = time.perf_counter() - recorded
+        for ticket in tickets:
             unclaimed = ticket.ready()
             if unclaimed is not None:  # cancelled while in flight
                 self._account.release(unclaimed)
@@ -430,19 +434,19 @@ class GroupScheduler:
                 for counters in ticket.counters:
                     counters.ready_latency.append(latency)
         if self.group.hooks:
-            self._run_hooks(flight)
+            self._run_hooks(tickets, plan, stream)
 
-    def _run_hooks(self, flight: _Flight) -> None:
+    def _run_hooks(self, tickets: list[Ticket], plan: ChunkPlan, stream: Any) -> None:
         """Call the ready hooks: members with nothing in the batch get the plan with no arrays.
 
         Async hooks run as tasks of the manager, so a slow hook never holds up resolution.
         """
-        served = [(t.key, t.response) for t in flight.tickets if t.state is State.READY]
+        served = [(t.key, t.response) for t in tickets if t.state is State.READY]
         asked = {key for key, _ in served}
         for key in self.group.members - asked:
             member = self._members.get(key)
             if member is not None and member.ready_hook is not None:
-                served.append((key, self._account.respond(_NOTHING, [], flight.plan, flight.stream)))
+                served.append((key, self._account.respond(_NOTHING, [], plan, stream)))
         for key, response in served:
             member = self._members.get(key)
             if member is None or member.ready_hook is None or response is None:
