@@ -10,11 +10,12 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from .._errors import ConfigurationError, UnknownAllocatorError
-from ._base import ALLOCATORS, Advice, Backend, Event, MemoryInfo
+from ._base import ALLOCATORS, ARRAY_TYPES, Advice, Backend, Event, MemoryInfo, parse_array_type
 from ._simulator import Faults, SimulatorBackend
 
 __all__ = [
     "ALLOCATORS",
+    "ARRAY_TYPES",
     "Advice",
     "Backend",
     "Event",
@@ -68,21 +69,32 @@ def gpu_status() -> tuple[bool, str]:
     return cuda_usable()
 
 
-def create_backend(name: str = "auto", *, allocator: str | None = None) -> Backend:
+def create_backend(name: str = "auto", *, allocator: str | None = None, array_type: str | None = None) -> Backend:
     """Create the backend ``name``: ``"auto"``, ``"simulator"`` or ``"cuda"``.
 
     ``"auto"`` picks ``"cuda"`` when a usable GPU is present and the simulator otherwise, and
     logs which and why at INFO level.
 
+    Parameters
+    ----------
+    name : {"auto", "simulator", "cuda"}
+        Which device.
+    allocator : str, optional
+        One of :data:`ALLOCATORS` (None: ``"default"``).
+    array_type : {"cupy", "numba"}, optional
+        The arrays handed out for device-side kinds (None: ``"cupy"``).
+
     Raises
     ------
     ConfigurationError
-        For an unknown backend name, or ``"cuda"`` without a usable GPU.
+        For an unknown backend name or array type, ``"cuda"`` without a usable GPU, or
+        CuPy arrays on a GPU without CuPy (the message names the extra to install).
     UnknownAllocatorError
         For an unknown allocator name.
     """
     if name not in BACKENDS:
         raise ConfigurationError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
+    array_type = parse_array_type(array_type)
     if allocator is not None and allocator not in ALLOCATORS:
         raise UnknownAllocatorError(f"unknown allocator {allocator!r}: use one of {', '.join(ALLOCATORS)}")
     if name == "auto":
@@ -90,14 +102,14 @@ def create_backend(name: str = "auto", *, allocator: str | None = None) -> Backe
         name = "cuda" if usable else "simulator"
         log.info("aiocubie backend: %s (%s)", name, why)
     if name == "simulator":
-        backend: Backend = SimulatorBackend()
+        backend: Backend = SimulatorBackend(array_type=array_type)
     else:
         usable, why = gpu_status()
         if not usable:
             raise ConfigurationError(f"backend 'cuda' is not usable here: {why}; use 'simulator'")
         from ._cuda import CudaBackend
 
-        return CudaBackend(allocator=allocator or "default")
+        return CudaBackend(allocator=allocator or "default", array_type=array_type)
     if allocator is not None:
         backend.set_allocator(allocator)
     return backend
