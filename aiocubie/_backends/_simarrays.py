@@ -140,7 +140,7 @@ class SimCupyArray:
         return self._host().__dlpack__(**kwargs)
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        return self._data.__dlpack_device__()  # type: ignore[return-value]
+        return self._data.__dlpack_device__()
 
     def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray[Any, Any]:
         raise TypeError(_IMPLICIT)
@@ -297,7 +297,7 @@ def _sim_numba_class() -> type[Any]:
     def refuse(self: Any, other: Any) -> Any:
         return NotImplemented  # Python then raises "unsupported operand type(s)", as on a GPU
 
-    class SimNumbaArray(FakeCUDAArray):  # type: ignore[misc]
+    class SimNumbaArray(FakeCUDAArray):
         """A numba ``DeviceNDArray`` model: kernels take it; no arithmetic; copy_to_host reads it."""
 
         __hash__ = object.__hash__
@@ -324,7 +324,8 @@ def _sim_numba_class() -> type[Any]:
             return _cuda_array_interface(self._ary, self.stream or None)
 
         def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray[Any, Any]:
-            return self.copy_to_host().astype(dtype, copy=False) if dtype is not None else self.copy_to_host()
+            host: np.ndarray[Any, Any] = self.copy_to_host()
+            return host.astype(dtype, copy=False) if dtype is not None else host
 
         def _view(self, ary: np.ndarray[Any, Any]) -> Any:
             return SimNumbaArray(ary, self.stream)

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .._errors import AllocationError, BackendError, UnknownAllocatorError
+from .._errors import AllocationError, BackendError, InvalidRequestError, UnknownAllocatorError
 from .._requests import MemoryKind
 from ._base import ALLOCATORS, Advice, Backend, Event, MemoryInfo, parse_array_type
 from ._simarrays import host_data, sim_array
@@ -328,6 +328,8 @@ class SimulatorBackend(Backend):
         return int(array.nbytes)
 
     def host_array(self, shape: tuple[int, ...], dtype: np.dtype[Any], kind: MemoryKind) -> np.ndarray[Any, Any]:
+        if MemoryKind(kind) not in (MemoryKind.PINNED, MemoryKind.HOST):
+            raise InvalidRequestError(f"host arrays are 'pinned' or 'host', not {MemoryKind(kind).value!r}")
         return np.zeros(shape, dtype)
 
     # -- streams, events, copies ----------------------------------------------------------
