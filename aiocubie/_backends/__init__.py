@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -11,7 +12,7 @@ from typing import Any
 
 from .._errors import ConfigurationError, UnknownAllocatorError
 from ._base import ALLOCATORS, ARRAY_TYPES, Advice, Backend, Event, MemoryInfo, parse_array_type
-from ._simulator import Faults, SimulatorBackend
+from ._simulator import Faults, SimStream, SimulatorBackend
 
 __all__ = [
     "ALLOCATORS",
@@ -164,8 +165,11 @@ def current_cupy_stream(stream: Any) -> AbstractContextManager[Any]:
     """A context manager that makes a numba ``stream`` CuPy's current stream (seed 001).
 
     CuPy work inside the block (kernels, copies, ``MemoryAsyncPool`` allocations) is then
-    ordered on the group's stream. Needs CuPy (extras ``cuda12`` or ``cuda13``).
+    ordered on the group's stream. Needs CuPy (extras ``cuda12`` or ``cuda13``) on a GPU; on
+    the simulator it binds nothing (its arrays' work is ordered by waiting for their stream).
     """
+    if isinstance(stream, SimStream):
+        return contextlib.nullcontext(stream)
     from ._cuda import current_cupy_stream as bind
 
     return bind(stream)

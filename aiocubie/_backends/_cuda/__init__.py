@@ -10,10 +10,11 @@ from __future__ import annotations
 from ._backend import CudaBackend, cuda_usable
 from ._events import EVENT_MECHANISMS, CudaEvent
 from ._pools import CupyAsyncPoolManager, CupyPoolManager
-from ._streams import current_cupy_stream
+from ._streams import current_cupy_stream, stream_ptr
 
 # The names the GPU tests and benchmarks of 0.1.0 use.
 _CupyPoolManager = CupyPoolManager
 _CupyAsyncPoolManager = CupyAsyncPoolManager
+_stream_ptr = stream_ptr
 
 __all__ = ["EVENT_MECHANISMS", "CudaBackend", "CudaEvent", "CupyAsyncPoolManager", "CupyPoolManager", "cuda_usable", "current_cupy_stream"]
