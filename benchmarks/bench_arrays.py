@@ -150,8 +150,6 @@ def main() -> int:
         f"{w.category.__name__} {Path(w.filename).name}:{w.lineno}: {w.message}" for w in ours
     ]
 
-    import cuda.bindings
-
     versions = {d: metadata.version(d) for d in ("numpy", "numba-cuda", "cupy-cuda13x") if _has(d)}
     report = {
         "machine": cuda.get_current_device().name.decode() if isinstance(cuda.get_current_device().name, bytes) else str(cuda.get_current_device().name),
@@ -173,7 +171,6 @@ def main() -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"{args.name}.json").write_text(json.dumps(report, indent=2, default=str))
         (args.out / f"{args.name}.md").write_text(text + "\n")
-    _ = cuda.bindings
     return 0
 
 

@@ -27,7 +27,7 @@ async def main() -> None:
             table = response.arrays["table"]
             mgr.advise(table, "preferred_location", device=0)  # lives on the GPU...
             mgr.advise(table, "accessed_by", device=None)  # ...and the CPU maps it, without faults
-            table[...] = np.arange(table.size, dtype=np.float32).reshape(table.shape)  # a copy in from the host
+            table.set(np.arange(table.size, dtype=np.float32).reshape(table.shape))  # a copy in from the host
             await mgr.prefetch(model, table, device=0)  # to the GPU, on the model's stream
             print(f"prefetched {table.nbytes} bytes to device 0 on {mgr.backend.name}")
             # ... GPU kernels would run here on mgr.get_stream(model) ...

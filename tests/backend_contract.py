@@ -246,8 +246,11 @@ def test_array_type_behaviour(contract: Contract) -> None:
         assert type(doubled) is type(array) and doubled.shape == (2, 5)
         assert np.array_equal(doubled.get(), 2 * np.arange(5.0, 15.0).reshape(2, 5) + 1)
         assert float(array.sum()) == 190.0 and float(array[3, 4]) == 19.0
-        array[0] = np.arange(5.0) * 10  # numpy values may be assigned (a host-to-device copy)
-        assert np.array_equal(array[0].get(), np.arange(5.0) * 10)
+        with pytest.raises(ValueError):
+            array[0] = np.arange(5.0)  # CuPy refuses numpy arrays in assignment...
+        array[0].set(np.arange(5.0) * 10)  # ...and copies them in through .set()
+        array[1] = 7.0
+        assert np.array_equal(array[0].get(), np.arange(5.0) * 10) and float(array[1, 2]) == 7.0
         assert array.flags.c_contiguous and not array[:, 1:].flags.c_contiguous
     else:
         with pytest.raises(TypeError):

@@ -186,9 +186,10 @@ class SimCupyArray:
         return self._wrap(value)
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        # CuPy copies numpy values in (host to device); only operators refuse them.
         if isinstance(value, SimCupyArray):
             value = value._host()
+        elif isinstance(value, np.ndarray) and value.ndim:  # CuPy's own refusal: use .set() for host data
+            raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
         _host = self._data if _in_simulated_kernel() else self._host()
         _host[_operand(key)] = value
 
