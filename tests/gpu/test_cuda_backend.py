@@ -147,7 +147,7 @@ def test_event_callback_fires_from_another_thread(cuda_backend: Any, kernels: An
     try:
         stream = cuda_backend.create_stream()
         flag = cuda_backend.allocate((1,), np.dtype(np.int32), MemoryKind.MAPPED, stream)
-        flag[0] = 0
+        cuda_backend.zero(flag, stream)  # on its own stream: a CuPy fill would run on the legacy stream
         kernels.sleep[1, 1, stream](flag, 50_000_000)  # about 50 ms
         event = cuda_backend.record_event(stream)
         assert not event.query()
@@ -181,7 +181,7 @@ def test_event_resolves_an_asyncio_future(cuda_backend: Any, kernels: Any, mecha
         futures = []
         # Longest first: each stream's event must resolve on its own, not behind the others.
         for ms, stream, flag in zip((300, 100, 10), streams, flags):
-            flag[0] = 0
+            cuda_backend.zero(flag, stream)  # on its own stream: a CuPy fill would run on the legacy stream
             kernels.sleep[1, 1, stream](flag, ms * 1_000_000)
             fut = loop.create_future()
             cuda_backend.record_event(stream).add_done_callback(lambda fut=fut: loop.call_soon_threadsafe(fut.set_result, None))
@@ -255,7 +255,7 @@ def test_prefetch_and_advise_managed(backend: Any, kernels: Any) -> None:
     n = 16 << 20  # 64 MiB of float32
     array = backend.allocate((n,), np.dtype(np.float32), MemoryKind.MANAGED, stream)
     expected = rng.standard_normal(n).astype(np.float32)
-    array[...] = expected
+    backend.copy(expected, array, stream)
     for advice in ("preferred_location", "accessed_by", "read_mostly"):
         backend.advise(array, advice, 0)
     backend.advise(array, "accessed_by", None)

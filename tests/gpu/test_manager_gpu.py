@@ -85,7 +85,7 @@ async def test_copies_and_managed_prefetch(cuda_backend: Any) -> None:
             mgr.advise(managed, "accessed_by", None)
             await mgr.prefetch(solver, managed, 0)
             await mgr.prefetch(solver, managed, None)
-            managed[:] = np.arange(managed.size)  # host access after prefetch to the CPU
+            await mgr.to_device(solver, [np.arange(managed.size, dtype=np.int32)], [managed])
             assert int(managed[-1]) == managed.size - 1
         assert mgr.stats().live_bytes == 0
 
