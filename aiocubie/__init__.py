@@ -42,7 +42,7 @@ from ._manager import MemoryManager, PendingRequest, default_manager
 from ._planner import ChunkPlan, offered_bytes, plan_batch
 from ._recorder import Recorder
 from ._requests import ArrayRequest, ArrayResponse, MemoryKind
-from ._scheduler import Policy
+from ._options import Options, Policy
 from ._stats import Percentiles, Snapshot, UsageStats
 from ._walk import Chunk, walk_chunks
 
@@ -72,6 +72,7 @@ __all__ = [
     "MemoryInfo",
     "MemoryKind",
     "MemoryManager",
+    "Options",
     "PendingRequest",
     "Percentiles",
     "PlanningError",

@@ -33,14 +33,6 @@ class LimitMode(str, enum.Enum):
     PASSIVE = "passive"
     ACTIVE = "active"
 
-    @classmethod
-    def parse(cls, value: LimitMode | str) -> LimitMode:
-        """Return the mode named by ``value``; raise BudgetError for an unknown name."""
-        try:
-            return cls(value)
-        except ValueError:
-            raise BudgetError(f"unknown limit mode {value!r}: use 'passive' or 'active'") from None
-
 
 def check_proportion(proportion: object) -> float:
     """Return ``proportion`` as a float in (0, 1]; raise BudgetError otherwise."""
@@ -193,7 +185,6 @@ def group_available(
     members' caps) minus what its members hold, never more than the free memory; above 95%
     of the cap in use, an AiocubieWarning (unless ``warn`` is false).
     """
-    mode = LimitMode.parse(mode)  # a plain "passive" is not LimitMode.PASSIVE by identity
     if mode is LimitMode.PASSIVE:
         return max(0, free)
     if warn and group_cap > 0 and group_held > HIGH_USE_WARNING * group_cap:

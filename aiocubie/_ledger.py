@@ -45,23 +45,24 @@ class Ledger:
     def __len__(self) -> int:
         return sum(len(allocs) for allocs in self._by_owner.values())
 
-    def add(self, owner: object, allocations: Iterable[Allocation]) -> None:
-        """Record ``allocations`` as held by ``owner`` (an ArrayResponse)."""
-        allocations = list(allocations)
+    def add(self, owner: object, allocations: list[Allocation], vram: int) -> None:
+        """Record ``allocations`` of one key and group, ``vram`` bytes together, as held by ``owner``."""
         if not allocations:  # an empty response holds nothing and must not linger here
             return
-        held = self._by_owner.setdefault(id(owner), [])
+        first = allocations[0]
+        key, group = first.key, first.group
         for alloc in allocations:
             alloc.owner = owner
-            held.append(alloc)
-            self.live += alloc.vram
-            self.live_by_key[alloc.key] += alloc.vram
-            self.live_by_group[alloc.group] += alloc.vram
-            self.peak = max(self.peak, self.live)
-            self.peak_by_key[alloc.key] = max(self.peak_by_key[alloc.key], self.live_by_key[alloc.key])
-            self.peak_by_group[alloc.group] = max(
-                self.peak_by_group[alloc.group], self.live_by_group[alloc.group]
-            )
+        self._by_owner[id(owner)] = allocations
+        live = self.live = self.live + vram
+        if live > self.peak:
+            self.peak = live
+        live = self.live_by_key[key] = self.live_by_key[key] + vram
+        if live > self.peak_by_key[key]:
+            self.peak_by_key[key] = live
+        live = self.live_by_group[group] = self.live_by_group[group] + vram
+        if live > self.peak_by_group[group]:
+            self.peak_by_group[group] = live
 
     def held(self, keys: Iterable[Hashable]) -> int:
         """VRAM bytes held by ``keys`` together."""

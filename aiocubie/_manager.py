@@ -1,31 +1,28 @@
 """The facade: MemoryManager, and the process-wide default manager.
 
-It holds the registry, budget, stream groups and ledger, owns the group schedulers' tasks
-(``async with MemoryManager() as mgr``), and turns ``await mgr.request(...)`` into tickets.
-It never imports numba.cuda or cupy: the device is reached only through the backend.
+It composes the core (options, device account, registry, telemetry, one scheduler per stream
+group), owns the schedulers' tasks (``async with MemoryManager() as mgr``) and delegates each
+public call to the component that owns the concept. It never imports numba.cuda or cupy: the
+device is reached only through the backend.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import threading
-import time
 import warnings
-import weakref
-from collections import deque
-from collections.abc import Callable, Coroutine, Generator, Hashable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
 import anyio
 import anyio.abc
-import attrs
 import numpy as np
 
+from ._accounting import DeviceAccount
 from ._backends import Advice, Backend, MemoryInfo, create_backend
-from ._budget import Budget, LimitMode, group_available
-from ._completion import wait_event
+from ._budget import LimitMode
+from ._completion import Loop, wait_event
 from ._errors import (
     AiocubieWarning,
     BudgetError,
@@ -37,47 +34,18 @@ from ._errors import (
     RegistrationError,
     ReleasedError,
 )
-from ._ledger import Allocation, Ledger
-from ._planner import ChunkPlan, offered_bytes, plan_batch, run_length
-from ._requests import ArrayRequest, ArrayResponse, MemoryKind, check_requests
-from ._scheduler import GroupScheduler, Policy, State, Ticket, allocate_batch
-from ._stats import Counters, Snapshot, UsageStats
+from ._ledger import Allocation
+from ._options import Options, Policy
+from ._planner import plan_chunks
+from ._registry import Group, InvalidateHook, Member, ReadyHook, Registry
+from ._requests import ArrayRequest, ArrayResponse, MemoryKind, RequestSet, check_requests
+from ._scheduler import GroupScheduler
+from ._stats import Snapshot, Telemetry, UsageStats
+from ._tickets import Ticket
 
 __all__ = ["MemoryManager", "PendingRequest", "default_manager"]
 
 log = logging.getLogger("aiocubie")
-
-InvalidateHook = Callable[[], Any]
-ReadyHook = Callable[[ArrayResponse], Any]
-
-
-@attrs.frozen
-class Options:
-    """Scheduler options of a manager (see :class:`MemoryManager`)."""
-
-    batch_window: float
-    max_batch: int | None
-    headroom: float
-    free_cache_seconds: float
-
-
-@attrs.define(eq=False)
-class _Member:
-    key: int
-    name: str
-    group: str
-    keepalive: object  # the instance itself when it cannot be weakly referenced, else None
-    invalidate_hook: InvalidateHook | None
-    ready_hook: ReadyHook | None
-    finalizer: weakref.finalize | None  # type: ignore[type-arg]
-
-
-@attrs.define(eq=False)
-class _Group:
-    name: str
-    stream: Any
-    members: set[int] = attrs.field(factory=set)
-    scheduler: GroupScheduler | None = None
 
 
 class PendingRequest:
@@ -87,34 +55,25 @@ class PendingRequest:
     the awaiting task withdraws a queued request and frees an allocated one.
     """
 
-    def __init__(self, manager: MemoryManager, instance: object, requests: dict[str, ArrayRequest]) -> None:
+    __slots__ = ("_mgr", "_instance", "_member", "_requests", "_response", "_awaited")
+
+    def __init__(self, manager: MemoryManager, instance: object, member: Member, requests: RequestSet) -> None:
         self._mgr = manager
         self._instance = instance
+        self._member = member
         self._requests = requests
         self._response: ArrayResponse | None = None
         self._awaited = False
 
     def __await__(self) -> Generator[Any, None, ArrayResponse]:
-        return self._get().__await__()
-
-    async def _get(self) -> ArrayResponse:
         if self._awaited:
             raise ManagerStateError("a request can be awaited only once: call mgr.request() again")
         self._awaited = True
-        ticket = self._mgr._submit(self._instance, self._requests)
-        try:
-            await ticket.done.wait()
-        except BaseException:
-            self._mgr._cancel(ticket)
-            raise
-        if ticket.error is not None:
-            raise ticket.error
-        assert ticket.response is not None
-        self._response = ticket.response
-        return ticket.response
+        return self._mgr._serve(self._instance, self._member, self._requests).__await__()
 
     async def __aenter__(self) -> ArrayResponse:
-        return await self._get()
+        self._response = await self
+        return self._response
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -177,16 +136,14 @@ class MemoryManager:
         free_cache_seconds: float = 0.05,
         allocator: str | None = None,
     ) -> None:
-        if not (isinstance(headroom, (int, float)) and 0.0 <= headroom < 1.0):
-            raise ConfigurationError(f"headroom must be in [0, 1), got {headroom!r}")
-        for name, value in (("batch_window", batch_window), ("free_cache_seconds", free_cache_seconds)):
-            if not (isinstance(value, (int, float)) and 0.0 <= value < math.inf):
-                raise ConfigurationError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
-        if max_batch is not None and (not isinstance(max_batch, int) or max_batch < 1):
-            raise ConfigurationError(f"max_batch must be a positive integer or None, got {max_batch!r}")
-        self.options = Options(float(batch_window), max_batch, float(headroom), float(free_cache_seconds))
-        self._mode = self._parse_mode(mode)
-        self.policy = self._parse_policy(policy)
+        self._options = Options(
+            mode=mode,
+            policy=policy,
+            headroom=headroom,
+            batch_window=batch_window,
+            max_batch=max_batch,
+            free_cache_seconds=free_cache_seconds,
+        )
         if not isinstance(backend, (str, Backend)):
             raise ConfigurationError(
                 f"backend must be a name ('auto', 'simulator', 'cuda') or a Backend, got {backend!r}"
@@ -197,18 +154,12 @@ class MemoryManager:
         self.backend: Backend = create_backend(backend, allocator=allocator) if isinstance(backend, str) else backend
         if allocator is not None and not self._owns_backend and allocator != self.backend.allocator:
             self.backend.set_allocator(allocator)
-        self._budget = Budget(self.backend.memory_info().total)
-        self._members: dict[int, _Member] = {}
-        self._groups: dict[str, _Group] = {}
-        self._ledger = Ledger()
-        self._dead: deque[int] = deque()  # keys of collected instances, reaped on the loop thread
+        self._telemetry = Telemetry()
+        self._account = DeviceAccount(self.backend, self._options, self._memory_released)
+        self._registry = Registry(self.backend.create_stream, self._telemetry)
+        self._schedulers: dict[str, GroupScheduler] = {}
         self._task_group: anyio.abc.TaskGroup | None = None
-        self._group_counters: dict[str, Counters] = {}
-        self._member_counters: dict[str, Counters] = {}
-        self._free_reading = 0
-        self._free_at = -math.inf
-        self._free_delta = 0  # VRAM we allocated (+) or released (-) since the reading
-        self._names = 0
+        self._loop: Loop | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> MemoryManager:
@@ -216,8 +167,8 @@ class MemoryManager:
             raise ManagerStateError("this manager is already running")
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
-        self._task_group = task_group
-        for group in self._groups.values():
+        self._task_group, self._loop = task_group, Loop()
+        for group in self._registry.groups.values():
             self._start_scheduler(group)
         return self
 
@@ -229,14 +180,14 @@ class MemoryManager:
 
     async def aclose(self) -> None:
         """Stop the schedulers, fail what is still pending, and free every array."""
-        task_group, self._task_group = self._task_group, None
+        task_group, self._task_group, self._loop = self._task_group, None, None
         if task_group is None:
             return
         closed = ManagerStateError("the memory manager was closed before the request was served")
-        for group in self._groups.values():
-            if group.scheduler is not None:
-                group.scheduler.close(closed)
-                group.scheduler = None
+        schedulers, self._schedulers = self._schedulers, {}
+        for scheduler in schedulers.values():
+            for response in scheduler.close(closed):
+                self._account.release(response)
         task_group.cancel_scope.cancel()
         await task_group.__aexit__(None, None, None)
         self.free_all()
@@ -252,6 +203,11 @@ class MemoryManager:
     def running(self) -> bool:
         """True inside ``async with mgr``."""
         return self._task_group is not None
+
+    @property
+    def options(self) -> Options:
+        """The manager's options (frozen; change mode and policy with their setters)."""
+        return self._options
 
     # -- registration ----------------------------------------------------------------------
     def register(
@@ -292,129 +248,110 @@ class MemoryManager:
             If ``proportion`` is outside (0, 1] or does not fit the budget.
         """
         self._reap()
-        key = id(instance)
-        if key in self._members:
-            raise RegistrationError(f"{self._members[key].name} is already registered")
-        self._check_group_name(stream_group)
-        for label, hook in (("invalidate_hook", invalidate_hook), ("ready_hook", ready_hook)):
-            if hook is not None and not callable(hook):
-                raise RegistrationError(f"{label} must be callable, got {hook!r}")
-        if name is not None and not isinstance(name, str):
-            raise RegistrationError(f"name must be a string, got {name!r}")
-        if name is not None and any(m.name == name for m in self._members.values()):
-            raise RegistrationError(f"the name {name!r} is taken by another registered instance: pick another")
-        self._budget.add(key, proportion)  # validates first: nothing is half-registered
-        self._names += 1
-        try:
-            finalizer: weakref.finalize | None = weakref.finalize(instance, self._dead.append, key)  # type: ignore[type-arg]
-            keepalive = None
-        except TypeError:  # not weak-referenceable: hold it, so no other object takes its id
-            finalizer, keepalive = None, instance
-        member = _Member(
-            key,
-            name or f"{type(instance).__name__}#{self._names}",
-            stream_group,
-            keepalive,
-            invalidate_hook,
-            ready_hook,
-            finalizer,
+        registry = self._registry
+        settings: dict[str, Any] = dict(
+            group=stream_group, name=name, invalidate_hook=invalidate_hook, ready_hook=ready_hook
         )
-        self._members[key] = member
-        self._member_counters.setdefault(member.name, Counters())
-        self._ensure_group(stream_group).members.add(key)
+        registry.check_new(instance, **settings)
+        self._account.budget.add(id(instance), proportion)  # validates: nothing is half-registered
+        member = registry.add(instance, **settings)
+        self._scheduler_of(member.group)
 
     def unregister(self, instance: object) -> None:
         """Forget ``instance``: free its arrays, withdraw its queued requests, drop its budget."""
-        self._reap()
         self._unregister(self._member(instance).key)
 
     def is_registered(self, instance: object) -> bool:
         """True if ``instance`` is registered."""
         self._reap()
-        return id(instance) in self._members
+        return id(instance) in self._registry.members
 
     def _unregister(self, key: int) -> None:
-        member = self._members.pop(key)
-        if member.finalizer is not None:
-            member.finalizer.detach()
-        group = self._groups[member.group]
-        group.members.discard(key)
-        self._budget.remove(key)
+        member = self._registry.remove(key)
+        self._account.budget.remove(key)
         gone = RegistrationError(f"{member.name} was unregistered before its request was served")
-        for each in self._groups.values():  # queued requests stay in the group they were made in
-            if each.scheduler is None:
-                continue
-            for ticket in each.scheduler.pending():
-                if ticket.key == key:
-                    each.scheduler.cancel(ticket)
-                    # cancel() marks it cancelled, so fail() would do nothing: wake its awaiter here
-                    ticket.error = gone
-                    ticket.done.set()
-        self._free(self._ledger.pop_where(lambda a: a.key == key))
+        for scheduler in self._schedulers.values():  # queued requests stay in the group they were made in
+            for response in scheduler.drop(key, gone):
+                self._account.release(response)
+        self._account.release_where(lambda a: a.key == key)
         # the id may be reused by a new instance: keep the peak under the name, forget the id
-        counters = self._member_counters[member.name]
-        counters.peak_bytes = max(counters.peak_bytes, self._ledger.forget(key))
+        member.counters.peak_bytes = max(member.counters.peak_bytes, self._account.ledger.forget(key))
         self._changed()  # caps changed, and an open batch may no longer wait for this member
 
     def _reap(self) -> None:
-        while self._dead:
-            key = self._dead.popleft()
-            if key in self._members:
-                log.debug("unregistering collected %s", self._members[key].name)
-                self._unregister(key)
+        for key in self._registry.reap():
+            log.debug("unregistering collected %s", self._registry.name_of(key))
+            self._unregister(key)
 
-    def _member(self, instance: object) -> _Member:
+    def _member(self, instance: object) -> Member:
         self._reap()
-        member = self._members.get(id(instance))
-        if member is None:
-            raise RegistrationError(
-                f"{type(instance).__name__} object at {id(instance):#x} is not registered: "
-                "call mgr.register(instance) first"
-            )
-        return member
+        return self._registry.member(instance)
 
     # -- budget ----------------------------------------------------------------------------
     @property
     def mode(self) -> LimitMode:
-        """``passive`` or ``active``."""
-        return self._mode
+        """``passive`` or ``active`` (change it with :meth:`set_limit_mode`)."""
+        return self._options.mode
+
+    @property
+    def policy(self) -> Policy:
+        """The active-mode policy (change it with :meth:`set_policy`)."""
+        return self._options.policy
 
     @property
     def active(self) -> bool:
         """True in active mode."""
-        return self._mode is LimitMode.ACTIVE
+        return self._options.active
 
     def set_limit_mode(self, mode: LimitMode | str) -> None:
-        """Switch between ``"passive"`` and ``"active"``."""
-        self._mode = self._parse_mode(mode)
-        self._changed()
+        """Switch between ``"passive"`` and ``"active"``.
+
+        Raises
+        ------
+        ConfigurationError
+            For an unknown mode.
+        """
+        self._configure(mode=mode)
 
     def set_policy(self, policy: Policy | str) -> None:
-        """Set the active-mode policy: ``"chunk"``, ``"wait"`` or ``"fail"``."""
-        self.policy = self._parse_policy(policy)
-        self._changed()
+        """Set the active-mode policy: ``"chunk"``, ``"wait"`` or ``"fail"``.
+
+        Raises
+        ------
+        ConfigurationError
+            For an unknown policy.
+        """
+        self._configure(policy=policy)
+
+    def _configure(self, **changes: Any) -> None:
+        options = self._options = self._options.replace(**changes)
+        self._account.options = options
+        for scheduler in self._schedulers.values():
+            scheduler.configure(options)
 
     def proportion(self, instance: object) -> float:
         """Share of VRAM ``instance`` may use."""
-        return self._budget.proportion(self._member(instance).key)
+        return self._account.budget.proportion(self._member(instance).key)
 
     def cap(self, instance: object) -> int:
         """Bytes ``instance`` may use: proportion x total VRAM."""
-        return self._budget.cap(self._member(instance).key)
+        return self._account.budget.cap(self._member(instance).key)
 
     @property
     def manual_pool_proportion(self) -> float:
         """Share of VRAM assigned to manual members."""
-        return self._budget.manual_pool_proportion
+        self._reap()
+        return self._account.budget.manual_pool_proportion
 
     @property
     def auto_pool_proportion(self) -> float:
         """Share of VRAM split among auto members."""
-        return self._budget.auto_pool_proportion
+        self._reap()
+        return self._account.budget.auto_pool_proportion
 
     def set_manual_proportion(self, instance: object, proportion: float) -> None:
         """Give ``instance`` a manual ``proportion`` (moving it out of the auto pool)."""
-        self._budget.set_manual(self._member(instance).key, proportion)
+        self._account.budget.set_manual(self._member(instance).key, proportion)
         self._changed()
 
     def set_manual_limit_mode(self, instance: object, proportion: float) -> None:
@@ -425,30 +362,23 @@ class MemoryManager:
         BudgetError
             If ``instance`` already has a manual proportion.
         """
-        key = self._member(instance).key
-        if self._budget.is_manual(key):
-            raise BudgetError(
-                f"{self._members[key].name} is already in the manual pool: use set_manual_proportion"
-            )
-        self._budget.set_manual(key, proportion)
+        member = self._member(instance)
+        if self._account.budget.is_manual(member.key):
+            raise BudgetError(f"{member.name} is already in the manual pool: use set_manual_proportion")
+        self._account.budget.set_manual(member.key, proportion)
         self._changed()
 
     def set_auto_limit_mode(self, instance: object) -> None:
         """Move ``instance`` from the manual pool to the auto pool."""
-        self._budget.set_auto(self._member(instance).key)
+        self._account.budget.set_auto(self._member(instance).key)
         self._changed()
 
     def get_available_memory(self, group: str) -> int:
         """Bytes ``group`` may use now (warns above 95% use in active mode)."""
         self._reap()
-        members = self._group(group).members
-        return group_available(
-            self._mode,
-            free=self._free_memory(fresh=True),
-            group_cap=self._budget.group_cap(members),
-            group_held=self._ledger.held(members),
-            group=group,
-        )
+        members = self._registry.group(group).members
+        free = self._account.free_memory(fresh=True)
+        return self._account.available(members, free, group=group, warn=True)
 
     def memory_info(self) -> MemoryInfo:
         """Free and total device memory, read now."""
@@ -457,11 +387,11 @@ class MemoryManager:
     # -- stream groups ---------------------------------------------------------------------
     def get_stream(self, instance: object) -> Any:
         """The stream of ``instance``'s group."""
-        return self._groups[self._member(instance).group].stream
+        return self._registry.groups[self._member(instance).group].stream
 
     def get_stream_group(self, instance: object) -> str:
         """The name of ``instance``'s stream group."""
-        return self._member(instance).group
+        return str(self._member(instance).group)
 
     def change_stream_group(self, instance: object, new_group: str) -> None:
         """Move ``instance`` to ``new_group`` (created if new).
@@ -470,36 +400,28 @@ class MemoryManager:
         the old group.
         """
         member = self._member(instance)
-        self._check_group_name(new_group)
-        old = self._groups[member.group]
-        old.members.discard(member.key)
-        member.group = new_group
-        new = self._ensure_group(new_group)
-        new.members.add(member.key)
-        if old.scheduler is not None and new.scheduler is not None and old is not new:
-            for ticket in [t for t in old.scheduler.queue if t.key == member.key]:
-                old.scheduler.queue.remove(ticket)
-                ticket.group = new_group
-                new.scheduler.submit(ticket)
+        old, new = self._registry.move(member, new_group)
+        if old is not new:
+            moving = self._schedulers[old.name].take(member.key) if old.name in self._schedulers else []
+            target = self._scheduler_of(new.name)
+            if target is not None:
+                target.adopt(moving)
         self._changed()
 
     def is_grouped(self, instance: object) -> bool:
         """True if ``instance`` shares its stream group with another instance."""
-        return len(self._groups[self._member(instance).group].members) > 1
+        return len(self._registry.groups[self._member(instance).group].members) > 1
 
     @property
     def stream_groups(self) -> dict[str, list[str]]:
         """Group name -> names of its members."""
         self._reap()  # a collected instance is no member
-        return {
-            name: sorted(self._members[key].name for key in group.members)
-            for name, group in self._groups.items()
-        }
+        members = self._registry.members
+        return {name: sorted(members[key].name for key in group.members) for name, group in self._registry.groups.items()}
 
     def reinit_streams(self) -> None:
         """Give every group a new stream (after a context reset)."""
-        for group in self._groups.values():
-            group.stream = self.backend.create_stream()
+        self._registry.renew_streams()
 
     # -- requests --------------------------------------------------------------------------
     def request(self, instance: object, requests: Mapping[str, ArrayRequest]) -> PendingRequest:
@@ -529,16 +451,46 @@ class MemoryManager:
             When awaited, if the batch could not be served.
         """
         checked = check_requests(requests)
-        self._member(instance)
-        run_length(checked.items())  # the arrays of one request must agree at once
-        return PendingRequest(self, instance, checked)
+        return PendingRequest(self, instance, self._member(instance), checked)
+
+    async def _serve(self, instance: object, member: Member, requests: RequestSet) -> ArrayResponse:
+        """Submit a request when it is awaited and wait for it (PendingRequest's await)."""
+        loop = self._loop
+        if loop is None:
+            raise ManagerStateError("the memory manager is not running: use `async with MemoryManager() as mgr:`")
+        self._reap()
+        if self._registry.members.get(member.key) is not member:  # unregistered since request()
+            member = self._registry.member(instance)
+        group = self._registry.groups[member.group]
+        ticket = Ticket(member.key, requests, (group.counters, member.counters))
+        for counters in ticket.counters:
+            counters.requests += 1
+        # queued (or served, when it closes a batch at once) in the order requests are awaited
+        self._schedulers[member.group].submit(ticket)
+        try:
+            if ticket.done:
+                await loop.checkpoint()  # awaiting a request is a checkpoint, even one served at once
+            else:
+                await ticket.wait(loop.signal)
+        except BaseException:
+            self._cancel(ticket)
+            raise
+        return ticket.result()
+
+    def _cancel(self, ticket: Ticket) -> None:
+        was_pending = ticket.pending
+        self._account.release(ticket.cancel())
+        if was_pending:
+            for scheduler in self._schedulers.values():
+                scheduler.withdraw(ticket)
 
     def flush(self, group: str | None = None) -> None:
         """Close the batch being collected in ``group`` (all groups if None) now."""
-        groups = self._groups.values() if group is None else [self._group(group)]
-        for each in groups:
-            if each.scheduler is not None:
-                each.scheduler.flush()
+        names = list(self._schedulers) if group is None else [self._registry.group(group).name]
+        for name in names:
+            scheduler = self._schedulers.get(name)
+            if scheduler is not None:
+                scheduler.flush()
 
     def allocate_all(self, instance: object, requests: Mapping[str, ArrayRequest]) -> ArrayResponse:
         """Allocate ``requests`` for ``instance`` now, unbatched and unchunked, on its stream.
@@ -555,16 +507,18 @@ class MemoryManager:
         """
         checked = check_requests(requests)
         member = self._member(instance)
-        free = self._free_memory(fresh=True)
-        plan = plan_batch({0: checked}, self._offered(member.group, free), free=free)
+        group = self._registry.groups[member.group]
+        account = self._account
+        free = account.free_memory(fresh=True)
+        offered = account.offered(group.members, free)
+        plan = plan_chunks(checked.runs, checked.fixed, checked.per_run, offered, free=free)
         if plan.chunks > 1:
             raise InsufficientMemoryError(
                 f"allocate_all needs {plan.full_bytes} bytes whole but group {member.group!r} is "
                 f"offered {plan.offered}: use await mgr.request() to have it chunked"
             )
-        stream = self._groups[member.group].stream
-        (allocations,), _ = allocate_batch(self.backend, member.group, [(member.key, checked)], plan, stream)
-        return self._respond(checked, allocations, plan, stream)
+        (response,), _ = account.allocate([(member.key, checked)], member.group, plan, group.stream)
+        return response
 
     def allocate(self, instance: object, request: ArrayRequest, label: str = "array") -> Any:
         """Allocate one array for ``instance`` now (see :meth:`allocate_all`)."""
@@ -573,7 +527,7 @@ class MemoryManager:
     # -- release ---------------------------------------------------------------------------
     def release(self, response: ArrayResponse) -> None:
         """Free the arrays of ``response``. Idempotent."""
-        self._release_response(response)
+        self._account.release(response)
 
     def free(self, label: str) -> None:
         """Free every array labelled ``label``, whichever instance holds it.
@@ -588,15 +542,12 @@ class MemoryManager:
         self._free_where(lambda a: True, "free_all()")
 
     def _free_where(self, predicate: Callable[[Allocation], bool], cause: str) -> None:
-        allocations = self._ledger.pop_where(predicate)
-        self._free(allocations)
-        owners = {id(a.owner) for a in allocations}
+        owners = {id(a.owner) for a in self._account.release_where(predicate)}
         if owners:
             error = ReleasedError(f"{cause} freed this request's arrays before it resolved; request again")
-            for group in self._groups.values():
-                if group.scheduler is not None:
-                    for response in group.scheduler.fail_in_flight(owners, error):
-                        self._release_response(response)
+            for scheduler in self._schedulers.values():
+                for response in scheduler.fail_in_flight(owners, error):
+                    self._account.release(response)
 
     def invalidate_all(self) -> None:
         """Call every invalidate hook once and release every array.
@@ -628,11 +579,23 @@ class MemoryManager:
             stacklevel=2,
         )
         self._reset(f"set_allocator({name!r})")
-        self._ledger.pop_where(lambda a: True)  # the context that held them is gone
-        self._free_delta = 0
-        self._free_at = -math.inf
+        self._account.forget_all()  # the context that held them is gone
         self.reinit_streams()
         self._call_invalidate_hooks()
+
+    def _reset(self, cause: str) -> None:
+        error = ContextResetError(f"{cause} reset the device context while this request was in flight; request again")
+        for scheduler in self._schedulers.values():
+            scheduler.reset(error)
+
+    def _call_invalidate_hooks(self) -> None:
+        for member in list(self._registry.members.values()):
+            if member.invalidate_hook is None:
+                continue
+            try:
+                member.invalidate_hook()
+            except Exception:
+                log.exception("invalidate hook of %s raised", member.name)
 
     # -- host arrays, copies, streams, managed memory -------------------------------------
     def create_host_array(
@@ -672,17 +635,21 @@ class MemoryManager:
         stream = self.get_stream(instance)
         for src, dst in zip(sources, targets):
             self.backend.copy(src, dst, stream)
-        await wait_event(self.backend.record_event(stream))
+        await self._wait_for(stream)
 
     async def sync_stream(self, instance: object) -> None:
         """Wait until everything queued on ``instance``'s stream is done (without blocking)."""
-        await wait_event(self.backend.record_event(self.get_stream(instance)))
+        await self._wait_for(self.get_stream(instance))
 
     async def prefetch(self, instance: object, array: Any, device: int | None = 0) -> None:
         """Prefetch managed ``array`` to ``device`` (None: the CPU) on ``instance``'s stream."""
         stream = self.get_stream(instance)
         self.backend.prefetch(array, device, stream)
-        await wait_event(self.backend.record_event(stream))
+        await self._wait_for(stream)
+
+    async def _wait_for(self, stream: Any) -> None:
+        event = self.backend.record_event(stream)
+        await (self._loop.wait(event) if self._loop is not None else wait_event(event))
 
     def advise(self, array: Any, advice: Advice, device: int | None = 0) -> None:
         """Give managed-memory ``advice`` (preferred_location, accessed_by, read_mostly)."""
@@ -692,204 +659,43 @@ class MemoryManager:
     def stats(self) -> Snapshot:
         """Live and peak bytes, requests, batches, chunks and latencies, per group and instance."""
         self._reap()
-        ledger = self._ledger
+        ledger = self._account.ledger
         info = self.backend.memory_info()
         groups = {
             name: UsageStats.of(counters, ledger.live_by_group.get(name, 0), ledger.peak_by_group.get(name, 0))
-            for name, counters in self._group_counters.items()
+            for name, counters in self._telemetry.groups.items()
         }
-        by_name = {m.name: m.key for m in self._members.values()}
+        by_name = {m.name: m.key for m in self._registry.members.values()}
         instances = {}
-        for name, counters in self._member_counters.items():
+        for name, counters in self._telemetry.instances.items():
             key = by_name.get(name)
             live, peak = ledger.live_by_key.get(key, 0), ledger.peak_by_key.get(key, 0)
             instances[name] = UsageStats.of(counters, live, max(peak, counters.peak_bytes))
         return Snapshot(Snapshot.now(), info.free, info.total, ledger.live, ledger.peak, groups, instances)
 
-    # -- internals used by the scheduler ---------------------------------------------------
-    def _submit(self, instance: object, requests: dict[str, ArrayRequest]) -> Ticket:
-        if self._task_group is None:
-            raise ManagerStateError(
-                "the memory manager is not running: use `async with MemoryManager() as mgr:`"
-            )
-        member = self._member(instance)
-        group = self._groups[member.group]
-        assert group.scheduler is not None
-        ticket = Ticket(member.key, member.group, requests, run_length(requests.items()))
-        self._counters(member.group, member.key, "requests")
-        group.scheduler.submit(ticket)
-        return ticket
+    # -- wiring ----------------------------------------------------------------------------
+    def _scheduler_of(self, name: str) -> GroupScheduler | None:
+        """The scheduler of group ``name``, started if the manager runs (None if it does not)."""
+        scheduler = self._schedulers.get(name)
+        if scheduler is None and self._task_group is not None:
+            scheduler = self._start_scheduler(self._registry.groups[name])
+        return scheduler
 
-    def _cancel(self, ticket: Ticket) -> None:
-        group = self._groups.get(ticket.group)
-        if group is not None and group.scheduler is not None:
-            group.scheduler.cancel(ticket)
-        elif ticket.state is State.READY:
-            self._release_response(ticket.response)
-
-    def _spawn(self, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
-        assert self._task_group is not None
-        self._task_group.start_soon(func, *args)
-
-    def _members_of(self, group: str) -> set[int]:
-        return self._groups[group].members
-
-    def _stream_of_group(self, group: str) -> Any:
-        return self._groups[group].stream
-
-    def _ready_hook(self, key: Hashable) -> ReadyHook | None:
-        member = self._members.get(key)  # type: ignore[call-overload]
-        return None if member is None else member.ready_hook
-
-    def _name(self, key: Hashable) -> str:
-        member = self._members.get(key)  # type: ignore[call-overload]
-        return "an unregistered instance" if member is None else member.name
-
-    def _free_memory(self, *, fresh: bool) -> int:
-        now = time.monotonic()
-        if fresh or now - self._free_at > self.options.free_cache_seconds:
-            self._free_reading = self.backend.memory_info().free
-            self._free_at, self._free_delta = now, 0
-        return self._free_reading - self._free_delta
-
-    def _offered(self, group: str, free: int, *, as_if_empty: bool = False) -> int:
-        available = free  # passive mode: caps and holdings do not matter
-        if self.active:
-            members = self._groups[group].members
-            held = self._ledger.held(members)
-            if as_if_empty:  # what the group would be offered if its members held nothing
-                free, held = free + held, 0
-            available = group_available(
-                self._mode,
-                free=free,
-                group_cap=self._budget.group_cap(members),
-                group_held=held,
-                group=group,
-                warn=False,
-            )
-        return offered_bytes(available, free, headroom=self.options.headroom, granule=self.backend.granule)
-
-    def _respond(
-        self, requests: dict[str, ArrayRequest], allocations: list[Allocation], plan: ChunkPlan, stream: Any
-    ) -> ArrayResponse:
-        """Build the response for ``allocations`` and enter them in the ledger."""
-        response = ArrayResponse(
-            arrays={a.label: a.array for a in allocations},
-            chunks=plan.chunks,
-            chunk_length=plan.chunk_length,
-            runs=plan.runs,
-            chunked_shapes={label: r.chunked_shape(plan.chunk_length) for label, r in requests.items()},
-            chunk_axes={label: None if r.unchunkable else r.chunk_axis for label, r in requests.items()},
-            stream=stream,
+    def _start_scheduler(self, group: Group) -> GroupScheduler:
+        assert self._task_group is not None and self._loop is not None
+        scheduler = GroupScheduler(
+            group, self._registry.members, self._options, self._account, self._loop, self._task_group.start_soon
         )
-        self._ledger.add(response, allocations)
-        self._free_delta += sum(a.vram for a in allocations)
-        return response
+        self._schedulers[group.name] = scheduler
+        self._task_group.start_soon(scheduler.run, name=f"aiocubie scheduler {group.name!r}")
+        return scheduler
 
-    def _release_response(self, response: ArrayResponse | None) -> None:
-        if response is not None:
-            self._free(self._ledger.pop_owner(response))
-
-    def _free(self, allocations: list[Allocation]) -> None:
-        for alloc in allocations:
-            self.backend.free(alloc.array)
-            self._free_delta -= alloc.vram
-        # only a batch waiting for memory (active mode, policy "wait") cares: spare waking every group
-        if allocations and self.active and self.policy is Policy.WAIT:
-            self._changed()
+    def _memory_released(self) -> None:
+        self._changed()
 
     def _changed(self) -> None:
-        for group in self._groups.values():
-            if group.scheduler is not None:
-                group.scheduler.changed()
-
-    def _reset(self, cause: str) -> None:
-        error = ContextResetError(f"{cause} reset the device context while this request was in flight; request again")
-        for group in self._groups.values():
-            if group.scheduler is not None:
-                group.scheduler.reset(error)
-
-    def _call_invalidate_hooks(self) -> None:
-        for member in list(self._members.values()):
-            if member.invalidate_hook is None:
-                continue
-            try:
-                member.invalidate_hook()
-            except Exception:
-                log.exception("invalidate hook of %s raised", member.name)
-
-    def _counters(self, group: str, key: Hashable, field: str) -> None:
-        for counters in self._counter_pair(group, key):
-            setattr(counters, field, getattr(counters, field) + 1)
-
-    def _counter_pair(self, group: str, key: Hashable) -> tuple[Counters, ...]:
-        group_counters = self._group_counters.get(group)
-        if group_counters is None:  # not setdefault: that would build a Counters on every call
-            group_counters = self._group_counters[group] = Counters()
-        pair = [group_counters]
-        member = self._members.get(key)  # type: ignore[call-overload]
-        if member is not None:
-            pair.append(self._member_counters[member.name])
-        return tuple(pair)
-
-    def _record_wait(self, group: str, key: Hashable, seconds: float) -> None:
-        for counters in self._counter_pair(group, key):
-            counters.queue_wait.append(seconds)
-
-    def _record_ready(self, group: str, key: Hashable, seconds: float) -> None:
-        for counters in self._counter_pair(group, key):
-            counters.ready_latency.append(seconds)
-
-    def _record_batch(self, group: str, plan: ChunkPlan, keys: set[Hashable]) -> None:
-        counted: set[int] = set()
-        for key in keys:
-            for counters in self._counter_pair(group, key):
-                if id(counters) not in counted:
-                    counted.add(id(counters))
-                    counters.batches += 1
-                    counters.chunks += plan.chunks
-
-    # -- helpers ---------------------------------------------------------------------------
-    def _ensure_group(self, name: str) -> _Group:
-        group = self._groups.get(name)
-        if group is None:
-            group = self._groups[name] = _Group(name, self.backend.create_stream())
-            self._group_counters.setdefault(name, Counters())
-            if self._task_group is not None:
-                self._start_scheduler(group)
-        return group
-
-    def _start_scheduler(self, group: _Group) -> None:
-        assert self._task_group is not None
-        group.scheduler = GroupScheduler(self, group.name)
-        self._task_group.start_soon(group.scheduler.run, name=f"aiocubie scheduler {group.name!r}")
-
-    def _group(self, name: str) -> _Group:
-        self._check_group_name(name)  # an unhashable name would raise TypeError below
-        group = self._groups.get(name)
-        if group is None:
-            known = ", ".join(map(repr, self._groups)) or "none"
-            raise RegistrationError(f"no stream group {name!r} (known: {known})")
-        return group
-
-    @staticmethod
-    def _check_group_name(name: object) -> None:
-        if not isinstance(name, str) or not name:
-            raise RegistrationError(f"stream group names are non-empty strings, got {name!r}")
-
-    @staticmethod
-    def _parse_mode(mode: LimitMode | str) -> LimitMode:
-        try:
-            return LimitMode(mode)
-        except ValueError:
-            raise ConfigurationError(f"unknown limit mode {mode!r}: use 'passive' or 'active'") from None
-
-    @staticmethod
-    def _parse_policy(policy: Policy | str) -> Policy:
-        try:
-            return Policy(policy)
-        except ValueError:
-            raise ConfigurationError(f"unknown policy {policy!r}: use 'chunk', 'wait' or 'fail'") from None
+        for scheduler in self._schedulers.values():
+            scheduler.changed()
 
 
 _default: MemoryManager | None = None

@@ -9,27 +9,20 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
-import attrs
 
-from ._errors import (
-    AiocubieWarning,
-    InsufficientMemoryError,
-    RunLengthMismatchError,
-    UnchunkableTooLargeError,
-)
-from ._requests import ArrayRequest
+from ._errors import AiocubieWarning, InsufficientMemoryError, UnchunkableTooLargeError
+from ._requests import ArrayRequest, run_length
 
-__all__ = ["ChunkPlan", "offered_bytes", "plan_batch", "run_length"]
+__all__ = ["ChunkPlan", "offered_bytes", "plan_batch", "plan_chunks"]
 
 #: Above this many times the free memory, a request draws a warning (as cubie does).
 OVERSUBSCRIPTION_WARNING = 20
 
 
-@attrs.frozen
-class ChunkPlan:
-    """The chunk plan of one batch.
+class ChunkPlan(NamedTuple):
+    """The chunk plan of one batch (a named tuple: built once per batch, cheaply).
 
     Attributes
     ----------
@@ -73,30 +66,6 @@ def offered_bytes(available: int, free: int, *, headroom: float, granule: int) -
     return max(0, min(math.floor((1.0 - headroom) * available), free - granule))
 
 
-def run_length(batch: Iterable[tuple[str, ArrayRequest]]) -> int:
-    """The run length the chunkable arrays of ``batch`` (label, request pairs) share (0: none).
-
-    Raises
-    ------
-    RunLengthMismatchError
-        If two chunkable arrays disagree.
-    """
-    runs: int | None = None
-    first = ""
-    for label, request in batch:
-        if request.unchunkable:
-            continue
-        if runs is None:
-            runs, first = request.runs, label
-        elif request.runs != runs:
-            raise RunLengthMismatchError(
-                f"arrays of one batch must agree on the run length: {first!r} has {runs} runs "
-                f"along its chunk axis but {label!r} has {request.runs}; give them the same "
-                "length, mark one unchunkable, or request them in different stream groups"
-            )
-    return runs or 0
-
-
 def plan_batch(
     batch: Mapping[Any, Mapping[str, ArrayRequest]],
     offered: int,
@@ -133,21 +102,41 @@ def plan_batch(
     AiocubieWarning
         If the batch asks for more than 20 times ``free``.
     """
-    if offered < 0:
-        raise ValueError(f"offered must be >= 0 bytes, got {offered}")
     items = [(label, req) for requests in batch.values() for label, req in requests.items()]
     runs = run_length(items)
-    vram = [req for _, req in items if req.kind.uses_vram]
+    vram = [req for _, req in items if req.uses_vram]
     fixed = sum(req.nbytes for req in vram if req.unchunkable)
     per_run = sum(req.bytes_per_run for req in vram)
-    full = fixed + per_run * runs
+    return plan_chunks(runs, fixed, per_run, offered, free=free, stacklevel=3)
 
+
+def plan_chunks(runs: int, fixed: int, per_run: int, offered: int, *, free: int | None = None, stacklevel: int = 2) -> ChunkPlan:
+    """Plan a batch from its totals (see :func:`plan_batch`, which computes them).
+
+    Parameters
+    ----------
+    runs : int
+        The run length of the batch (0 when nothing is chunkable).
+    fixed : int
+        VRAM bytes of the unchunkable arrays.
+    per_run : int
+        VRAM bytes of one run of the chunkable arrays.
+    offered : int
+        Bytes the batch may take.
+    free : int, optional
+        Free device memory, only for the 20x oversubscription warning.
+    stacklevel : int
+        Where the warning points, as for :func:`warnings.warn`.
+    """
+    if offered < 0:
+        raise ValueError(f"offered must be >= 0 bytes, got {offered}")
+    full = fixed + per_run * runs
     if free is not None and full > OVERSUBSCRIPTION_WARNING * max(free, 1):
         warnings.warn(
             f"the batch asks for {full} bytes, more than {OVERSUBSCRIPTION_WARNING}x the "
             f"{free} bytes free: it will be walked in many small chunks",
             AiocubieWarning,
-            stacklevel=2,
+            stacklevel=stacklevel,
         )
     if full <= offered:
         return ChunkPlan(runs, 1, runs, offered, full, full)

@@ -9,15 +9,15 @@ from __future__ import annotations
 import enum
 import math
 import numbers
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import attrs
 import numpy as np
 
-from ._errors import InvalidRequestError
+from ._errors import InvalidRequestError, RunLengthMismatchError
 
-__all__ = ["ArrayRequest", "ArrayResponse", "MemoryKind", "check_requests"]
+__all__ = ["ArrayRequest", "ArrayResponse", "MemoryKind", "RequestSet", "check_requests", "run_length"]
 
 #: Largest byte count one array may have (a signed 64-bit size, as CUDA and numpy use).
 MAX_NBYTES = 2**63 - 1
@@ -137,6 +137,14 @@ class ArrayRequest:
     chunk_axis: int = attrs.field(default=0)
     unchunkable: bool = attrs.field(default=False, converter=_flag)
     zero: bool = attrs.field(default=False, converter=_flag)
+    #: Bytes of the full, unchunked array.
+    nbytes: int = attrs.field(init=False, eq=False, repr=False)
+    #: Length of the run axis, or None for an unchunkable array.
+    runs: int | None = attrs.field(init=False, eq=False, repr=False)
+    #: Bytes one run of this array takes (0 for an unchunkable array).
+    bytes_per_run: int = attrs.field(init=False, eq=False, repr=False)
+    #: True when the array takes device memory (its kind is device or managed).
+    uses_vram: bool = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         axis = self.chunk_axis
@@ -153,31 +161,24 @@ class ArrayRequest:
                     f"chunk_axis {axis} is out of range for shape {self.shape} "
                     f"(valid: {-ndim}..{ndim - 1})"
                 )
-            object.__setattr__(self, "chunk_axis", int(axis) % ndim)
+            axis = int(axis) % ndim
+            object.__setattr__(self, "chunk_axis", axis)
         nbytes = math.prod(self.shape) * self.dtype.itemsize
         if nbytes > MAX_NBYTES:
             raise InvalidRequestError(
                 f"shape {self.shape} of {self.dtype} needs {nbytes} bytes, "
                 f"over the 2**63 - 1 a single array may have"
             )
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the full, unchunked array."""
-        return math.prod(self.shape) * self.dtype.itemsize
-
-    @property
-    def runs(self) -> int | None:
-        """Length of the run axis, or None for an unchunkable array."""
-        return None if self.unchunkable else self.shape[self.chunk_axis]
-
-    @property
-    def bytes_per_run(self) -> int:
-        """Bytes one run of this array takes (0 for an unchunkable array)."""
+        # computed once: the planner reads them for every batch
+        object.__setattr__(self, "nbytes", nbytes)
+        object.__setattr__(self, "uses_vram", self.kind.uses_vram)
         if self.unchunkable:
-            return 0
-        per_run = math.prod(s for i, s in enumerate(self.shape) if i != self.chunk_axis)
-        return per_run * self.dtype.itemsize
+            object.__setattr__(self, "runs", None)
+            object.__setattr__(self, "bytes_per_run", 0)
+        else:
+            per_run = math.prod(s for i, s in enumerate(self.shape) if i != axis)
+            object.__setattr__(self, "runs", self.shape[axis])
+            object.__setattr__(self, "bytes_per_run", per_run * self.dtype.itemsize)
 
     def chunked_shape(self, chunk_length: int) -> tuple[int, ...]:
         """The shape this array has when the run axis is cut to ``chunk_length``."""
@@ -188,19 +189,98 @@ class ArrayRequest:
         return tuple(shape)
 
 
-def check_requests(requests: Any) -> dict[str, ArrayRequest]:
-    """Validate a ``{label: ArrayRequest}`` mapping and return it as a plain dict.
+def run_length(batch: Iterable[tuple[str, ArrayRequest]]) -> int:
+    """The run length the chunkable arrays of ``batch`` (label, request pairs) share (0: none).
+
+    Raises
+    ------
+    RunLengthMismatchError
+        If two chunkable arrays disagree.
+    """
+    runs: int | None = None
+    first = ""
+    for label, request in batch:
+        if request.runs is None:
+            continue
+        if runs is None:
+            runs, first = request.runs, label
+        elif request.runs != runs:
+            raise RunLengthMismatchError(
+                f"arrays of one batch must agree on the run length: {first!r} has {runs} runs "
+                f"along its chunk axis but {label!r} has {request.runs}; give them the same "
+                "length, mark one unchunkable, or request them in different stream groups"
+            )
+    return runs or 0
+
+
+class RequestSet:
+    """The arrays of one request, checked, with the totals the planner needs (read-only).
+
+    Attributes
+    ----------
+    arrays : dict
+        Label -> :class:`ArrayRequest`.
+    runs : int
+        The run length the chunkable arrays share (0 when none is chunkable).
+    fixed : int
+        VRAM bytes of the unchunkable arrays.
+    per_run : int
+        VRAM bytes one run of the chunkable arrays takes.
+    chunk_axes : dict
+        Label -> run axis (None for unchunkable arrays).
+    shapes : dict
+        Label -> full (unchunked) shape.
+    """
+
+    __slots__ = ("arrays", "runs", "fixed", "per_run", "chunk_axes", "shapes")
+
+    def __init__(
+        self,
+        arrays: dict[str, ArrayRequest],
+        runs: int,
+        fixed: int,
+        per_run: int,
+        chunk_axes: dict[str, int | None] | None = None,
+        shapes: dict[str, tuple[int, ...]] | None = None,
+    ) -> None:
+        self.arrays = arrays
+        self.runs = runs
+        self.fixed = fixed
+        self.per_run = per_run
+        if chunk_axes is None:
+            chunk_axes = {label: None if r.unchunkable else r.chunk_axis for label, r in arrays.items()}
+        self.chunk_axes = chunk_axes
+        self.shapes = {label: r.shape for label, r in arrays.items()} if shapes is None else shapes
+
+    def __repr__(self) -> str:
+        return f"RequestSet({self.arrays!r}, runs={self.runs}, fixed={self.fixed}, per_run={self.per_run})"
+
+    def chunked_shapes(self, chunk_length: int) -> dict[str, tuple[int, ...]]:
+        """Label -> shape of each array when the run axis is cut to ``chunk_length``."""
+        if chunk_length >= self.runs:
+            return self.shapes
+        return {label: r.chunked_shape(chunk_length) for label, r in self.arrays.items()}
+
+
+def check_requests(requests: Any) -> RequestSet:
+    """Validate a ``{label: ArrayRequest}`` mapping into a :class:`RequestSet`.
 
     Raises
     ------
     InvalidRequestError
         If ``requests`` is not a mapping of non-empty string labels to ArrayRequest.
+    RunLengthMismatchError
+        If its chunkable arrays disagree on the run length.
     """
     if not isinstance(requests, Mapping):
         raise InvalidRequestError(
             f"requests must be a mapping of label -> ArrayRequest, got {type(requests).__name__}"
         )
-    checked: dict[str, ArrayRequest] = {}
+    arrays: dict[str, ArrayRequest] = {}
+    axes: dict[str, int | None] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    fixed = per_run = runs = 0
+    first = ""
     for label, request in requests.items():
         if not isinstance(label, str) or not label:
             raise InvalidRequestError(f"array labels must be non-empty strings, got {label!r}")
@@ -208,8 +288,21 @@ def check_requests(requests: Any) -> dict[str, ArrayRequest]:
             raise InvalidRequestError(
                 f"requests[{label!r}] is a {type(request).__name__}, not an ArrayRequest"
             )
-        checked[label] = request
-    return checked
+        arrays[label] = request
+        shapes[label] = request.shape
+        if request.runs is None:
+            axes[label] = None
+            if request.uses_vram:
+                fixed += request.nbytes
+        else:
+            axes[label] = request.chunk_axis
+            if not first:
+                runs, first = request.runs, label
+            elif request.runs != runs:
+                run_length([(first, arrays[first]), (label, request)])  # raises, saying why
+            if request.uses_vram:
+                per_run += request.bytes_per_run
+    return RequestSet(arrays, runs, fixed, per_run, axes, shapes)
 
 
 @attrs.frozen(eq=False)

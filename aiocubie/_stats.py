@@ -13,7 +13,7 @@ from collections.abc import Iterable
 import attrs
 import numpy as np
 
-__all__ = ["Counters", "Percentiles", "Snapshot", "UsageStats"]
+__all__ = ["Counters", "Percentiles", "Snapshot", "Telemetry", "UsageStats"]
 
 #: Latency samples kept per group and instance (the most recent ones).
 SAMPLES = 4096
@@ -51,6 +51,31 @@ class Counters:
         self.peak_bytes = 0  # kept here when an instance leaves (the ledger forgets its id)
         self.queue_wait: deque[float] = deque(maxlen=SAMPLES)
         self.ready_latency: deque[float] = deque(maxlen=SAMPLES)
+
+
+class Telemetry:
+    """The counters of every stream group and every instance (by name), made on first use.
+
+    An instance's counters outlive it, under its name, so stats still show what it did.
+    """
+
+    def __init__(self) -> None:
+        self.groups: dict[str, Counters] = {}
+        self.instances: dict[str, Counters] = {}
+
+    def group(self, name: str) -> Counters:
+        """The counters of group ``name``."""
+        counters = self.groups.get(name)
+        if counters is None:  # not setdefault: that would build a Counters on every call
+            counters = self.groups[name] = Counters()
+        return counters
+
+    def instance(self, name: str) -> Counters:
+        """The counters of the instance named ``name``."""
+        counters = self.instances.get(name)
+        if counters is None:
+            counters = self.instances[name] = Counters()
+        return counters
 
 
 @attrs.frozen

@@ -411,21 +411,6 @@ class TestGroupAvailable:
     def test_active_zero_cap_no_warning(self) -> None:
         assert group_available(LimitMode.ACTIVE, free=100, group_cap=0, group_held=0) == 0
 
-    def test_mode_given_as_string(self) -> None:
-        # LimitMode is a str enum: its names must mean the same as its members.
-        assert group_available("passive", free=500, group_cap=100, group_held=0) == 500  # type: ignore[arg-type]
-        assert group_available("active", free=500, group_cap=100, group_held=0) == 100  # type: ignore[arg-type]
-
-    def test_unknown_mode(self) -> None:
-        with pytest.raises(BudgetError, match="'lazy'"):
-            group_available("lazy", free=500, group_cap=100, group_held=0)  # type: ignore[arg-type]
-
-    def test_limit_mode_parse(self) -> None:
-        assert LimitMode.parse("active") is LimitMode.ACTIVE
-        assert LimitMode.parse(LimitMode.PASSIVE) is LimitMode.PASSIVE
-        with pytest.raises(BudgetError, match="'Active'"):
-            LimitMode.parse("Active")
-
     @FAST
     @given(
         free=st.integers(-(2**40), 2**40),

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiocubie._errors import AiocubieError, InvalidRequestError
+from aiocubie._errors import AiocubieError, InvalidRequestError, RunLengthMismatchError
 from aiocubie._requests import (
     MAX_NBYTES,
     ArrayRequest,
@@ -275,18 +275,27 @@ class TestSize:
 
 # -- check_requests --------------------------------------------------------------------------
 class TestCheckRequests:
-    def test_valid_mapping_returned_as_dict(self) -> None:
-        a = ArrayRequest(shape=(2,), dtype="f4")
+    def test_valid_mapping_returned_as_dict_with_totals(self) -> None:
+        a = ArrayRequest(shape=(2, 5), dtype="f4", chunk_axis=1)
         b = ArrayRequest(shape=(3,), dtype="f8", unchunkable=True)
+        h = ArrayRequest(shape=(7, 5), dtype="f8", kind="pinned", chunk_axis=1)  # host: no VRAM
         from types import MappingProxyType
 
-        out = check_requests(MappingProxyType({"a": a, "b": b}))
-        assert type(out) is dict
-        assert out == {"a": a, "b": b}
-        assert out["a"] is a
+        out = check_requests(MappingProxyType({"a": a, "b": b, "h": h}))
+        assert type(out.arrays) is dict
+        assert out.arrays == {"a": a, "b": b, "h": h}
+        assert out.arrays["a"] is a
+        assert (out.runs, out.fixed, out.per_run) == (5, 24, 8)
+        assert out.chunk_axes == {"a": 1, "b": None, "h": 1}
+        assert out.chunked_shapes(2) == {"a": (2, 2), "b": (3,), "h": (7, 2)}
 
     def test_empty_mapping_ok(self) -> None:
-        assert check_requests({}) == {}
+        out = check_requests({})
+        assert (out.arrays, out.runs, out.fixed, out.per_run) == ({}, 0, 0, 0)
+
+    def test_run_length_mismatch_found_at_once(self) -> None:
+        with pytest.raises(RunLengthMismatchError, match="'a' has 5 runs .* 'b' has 6"):
+            check_requests({"a": ArrayRequest((5,), "f4"), "b": ArrayRequest((6,), "f4")})
 
     @pytest.mark.parametrize("bad", [[("a", 1)], None, "abc", 3, (ArrayRequest(shape=1, dtype="f4"),)])
     def test_not_a_mapping(self, bad: object) -> None:

@@ -24,7 +24,7 @@ class Component:
 
 def pending_tickets(mgr: MemoryManager) -> list[object]:
     """Every ticket any group scheduler still holds (queued, being planned or in flight)."""
-    return [t for g in mgr._groups.values() if g.scheduler is not None for t in g.scheduler.pending()]
+    return [t for scheduler in mgr._schedulers.values() for t in scheduler.pending()]
 
 
 async def settle(mgr: MemoryManager) -> None:
@@ -39,7 +39,7 @@ def assert_empty(mgr: MemoryManager, sim: SimulatorBackend | None = None) -> Non
     assert snap.live_bytes == 0, f"{snap.live_bytes} bytes still live"
     assert {g: s.live_bytes for g, s in snap.groups.items() if s.live_bytes} == {}
     assert {i: s.live_bytes for i, s in snap.instances.items() if s.live_bytes} == {}
-    assert len(mgr._ledger) == 0
+    assert len(mgr._account.ledger) == 0
     if sim is not None:
         assert sim.used == 0, f"the simulator still holds {sim.used} bytes"
 

@@ -124,8 +124,8 @@ async def test_many_instances_come_and_go(drained) -> None:
                 del batch, instance
                 gc.collect()
                 snap = mgr.stats()
-                assert len(mgr._members) == len(survivors)
-                each = snap.instances[mgr._members[id(survivors[-1])].name].live_bytes
+                assert len(mgr._registry.members) == len(survivors)
+                each = snap.instances[mgr._registry.members[id(survivors[-1])].name].live_bytes
                 assert snap.live_bytes == sim.used == each * len(survivors) > 0
             for instance in survivors:
                 mgr.unregister(instance)

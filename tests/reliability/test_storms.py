@@ -34,11 +34,9 @@ def stage_of(ticket: object) -> str:
 def stages(mgr: MemoryManager) -> list[str]:
     """The stage of every ticket the schedulers hold."""
     found = []
-    for group in mgr._groups.values():
-        scheduler = group.scheduler
-        assert scheduler is not None
-        found += ["queued"] * len(scheduler.queue)
-        found += ["planning or waiting"] * sum(t.state.value == "pending" for t in scheduler._waiting)
+    for scheduler in mgr._schedulers.values():
+        found += ["queued"] * sum(t.state.value == "pending" for t in scheduler.queue)
+        found += ["planning or waiting"] * sum(t.state.value == "pending" for t in scheduler._planning)
         found += [stage_of(t) for flight in scheduler._inflight for t in flight.tickets]
     return found
 
@@ -71,7 +69,7 @@ async def test_cancel_while_queued_withdraws_the_ticket(drained) -> None:
                         pytest.fail("a cancelled request must not resolve")
 
                 tg.start_soon(ask)
-                await wait_for(lambda: len(mgr._groups["default"].scheduler.queue) == 1, "queued")
+                await wait_for(lambda: len(mgr._schedulers["default"].queue) == 1, "queued")
                 scope.cancel()
             assert pending_tickets(mgr) == []
             assert mgr.stats().groups["default"].cancellations == 1
@@ -96,8 +94,8 @@ async def test_cancel_while_waiting_for_memory_lets_the_next_batch_go(drained) -
                         pytest.fail("a cancelled request must not resolve")
 
                 tg.start_soon(ask_big)
-                scheduler = mgr._groups["default"].scheduler
-                await wait_for(lambda: len(scheduler._waiting) == 1, "waiting for memory")
+                scheduler = mgr._schedulers["default"]
+                await wait_for(lambda: len(scheduler._planning) == 1, "waiting for memory")
                 scope.cancel()
             # the withdrawn batch no longer blocks the group
             async with mgr.request(later, block(64)) as response:
