@@ -1,7 +1,9 @@
 """An async pipeline: two solvers share a stream group and one batch, a post-processor has its own.
 
 The solvers ask at the same time, so their requests are planned together: one chunk plan for
-the batch, walked in lockstep. The budget is a 256 KiB simulated device, smaller than the work.
+the batch, walked in lockstep. Without a GPU the budget is a 256 KiB simulated device, smaller
+than the work. The device arrays are CuPy arrays (on the simulator, its model of them): the
+solvers compute with CuPy's arithmetic, bound to their group's stream.
 Run: python examples/async_pipeline.py
 """
 
@@ -27,7 +29,8 @@ class Solver:
         requests = {"x": ArrayRequest(x.shape, x.dtype, chunk_axis=1), "y": ArrayRequest(x.shape, x.dtype, chunk_axis=1)}
         async with mgr.request(self, requests) as response:
             async for chunk in walk_chunks(mgr, self, response, inputs={"x": x}, outputs={"y": y}):
-                chunk.device["y"][...] = self.a * chunk.device["x"] + 1  # the simulator's arrays are numpy
+                with aiocubie.current_cupy_stream(response.stream):  # CuPy work on the group's stream
+                    chunk.device["y"][...] = self.a * chunk.device["x"] + 1
             return y, response.chunks
 
 
@@ -38,14 +41,16 @@ class PostProcessor:
         sums = np.empty(y.shape[1])
         async with mgr.request(self, {"y": ArrayRequest(y.shape, y.dtype, chunk_axis=1), "s": ArrayRequest(y.shape[1], y.dtype)}) as response:
             async for chunk in walk_chunks(mgr, self, response, inputs={"y": y}, outputs={"s": sums}):
-                chunk.device["s"][...] = chunk.device["y"].sum(axis=0)
+                with aiocubie.current_cupy_stream(response.stream):
+                    chunk.device["s"][...] = chunk.device["y"].sum(axis=0)
         return sums
 
 
 async def main() -> None:
     x = np.random.default_rng(0).standard_normal((4, RUNS))
     results: dict[str, tuple[np.ndarray, int]] = {}
-    async with MemoryManager(SimulatorBackend(256 << 10)) as mgr:
+    backend = "cuda" if aiocubie.gpu_status()[0] else SimulatorBackend(256 << 10)
+    async with MemoryManager(backend) as mgr:
         solvers = {"solver-a": Solver(2.0), "solver-b": Solver(-1.0)}
         for name, solver in solvers.items():
             mgr.register(solver, stream_group="solve", name=name)

@@ -60,6 +60,13 @@ def test_user_code_tests_pass() -> None:
     assert re.search(r"\b2 passed\b", out)
 
 
+def test_torch_interop() -> None:
+    out = _run(str(EXAMPLES / "torch_interop.py"))
+    assert "torch is not installed" in out or re.search(r"torch wrote 4096 bytes in place on (simulator|cuda)", out)
+
+
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.py")), ids=lambda p: p.name)
 def test_every_example_is_tested(path: Path) -> None:
-    assert path.stem.removeprefix("test_") in {"async_pipeline", "data_loader", "managed_prefetch", "plot_stats", "user_code"}
+    assert path.stem.removeprefix("test_") in {
+        "async_pipeline", "data_loader", "managed_prefetch", "plot_stats", "torch_interop", "user_code"
+    }

@@ -16,6 +16,7 @@ import anyio
 import numpy as np
 import pytest
 
+from aiocubie._backends._simarrays import host_data
 from simkit import (
     HANG_GUARD,
     TOTAL,
@@ -486,7 +487,7 @@ async def test_allocate_all_and_allocate(sim: SimulatorBackend) -> None:
     response = mgr.allocate_all(
         part, {"a": ArrayRequest((4, 25), "float32", zero=True), "b": vec(10, unchunkable=True)}
     )
-    response.arrays["a"][...] = 3  # stands for the garbage fresh device memory holds
+    host_data(response.arrays["a"])[...] = 3  # garbage in fresh device memory (behind the held stream)
     gate.set()
     with anyio.fail_after(HANG_GUARD):
         await mgr.sync_stream(part)

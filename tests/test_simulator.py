@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from aiocubie import AllocationError, BackendError, MemoryKind, SimulatorBackend, UnknownAllocatorError
+from aiocubie._backends._simarrays import host_data
 
 F8 = np.dtype("float64")
 TOTAL = 1 << 20
@@ -121,7 +122,7 @@ def test_event_completes_only_after_work_queued_before_it() -> None:
         called = threading.Event()
 
         def on_done() -> None:
-            seen_at_completion.append(dst.copy())
+            seen_at_completion.append(dst.get())  # on the stream's worker: no wait
             called.set()
 
         event = sim.record_event(stream)
@@ -142,7 +143,8 @@ def test_zero_is_queued_on_the_stream(sim: SimulatorBackend) -> None:
     gate = gate_stream(stream)
     sim.zero(array, stream)
     event = sim.record_event(stream)
-    assert (array == 7.0).all(), "the fill must wait its turn on the stream"
+    # A host read would wait for the stream: peek at the memory behind the array instead.
+    assert (host_data(array) == 7.0).all(), "the fill must wait its turn on the stream"
     gate.set()
     event.synchronize()
     assert not array.any()

@@ -54,7 +54,7 @@ async def test_every_element_round_trips(axis: int, max_chunk: int) -> None:
             async for chunk in walk_chunks(mgr, solver, response, inputs={"x": x, "p": p}, outputs={"y": y, "total": total}):
                 run_axis = axis % x.ndim
                 assert chunk.device["x"].shape[run_axis] == chunk.length
-                np.testing.assert_array_equal(chunk.device["x"], chunk.host["x"])
+                np.testing.assert_array_equal(chunk.device["x"].get(), chunk.host["x"])
                 # The "kernel": y = 2x + sum(p); total += sum(x).
                 chunk.device["y"][...] = 2 * chunk.device["x"] + chunk.device["p"].sum()
                 chunk.device["total"][0] += chunk.device["x"].sum()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -10,11 +11,12 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from .._errors import ConfigurationError, UnknownAllocatorError
-from ._base import ALLOCATORS, Advice, Backend, Event, MemoryInfo
-from ._simulator import Faults, SimulatorBackend
+from ._base import ALLOCATORS, ARRAY_TYPES, Advice, Backend, Event, MemoryInfo, parse_array_type
+from ._simulator import Faults, SimStream, SimulatorBackend
 
 __all__ = [
     "ALLOCATORS",
+    "ARRAY_TYPES",
     "Advice",
     "Backend",
     "Event",
@@ -68,21 +70,32 @@ def gpu_status() -> tuple[bool, str]:
     return cuda_usable()
 
 
-def create_backend(name: str = "auto", *, allocator: str | None = None) -> Backend:
+def create_backend(name: str = "auto", *, allocator: str | None = None, array_type: str | None = None) -> Backend:
     """Create the backend ``name``: ``"auto"``, ``"simulator"`` or ``"cuda"``.
 
     ``"auto"`` picks ``"cuda"`` when a usable GPU is present and the simulator otherwise, and
     logs which and why at INFO level.
 
+    Parameters
+    ----------
+    name : {"auto", "simulator", "cuda"}
+        Which device.
+    allocator : str, optional
+        One of :data:`ALLOCATORS` (None: ``"default"``).
+    array_type : {"cupy", "numba"}, optional
+        The arrays handed out for device-side kinds (None: ``"cupy"``).
+
     Raises
     ------
     ConfigurationError
-        For an unknown backend name, or ``"cuda"`` without a usable GPU.
+        For an unknown backend name or array type, ``"cuda"`` without a usable GPU, or
+        CuPy arrays on a GPU without CuPy (the message names the extra to install).
     UnknownAllocatorError
         For an unknown allocator name.
     """
     if name not in BACKENDS:
         raise ConfigurationError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
+    array_type = parse_array_type(array_type)
     if allocator is not None and allocator not in ALLOCATORS:
         raise UnknownAllocatorError(f"unknown allocator {allocator!r}: use one of {', '.join(ALLOCATORS)}")
     if name == "auto":
@@ -90,14 +103,14 @@ def create_backend(name: str = "auto", *, allocator: str | None = None) -> Backe
         name = "cuda" if usable else "simulator"
         log.info("aiocubie backend: %s (%s)", name, why)
     if name == "simulator":
-        backend: Backend = SimulatorBackend()
+        backend: Backend = SimulatorBackend(array_type=array_type)
     else:
         usable, why = gpu_status()
         if not usable:
             raise ConfigurationError(f"backend 'cuda' is not usable here: {why}; use 'simulator'")
         from ._cuda import CudaBackend
 
-        return CudaBackend(allocator=allocator or "default")
+        return CudaBackend(allocator=allocator or "default", array_type=array_type)
     if allocator is not None:
         backend.set_allocator(allocator)
     return backend
@@ -152,8 +165,11 @@ def current_cupy_stream(stream: Any) -> AbstractContextManager[Any]:
     """A context manager that makes a numba ``stream`` CuPy's current stream (seed 001).
 
     CuPy work inside the block (kernels, copies, ``MemoryAsyncPool`` allocations) is then
-    ordered on the group's stream. Needs CuPy (extras ``cuda12`` or ``cuda13``).
+    ordered on the group's stream. Needs CuPy (extras ``cuda12`` or ``cuda13``) on a GPU; on
+    the simulator it binds nothing (its arrays' work is ordered by waiting for their stream).
     """
+    if isinstance(stream, SimStream):
+        return contextlib.nullcontext(stream)
     from ._cuda import current_cupy_stream as bind
 
     return bind(stream)

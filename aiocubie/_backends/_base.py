@@ -15,12 +15,39 @@ from typing import Any, Literal
 import attrs
 import numpy as np
 
+from .._errors import ConfigurationError
 from .._requests import MemoryKind
 
-__all__ = ["ALLOCATORS", "Advice", "Backend", "Event", "MemoryInfo"]
+__all__ = ["ALLOCATORS", "ARRAY_TYPES", "Advice", "Backend", "Event", "MemoryInfo", "parse_array_type"]
 
-#: Allocator plugins a backend can switch between with ``set_allocator`` (seed 000).
+#: Allocator plugins a backend can switch between with ``set_allocator`` (seed 000): which
+#: pool supplies device blocks (numba's own allocations included).
 ALLOCATORS = ("default", "cupy", "cupy_async")
+
+#: Array types a backend hands out for device-side kinds (device, managed, mapped): CuPy
+#: arrays (the default) or numba device arrays. Host kinds (host, pinned) are numpy arrays.
+ARRAY_TYPES = ("cupy", "numba")
+DEFAULT_ARRAY_TYPE = "cupy"
+
+CUPY_EXTRA_HINT = "install CuPy with the extra that matches your CUDA: pip install 'aiocubie[cuda12]' or 'aiocubie[cuda13]'"
+
+
+def parse_array_type(array_type: str | None) -> str:
+    """The array type named by ``array_type`` (None: ``"cupy"``).
+
+    Raises
+    ------
+    ConfigurationError
+        For a name not in :data:`ARRAY_TYPES`.
+    """
+    if array_type is None:
+        return DEFAULT_ARRAY_TYPE
+    if array_type not in ARRAY_TYPES:
+        raise ConfigurationError(
+            f"unknown array type {array_type!r}: use one of {', '.join(map(repr, ARRAY_TYPES))} "
+            f"('cupy' needs CuPy: pip install 'aiocubie[cuda12]' or 'aiocubie[cuda13]')"
+        )
+    return array_type
 
 #: Managed-memory advice (seed 004).
 Advice = Literal["preferred_location", "accessed_by", "read_mostly"]
@@ -63,6 +90,8 @@ class Backend(abc.ABC):
         ``"simulator"`` or ``"cuda"``.
     allocator : str
         The allocator plugin in use, one of :data:`ALLOCATORS`.
+    array_type : str
+        The array type handed out for device-side kinds, one of :data:`ARRAY_TYPES`.
     granule : int
         Bytes the planner keeps free for allocator rounding and fragmentation.
     device_name : str
@@ -71,6 +100,7 @@ class Backend(abc.ABC):
 
     name: str
     allocator: str
+    array_type: str
     granule: int
     device_name: str
 
@@ -85,6 +115,9 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def allocate(self, shape: tuple[int, ...], dtype: np.dtype[Any], kind: MemoryKind, stream: Any) -> Any:
         """Allocate one C-contiguous array of ``kind``, ordered on ``stream``.
+
+        ``device``, ``managed`` and ``mapped`` give an array of :attr:`array_type` (built
+        over the block the allocator hands out); ``pinned`` and ``host`` give numpy arrays.
 
         Raises
         ------

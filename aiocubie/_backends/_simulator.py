@@ -2,8 +2,9 @@
 
 It models total and free memory, stream order (one worker thread per stream runs queued work
 in order, each item taking ``latency`` seconds), events that complete only after the work
-queued before them, and faults injected on demand. Arrays are real numpy arrays, which numba
-kernels accept under NUMBA_ENABLE_CUDASIM. It imports neither numba.cuda nor cupy.
+queued before them, and faults injected on demand. Device-side kinds (device, managed, mapped)
+are handed out as the chosen array type's model (``_simarrays``), host kinds as numpy arrays,
+as on a GPU. It imports neither numba.cuda nor cupy (numba's simulator only for numba arrays).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .._errors import AllocationError, BackendError, UnknownAllocatorError
+from .._errors import AllocationError, BackendError, InvalidRequestError, UnknownAllocatorError
 from .._requests import MemoryKind
-from ._base import ALLOCATORS, Advice, Backend, Event, MemoryInfo
+from ._base import ALLOCATORS, Advice, Backend, Event, MemoryInfo, parse_array_type
+from ._simarrays import host_data, sim_array
 
 __all__ = ["Faults", "SimulatorBackend", "SimEvent", "SimStream"]
 
@@ -115,32 +117,69 @@ class _Rule:
         return True
 
 
+class _Progress:
+    """Items queued on a stream and items its worker finished: equal when the stream is idle."""
+
+    __slots__ = ("done", "lock", "queued")
+
+    def __init__(self) -> None:
+        self.queued = self.done = 0
+        self.lock = threading.Lock()
+
+
 class SimStream:
-    """A simulated stream: a worker thread that runs queued work in order."""
+    """A simulated stream: a worker thread that runs queued work in order.
+
+    ``handle`` is a stand-in for a CUstream (never 0, 1 or 2), reported by the simulator's
+    arrays in their ``__cuda_array_interface__``.
+    """
 
     _ids = itertools.count()
 
     def __init__(self, latency: float) -> None:
         self.id = next(self._ids)
+        self.handle = 0x5100 + self.id
         self.latency = latency
         self.closed = False
         self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._progress = _Progress()
         # The worker holds the queue, not the stream: a stream nobody holds any more is
         # collected, and its finalizer stops the worker.
-        worker = threading.Thread(
-            target=_work, args=(self._queue, latency), name=f"aiocubie-sim-stream-{self.id}", daemon=True
+        self._worker = threading.Thread(
+            target=_work,
+            args=(self._queue, latency, self._progress),
+            name=f"aiocubie-sim-stream-{self.id}",
+            daemon=True,
         )
-        worker.start()
+        self._worker.start()
         weakref.finalize(self, self._queue.put, None)
 
     def __repr__(self) -> str:
         return f"<SimStream {self.id}>"
 
+    def __int__(self) -> int:
+        return self.handle
+
     def enqueue(self, work: Callable[[], None]) -> None:
         """Queue ``work`` to run after everything queued before it, ``latency`` seconds later."""
         if self.closed:
             raise BackendError(f"{self!r} was closed by a context reset: call reinit_streams()")
+        with self._progress.lock:
+            self._progress.queued += 1
         self._queue.put(work)
+
+    def synchronize(self) -> None:
+        """Block until the work queued so far is done (at once when the stream is idle).
+
+        A no-op on the stream's own worker (the work before the caller is done) and on a
+        closed stream (its worker ran what it had).
+        """
+        progress = self._progress
+        if progress.queued == progress.done or self.closed or threading.current_thread() is self._worker:
+            return
+        done = threading.Event()
+        self.enqueue(done.set)
+        done.wait()
 
     def close(self) -> None:
         """Stop the worker after the work queued so far."""
@@ -150,7 +189,7 @@ class SimStream:
 
 
 
-def _work(work_queue: queue.SimpleQueue[Callable[[], None] | None], latency: float) -> None:
+def _work(work_queue: queue.SimpleQueue[Callable[[], None] | None], latency: float, progress: _Progress) -> None:
     while (work := work_queue.get()) is not None:
         if latency:
             time.sleep(latency)
@@ -158,6 +197,9 @@ def _work(work_queue: queue.SimpleQueue[Callable[[], None] | None], latency: flo
             work()
         except Exception:  # keep the stream alive: what is queued behind must still run
             log.exception("simulated stream work failed")
+        finally:
+            with progress.lock:
+                progress.done += 1
 
 
 class SimEvent(Event):
@@ -203,6 +245,9 @@ class SimulatorBackend(Backend):
         Bytes the planner keeps free (as a GPU allocator's rounding would need).
     reserved : int
         Bytes taken by "other processes" at the start (see :meth:`occupy`).
+    array_type : {"cupy", "numba"}, optional
+        What device-side arrays model: ``cupy.ndarray`` (the default) or numba's
+        ``DeviceNDArray`` (see :data:`ARRAY_TYPES`).
 
     Attributes
     ----------
@@ -219,7 +264,9 @@ class SimulatorBackend(Backend):
         latency: float = 0.0,
         granule: int = 0,
         reserved: int = 0,
+        array_type: str | None = None,
     ) -> None:
+        self.array_type = parse_array_type(array_type)
         if total <= 0 or reserved < 0 or reserved > total or latency < 0 or granule < 0:
             raise ValueError(
                 f"bad simulator settings: total={total} (> 0), reserved={reserved} "
@@ -263,14 +310,16 @@ class SimulatorBackend(Backend):
                     f"out of memory: asked for {nbytes} bytes of {kind.value} memory "
                     f"({shape}, {dtype}) with {free} of {self.total} free"
                 )
-        array = np.empty(shape, dtype)
+        data = np.empty(shape, dtype)
+        array = data if kind in (MemoryKind.HOST, MemoryKind.PINNED) else sim_array(data, self.array_type, stream)
         if kind.uses_vram:
             self._used += nbytes
             self._live[id(array)] = nbytes
         return array
 
     def zero(self, array: Any, stream: SimStream) -> None:
-        stream.enqueue(lambda: array.fill(0))
+        data = host_data(array)
+        stream.enqueue(lambda: data.fill(0))
 
     def free(self, array: Any) -> None:
         self._used -= self._live.pop(id(array), 0)
@@ -279,6 +328,8 @@ class SimulatorBackend(Backend):
         return int(array.nbytes)
 
     def host_array(self, shape: tuple[int, ...], dtype: np.dtype[Any], kind: MemoryKind) -> np.ndarray[Any, Any]:
+        if MemoryKind(kind) not in (MemoryKind.PINNED, MemoryKind.HOST):
+            raise InvalidRequestError(f"host arrays are 'pinned' or 'host', not {MemoryKind(kind).value!r}")
         return np.zeros(shape, dtype)
 
     # -- streams, events, copies ----------------------------------------------------------
@@ -300,6 +351,10 @@ class SimulatorBackend(Backend):
                 f"cannot copy {getattr(src, 'shape', '?')} {getattr(src, 'dtype', '?')} into "
                 f"{getattr(dst, 'shape', '?')} {getattr(dst, 'dtype', '?')}: shapes and dtypes must match"
             )
+        try:
+            src, dst = host_data(src), host_data(dst)
+        except TypeError as exc:
+            raise BackendError(f"cannot copy: {exc}") from exc
         if not dst.flags.writeable:
             raise BackendError(f"cannot copy into a read-only {dst.shape} array: pass a writable one")
         if not (src.flags.c_contiguous and dst.flags.c_contiguous):  # as on a GPU: one block each

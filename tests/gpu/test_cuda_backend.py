@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from backend_contract import to_numpy
 
 from aiocubie._errors import AllocationError, BackendError, InvalidRequestError, UnknownAllocatorError
 from aiocubie._requests import MemoryKind
@@ -20,8 +21,8 @@ rng = np.random.default_rng()
 
 
 def to_host(array: Any) -> np.ndarray[Any, Any]:
-    """A host copy of any array kind (the stream must be synchronized first)."""
-    return np.array(array) if isinstance(array, np.ndarray) else array.copy_to_host()
+    """A host copy of any array kind and type (the stream must be synchronized first)."""
+    return to_numpy(array)
 
 
 # -- allocation --------------------------------------------------------------------------
@@ -112,10 +113,10 @@ def test_set_allocator_swaps_the_numba_plugin(cuda_backend: Any, cu: Any) -> Non
             assert manager.pool.used_bytes() >= 8000
         cuda_backend.zero(array, stream)
         stream.synchronize()
-        assert not array.copy_to_host().any()
+        assert not to_host(array).any()
         del array
     # The swap never destroys the context: an array from before still reads back.
-    assert np.array_equal(before.copy_to_host(), np.arange(1000.0))
+    assert np.array_equal(to_host(before), np.arange(1000.0))
     cuda_backend.set_allocator(start)
 
 
@@ -146,7 +147,7 @@ def test_event_callback_fires_from_another_thread(cuda_backend: Any, kernels: An
     try:
         stream = cuda_backend.create_stream()
         flag = cuda_backend.allocate((1,), np.dtype(np.int32), MemoryKind.MAPPED, stream)
-        flag[0] = 0
+        cuda_backend.zero(flag, stream)  # on its own stream: a CuPy fill would run on the legacy stream
         kernels.sleep[1, 1, stream](flag, 50_000_000)  # about 50 ms
         event = cuda_backend.record_event(stream)
         assert not event.query()
@@ -180,7 +181,7 @@ def test_event_resolves_an_asyncio_future(cuda_backend: Any, kernels: Any, mecha
         futures = []
         # Longest first: each stream's event must resolve on its own, not behind the others.
         for ms, stream, flag in zip((300, 100, 10), streams, flags):
-            flag[0] = 0
+            cuda_backend.zero(flag, stream)  # on its own stream: a CuPy fill would run on the legacy stream
             kernels.sleep[1, 1, stream](flag, ms * 1_000_000)
             fut = loop.create_future()
             cuda_backend.record_event(stream).add_done_callback(lambda fut=fut: loop.call_soon_threadsafe(fut.set_result, None))
@@ -254,7 +255,7 @@ def test_prefetch_and_advise_managed(backend: Any, kernels: Any) -> None:
     n = 16 << 20  # 64 MiB of float32
     array = backend.allocate((n,), np.dtype(np.float32), MemoryKind.MANAGED, stream)
     expected = rng.standard_normal(n).astype(np.float32)
-    array[...] = expected
+    backend.copy(expected, array, stream)
     for advice in ("preferred_location", "accessed_by", "read_mostly"):
         backend.advise(array, advice, 0)
     backend.advise(array, "accessed_by", None)
@@ -262,7 +263,7 @@ def test_prefetch_and_advise_managed(backend: Any, kernels: Any) -> None:
     kernels.add_one[(n + 255) // 256, 256, stream](array)
     backend.prefetch(array, None, stream)
     backend.record_event(stream).synchronize()
-    assert np.array_equal(np.asarray(array), expected + np.float32(1))
+    assert np.array_equal(to_host(array), expected + np.float32(1))
     with pytest.raises(BackendError, match="managed"):
         backend.prefetch(backend.allocate((4,), np.dtype(np.float32), MemoryKind.DEVICE, stream), 0, stream)
     with pytest.raises(BackendError, match="advice"):
