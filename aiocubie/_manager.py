@@ -20,7 +20,7 @@ import anyio.abc
 import numpy as np
 
 from ._accounting import DeviceAccount
-from ._backends import Advice, Backend, MemoryInfo, create_backend
+from ._backends import Advice, Backend, MemoryInfo, create_backend, parse_array_type
 from ._budget import LimitMode
 from ._completion import Loop, wait_event
 from ._errors import (
@@ -110,6 +110,10 @@ class MemoryManager:
         a batch about to be chunked always reads the device again.
     allocator : {"default", "cupy", "cupy_async"}, optional
         Allocator plugin to start with.
+    array_type : {"cupy", "numba"}, optional
+        What device arrays are: CuPy arrays (the default; numpy's API, DLPack to torch) or
+        numba device arrays (the cheapest numba kernel launches). The simulator hands out
+        arrays that behave like the chosen type on a GPU.
 
     Examples
     --------
@@ -135,6 +139,7 @@ class MemoryManager:
         max_batch: int | None = None,
         free_cache_seconds: float = 0.05,
         allocator: str | None = None,
+        array_type: str | None = None,
     ) -> None:
         self._options = Options(
             mode=mode,
@@ -151,7 +156,14 @@ class MemoryManager:
         if allocator is not None and not isinstance(allocator, str):
             raise ConfigurationError(f"allocator must be a name or None, got {allocator!r}")
         self._owns_backend = not isinstance(backend, Backend)
-        self.backend: Backend = create_backend(backend, allocator=allocator) if isinstance(backend, str) else backend
+        if isinstance(backend, str):
+            backend = create_backend(backend, allocator=allocator, array_type=array_type)
+        elif array_type is not None and parse_array_type(array_type) != backend.array_type:
+            raise ConfigurationError(
+                f"array_type={array_type!r} but the backend given hands out {backend.array_type!r} arrays: "
+                "pass array_type to the backend, or a backend name"
+            )
+        self.backend: Backend = backend
         if allocator is not None and not self._owns_backend and allocator != self.backend.allocator:
             self.backend.set_allocator(allocator)
         self._telemetry = Telemetry()

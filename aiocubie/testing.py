@@ -67,14 +67,14 @@ DEFAULTS: dict[str, Any] = {
     "headroom": 0.05,
     "batch_window": 0.002,
 }
-_SIMULATOR_OPTIONS = ("total", "latency", "granule", "reserved")
+_SIMULATOR_OPTIONS = ("total", "latency", "granule", "reserved", "array_type")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "aiocubie(**settings): simulator and manager settings for aiocubie's fixtures "
-        "(total, latency, granule, reserved, mode, policy, headroom, batch_window, ...)",
+        "(total, latency, granule, reserved, array_type, mode, policy, headroom, batch_window, ...)",
     )
 
 

@@ -80,3 +80,17 @@ def test_manager_settings_have_one_way_in() -> None:
         mgr.set_limit_mode("lazy")
     assert mgr.policy is Policy.FAIL and mgr.mode is LimitMode.ACTIVE
     mgr.close()
+
+
+def test_array_type_is_chosen_per_manager() -> None:
+    for array_type in ("cupy", "numba"):
+        mgr = MemoryManager("simulator", array_type=array_type)
+        assert mgr.backend.array_type == array_type
+        mgr.close()
+    with pytest.raises(ConfigurationError, match="'tensor'"):
+        MemoryManager("simulator", array_type="tensor")
+    sim = SimulatorBackend(1 << 20, array_type="numba")
+    with pytest.raises(ConfigurationError, match="hands out 'numba' arrays"):
+        MemoryManager(sim, array_type="cupy")
+    assert MemoryManager(sim, array_type="numba").backend is sim
+    sim.close()
