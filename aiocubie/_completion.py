@@ -9,6 +9,7 @@ path pays for no backend detection. It imports no device library.
 from __future__ import annotations
 
 import asyncio
+import threading
 import types
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any
@@ -73,6 +74,9 @@ class Loop:
         Runs ``f(*args)`` in the loop thread, from any thread: asyncio's
         ``loop.call_soon_threadsafe`` or trio's ``TrioToken.run_sync_soon``. Both wake a
         sleeping loop through its self-pipe, the cheapest wake-up each loop has.
+    thread : int
+        ``threading.get_ident()`` of the loop's thread: one event loop runs in a thread at a
+        time, so code running in another thread is on another loop (one cheap comparison).
     """
 
     def __init__(self) -> None:
@@ -83,6 +87,23 @@ class Loop:
         else:
             self.call_soon_threadsafe = native.run_sync_soon
             self._loop = None
+        self.thread = threading.get_ident()
+        self._native = native
+        self._thread_name = threading.current_thread().name
+
+    def __repr__(self) -> str:
+        kind = type(self._native).__name__ if self._loop is not None else "trio"
+        return f"<{kind} event loop {id(self._native):#x} in thread {self._thread_name!r}>"
+
+    def foreign(self) -> str | None:
+        """None in this loop's thread; elsewhere, a sentence naming this loop for an error."""
+        if threading.get_ident() == self.thread:
+            return None
+        return (
+            f"the manager runs on {self!r}, not in thread {threading.current_thread().name!r}: "
+            "await its requests from tasks of that loop (hand work over with "
+            "anyio.from_thread or asyncio.run_coroutine_threadsafe)"
+        )
 
     def signal(self) -> Signal:
         """A new :class:`Signal` for this loop."""

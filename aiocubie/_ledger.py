@@ -73,6 +73,28 @@ class Ledger:
         self.live_by_key.pop(key, None)
         return self.peak_by_key.pop(key, 0)
 
+    def forget_group(self, group: str) -> int:
+        """Drop the totals of ``group`` (which holds nothing now) and return its peak."""
+        self.live_by_group.pop(group, None)
+        return self.peak_by_group.pop(group, 0)
+
+    def regroup(self, key: Hashable, group: str) -> None:
+        """Count what ``key`` holds in ``group`` from now on (its member moved there)."""
+        for allocs in self._by_owner.values():
+            if allocs[0].key != key:  # one owner: one key and group
+                continue
+            old = allocs[0].group
+            if old == group:
+                continue
+            vram = 0
+            for alloc in allocs:
+                alloc.group = group
+                vram += alloc.vram
+            self.live_by_group[old] -= vram
+            live = self.live_by_group[group] = self.live_by_group[group] + vram
+            if live > self.peak_by_group[group]:
+                self.peak_by_group[group] = live
+
     def pop_owner(self, owner: object) -> list[Allocation]:
         """Remove and return everything ``owner`` holds (nothing if already released)."""
         allocs = self._by_owner.pop(id(owner), None)

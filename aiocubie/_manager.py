@@ -8,10 +8,13 @@ device is reached only through the backend.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import warnings
 from collections.abc import Callable, Generator, Mapping, Sequence
+from functools import partial
+from threading import get_ident
 from types import TracebackType
 from typing import Any
 
@@ -37,7 +40,7 @@ from ._errors import (
 from ._ledger import Allocation
 from ._options import Options, Policy
 from ._planner import plan_chunks
-from ._registry import Group, InvalidateHook, Member, ReadyHook, Registry
+from ._registry import Group, InvalidateHook, Member, ReadyHook, Registry, await_hook, call_hook
 from ._requests import ArrayRequest, ArrayResponse, MemoryKind, RequestSet, check_requests
 from ._scheduler import GroupScheduler
 from ._stats import Snapshot, Telemetry, UsageStats
@@ -169,18 +172,31 @@ class MemoryManager:
         self._telemetry = Telemetry()
         self._account = DeviceAccount(self.backend, self._options, self._memory_released)
         self._registry = Registry(self.backend.create_stream, self._telemetry)
-        self._schedulers: dict[str, GroupScheduler] = {}
-        self._task_group: anyio.abc.TaskGroup | None = None
-        self._loop: Loop | None = None
+        self._schedulers: dict[str, GroupScheduler] = {}  # one per live group, while running
+        self._draining: list[GroupScheduler] = []  # of emptied groups, until their flights land
+        self._task_group: anyio.abc.TaskGroup | None = None  # entered and exited by one task
+        self._owner: int | None = None  # the id of that task
+        self._loop: Loop | None = None  # while serving (between __aenter__ and aclose)
+        self._closed = False  # close() was called: never runs again
+        self._backend_closed = False  # our own backend was closed when the last `async with` ended
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> MemoryManager:
+        if self._closed:
+            raise ManagerStateError("this manager was closed with close(): make a new MemoryManager")
         if self._task_group is not None:
-            raise ManagerStateError("this manager is already running")
+            raise ManagerStateError("this manager is already running (or its `async with` has not ended yet)")
+        if self._backend_closed:  # the backend we made was closed at the last exit: new streams
+            self._registry.renew_streams()
+            self._backend_closed = False
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
-        self._task_group, self._loop = task_group, Loop()
-        for group in self._registry.groups.values():
+        loop = Loop()
+        self._task_group, self._loop, self._owner = task_group, loop, anyio.get_current_task().id
+        # a collected member is reaped on the loop thread at once, not at the next manager call
+        self._registry.on_collected = partial(loop.call_soon_threadsafe_or_drop, self._reap_collected)
+        self._reap()
+        for group in list(self._registry.groups.values()):
             self._start_scheduler(group)
         return self
 
@@ -191,30 +207,67 @@ class MemoryManager:
         return None
 
     async def aclose(self) -> None:
-        """Stop the schedulers, fail what is still pending, and free every array."""
-        task_group, self._task_group, self._loop = self._task_group, None, None
-        if task_group is None:
-            return
-        closed = ManagerStateError("the memory manager was closed before the request was served")
-        schedulers, self._schedulers = self._schedulers, {}
-        for scheduler in schedulers.values():
-            for response in scheduler.close(closed):
-                self._account.release(response)
+        """Stop serving: fail what is still pending, free every array, stop the schedulers.
+
+        Safe from any task of the manager's event loop, and when cancelled: the release is
+        done before the first await, and the wait for the schedulers' tasks is shielded. The
+        task that entered ``async with`` waits for the tasks (when it leaves, or here if it
+        calls this); a manager that created its backend closes it (its streams and threads),
+        and makes new streams if it is entered again.
+
+        Raises
+        ------
+        ManagerStateError
+            If called from a thread other than the manager's event loop's (nothing changes).
+        """
+        loop = self._loop
+        if loop is not None:
+            foreign = loop.foreign()
+            if foreign is not None:
+                raise ManagerStateError(f"aclose() from another thread: {foreign}")
+            self._shut_down()
+        task_group = self._task_group
+        if task_group is None or anyio.get_current_task().id != self._owner:
+            return  # only the task that entered the task group may exit it: it does on leaving
+        self._task_group = self._owner = None
+        # the task group's scope is the innermost one here: shielded, a cancellation of the
+        # caller cannot cut the wait for the scheduler and hook tasks short (it is delivered
+        # at the caller's next checkpoint); cancelled, it ends those tasks
+        task_group.cancel_scope.shield = True
         task_group.cancel_scope.cancel()
         await task_group.__aexit__(None, None, None)
+
+    def _shut_down(self) -> None:
+        """Fail every open request, free every array, stop every scheduler (sync: no await)."""
+        self._loop = None
+        self._registry.on_collected = None
+        closed = ManagerStateError("the memory manager was closed before the request was served")
+        schedulers, self._schedulers = [*self._schedulers.values(), *self._draining], {}
+        self._draining = []
+        for scheduler in schedulers:
+            for response in scheduler.close(closed):
+                self._account.release(response)
         self.free_all()
+        if self._owns_backend:
+            self.backend.close()
+            self._backend_closed = True
 
     def close(self) -> None:
-        """Release the backend's resources (streams, threads) if this manager created it."""
+        """Release the backend's resources (streams, threads) if this manager created it.
+
+        The manager cannot be used with ``async with`` again (ManagerStateError).
+        """
         if self._task_group is not None:
             raise ManagerStateError("close() on a running manager: leave its `async with` first")
+        self._closed = True
+        self.free_all()
         if self._owns_backend:
             self.backend.close()
 
     @property
     def running(self) -> bool:
-        """True inside ``async with mgr``."""
-        return self._task_group is not None
+        """True inside ``async with mgr`` (until :meth:`aclose`)."""
+        return self._loop is not None
 
     @property
     def options(self) -> Options:
@@ -282,18 +335,46 @@ class MemoryManager:
         member = self._registry.remove(key)
         self._account.budget.remove(key)
         gone = RegistrationError(f"{member.name} was unregistered before its request was served")
-        for scheduler in self._schedulers.values():  # queued requests stay in the group they were made in
+        for scheduler in self._every_scheduler():
             for response in scheduler.drop(key, gone):
                 self._account.release(response)
         self._account.release_where(lambda a: a.key == key)
         # the id may be reused by a new instance: keep the peak under the name, forget the id
         member.counters.peak_bytes = max(member.counters.peak_bytes, self._account.ledger.forget(key))
+        self._telemetry.retire_instance(member.name)
+        if member.group not in self._registry.groups:
+            self._retire(member.group)
         self._changed()  # caps changed, and an open batch may no longer wait for this member
 
     def _reap(self) -> None:
         for key in self._registry.reap():
             log.debug("unregistering collected %s", self._registry.name_of(key))
             self._unregister(key)
+
+    def _reap_collected(self) -> None:
+        # a loop callback (scheduled by the registry's finalizer): must never raise
+        try:
+            self._reap()
+        except Exception:
+            log.exception("unregistering a collected instance failed")
+
+    def _retire(self, name: str) -> None:
+        """Group ``name`` lost its last member: stop its scheduler task, forget its totals.
+
+        Its stream is dropped with the group (batches in flight keep it until they land).
+        """
+        scheduler = self._schedulers.pop(name, None)
+        self._draining = [s for s in self._draining if s.pending()]
+        if scheduler is not None:
+            scheduler.stop()
+            if scheduler.pending():  # in-flight batches resolve from loop callbacks, no task
+                self._draining.append(scheduler)
+        ledger = self._account.ledger
+        if not ledger.live_by_group.get(name):
+            peak = ledger.forget_group(name)
+            counters = self._telemetry.groups.get(name)
+            if counters is not None:
+                counters.peak_bytes = max(counters.peak_bytes, peak)
 
     def _member(self, instance: object) -> Member:
         self._reap()
@@ -408,16 +489,23 @@ class MemoryManager:
     def change_stream_group(self, instance: object, new_group: str) -> None:
         """Move ``instance`` to ``new_group`` (created if new).
 
-        Its queued requests move with it; those already being planned or in flight finish in
-        the old group.
+        Its queued requests, and those waiting for memory, move with it and are planned
+        against the new group's budget; those in flight finish in the old group. What it holds
+        counts in the new group from then on (which may take that group over its cap: it then
+        starts no new batch until back under). A group left empty is forgotten, its stream and
+        scheduler task released.
         """
         member = self._member(instance)
         old, new = self._registry.move(member, new_group)
         if old is not new:
+            # what it holds counts in its new group from now on, as its budget does
+            self._account.ledger.regroup(member.key, new.name)
             moving = self._schedulers[old.name].take(member.key) if old.name in self._schedulers else []
             target = self._scheduler_of(new.name)
             if target is not None:
                 target.adopt(moving)
+            if old.name not in self._registry.groups:
+                self._retire(old.name)
         self._changed()
 
     def is_grouped(self, instance: object) -> bool:
@@ -468,8 +556,8 @@ class MemoryManager:
     async def _serve(self, instance: object, member: Member, requests: RequestSet) -> ArrayResponse:
         """Submit a request when it is awaited and wait for it (PendingRequest's await)."""
         loop = self._loop
-        if loop is None:
-            raise ManagerStateError("the memory manager is not running: use `async with MemoryManager() as mgr:`")
+        if loop is None or loop.thread != get_ident():
+            raise self._not_serving(loop)
         self._reap()
         if self._registry.members.get(member.key) is not member:  # unregistered since request()
             member = self._registry.member(instance)
@@ -488,6 +576,12 @@ class MemoryManager:
             self._cancel(ticket)
             raise
         return ticket.result()
+
+    @staticmethod
+    def _not_serving(loop: Loop | None) -> ManagerStateError:
+        if loop is None:
+            return ManagerStateError("the memory manager is not running: use `async with MemoryManager() as mgr:`")
+        return ManagerStateError(f"a request awaited from another thread: {loop.foreign()}")
 
     def _cancel(self, ticket: Ticket) -> None:
         was_pending = ticket.pending
@@ -557,7 +651,7 @@ class MemoryManager:
         owners = {id(a.owner) for a in self._account.release_where(predicate)}
         if owners:
             error = ReleasedError(f"{cause} freed this request's arrays before it resolved; request again")
-            for scheduler in self._schedulers.values():
+            for scheduler in self._every_scheduler():
                 for response in scheduler.fail_in_flight(owners, error):
                     self._account.release(response)
 
@@ -597,17 +691,40 @@ class MemoryManager:
 
     def _reset(self, cause: str) -> None:
         error = ContextResetError(f"{cause} reset the device context while this request was in flight; request again")
-        for scheduler in self._schedulers.values():
+        for scheduler in self._every_scheduler():
             scheduler.reset(error)
 
     def _call_invalidate_hooks(self) -> None:
         for member in list(self._registry.members.values()):
-            if member.invalidate_hook is None:
+            hook = member.invalidate_hook  # None once the instance of a weakly held hook is gone
+            if hook is None:
+                continue
+            what = f"invalidate hook of {member.name}"
+            if member.invalidate_async:
+                self._spawn_hook(partial(call_hook, hook, (), what), what)
                 continue
             try:
-                member.invalidate_hook()
+                result = hook()
             except Exception:
-                log.exception("invalidate hook of %s raised", member.name)
+                log.exception("%s raised", what)
+                continue
+            if inspect.isawaitable(result):  # a plain callable that returned an awaitable
+                self._spawn_hook(partial(await_hook, result, what), what, result)
+
+    def _spawn_hook(self, run: Callable[[], Any], what: str, awaitable: object = None) -> None:
+        """Run an async hook as a task of the manager; warn if the manager is not running."""
+        if self._task_group is not None and self._loop is not None and self._loop.thread == get_ident():
+            self._task_group.start_soon(run, name=f"aiocubie {what}")
+            return
+        close = getattr(awaitable, "close", None)
+        if close is not None:
+            close()  # it cannot be awaited: spare the "never awaited" warning
+        warnings.warn(
+            f"{what} is async and the manager is not serving in this thread, so it was not run: "
+            "reset the context inside `async with mgr`",
+            AiocubieWarning,
+            stacklevel=4,
+        )
 
     # -- host arrays, copies, streams, managed memory -------------------------------------
     def create_host_array(
@@ -661,7 +778,8 @@ class MemoryManager:
 
     async def _wait_for(self, stream: Any) -> None:
         event = self.backend.record_event(stream)
-        await (self._loop.wait(event) if self._loop is not None else wait_event(event))
+        loop = self._loop
+        await (loop.wait(event) if loop is not None and loop.thread == get_ident() else wait_event(event))
 
     def advise(self, array: Any, advice: Advice, device: int | None = 0) -> None:
         """Give managed-memory ``advice`` (preferred_location, accessed_by, read_mostly)."""
@@ -673,23 +791,28 @@ class MemoryManager:
         self._reap()
         ledger = self._account.ledger
         info = self.backend.memory_info()
-        groups = {
-            name: UsageStats.of(counters, ledger.live_by_group.get(name, 0), ledger.peak_by_group.get(name, 0))
-            for name, counters in self._telemetry.groups.items()
-        }
+        budget = self._account.budget
+        active = self._options.active  # caps are enforced (and reported) in active mode only
+        groups = {}
+        for name, counters in self._telemetry.groups.items():
+            group = self._registry.groups.get(name)
+            cap = budget.group_cap(group.members) if active and group is not None else None
+            peak = max(ledger.peak_by_group.get(name, 0), counters.peak_bytes)
+            groups[name] = UsageStats.of(counters, ledger.live_by_group.get(name, 0), peak, cap)
         by_name = {m.name: m.key for m in self._registry.members.values()}
         instances = {}
         for name, counters in self._telemetry.instances.items():
             key = by_name.get(name)
             live, peak = ledger.live_by_key.get(key, 0), ledger.peak_by_key.get(key, 0)
-            instances[name] = UsageStats.of(counters, live, max(peak, counters.peak_bytes))
+            cap = budget.cap(key) if active and key is not None else None
+            instances[name] = UsageStats.of(counters, live, max(peak, counters.peak_bytes), cap)
         return Snapshot(Snapshot.now(), info.free, info.total, ledger.live, ledger.peak, groups, instances)
 
     # -- wiring ----------------------------------------------------------------------------
     def _scheduler_of(self, name: str) -> GroupScheduler | None:
         """The scheduler of group ``name``, started if the manager runs (None if it does not)."""
         scheduler = self._schedulers.get(name)
-        if scheduler is None and self._task_group is not None:
+        if scheduler is None and self._loop is not None:
             scheduler = self._start_scheduler(self._registry.groups[name])
         return scheduler
 
@@ -708,6 +831,10 @@ class MemoryManager:
     def _changed(self) -> None:
         for scheduler in self._schedulers.values():
             scheduler.changed()
+
+    def _every_scheduler(self) -> list[GroupScheduler]:
+        """The schedulers of live groups, and of emptied ones whose batches are still in flight."""
+        return [*self._schedulers.values(), *self._draining] if self._draining else list(self._schedulers.values())
 
 
 _default: MemoryManager | None = None

@@ -1,15 +1,21 @@
 """The registry: registered instances (members) and the stream groups they belong to.
 
-Members are held weakly where the instance allows it; when one is collected its key is queued
-for the manager to unregister on the loop thread (:meth:`Registry.reap`). The registry makes
-a group's stream when the group is first named. It holds no budget, arrays or tasks.
+Members are held weakly where the instance allows it, and so are their hooks when a hook is
+the instance itself or one of its bound methods (``comp.on_ready``). When an instance is
+collected its key is queued for the manager to unregister on the loop thread
+(:meth:`Registry.reap`), and :attr:`Registry.on_collected` is called (from whatever thread
+collected it) so the manager can schedule that at once. The registry makes a group's stream
+when the group is first named and forgets a group when its last member leaves. It holds no
+budget, arrays or tasks.
 """
 
 from __future__ import annotations
 
+import inspect
+import logging
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
@@ -18,7 +24,9 @@ from ._errors import RegistrationError
 from ._requests import ArrayResponse
 from ._stats import Counters, Telemetry
 
-__all__ = ["Group", "InvalidateHook", "Member", "ReadyHook", "Registry"]
+__all__ = ["Group", "InvalidateHook", "Member", "ReadyHook", "Registry", "await_hook", "call_hook", "is_async_callable"]
+
+log = logging.getLogger("aiocubie")
 
 InvalidateHook = Callable[[], Any]
 ReadyHook = Callable[[ArrayResponse], Any]
@@ -26,16 +34,71 @@ ReadyHook = Callable[[ArrayResponse], Any]
 
 @attrs.define(eq=False)
 class Member:
-    """A registered instance."""
+    """A registered instance.
+
+    Its hooks are read through :attr:`invalidate_hook` and :attr:`ready_hook`: a hook held
+    weakly (a bound method of the instance, or the instance itself) reads None once the
+    instance is gone. ``ready_async`` / ``invalidate_async``: the hook is an ``async def``
+    function or an object with an ``async def __call__`` (worked out once, at registration).
+    """
 
     key: int
     name: str
     group: str
     keepalive: object  # the instance itself when it cannot be weakly referenced, else None
-    invalidate_hook: InvalidateHook | None
-    ready_hook: ReadyHook | None
+    _invalidate: Any  # the hook, or a weak reference to it (see _hold)
+    _ready: Any
     finalizer: weakref.finalize | None  # type: ignore[type-arg]
     counters: Counters
+    invalidate_async: bool = False
+    ready_async: bool = False
+    has_ready_hook: bool = False
+
+    @property
+    def invalidate_hook(self) -> InvalidateHook | None:
+        """The invalidate hook (None if there is none, or its instance was collected)."""
+        hook: InvalidateHook | None = _deref(self._invalidate)
+        return hook
+
+    @property
+    def ready_hook(self) -> ReadyHook | None:
+        """The allocation-ready hook (None if there is none, or its instance was collected)."""
+        hook: ReadyHook | None = _deref(self._ready)
+        return hook
+
+
+class _Weak:
+    """A hook held weakly: ``ref()`` gives the callable, or None once its instance is gone."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, ref: Callable[[], Any]) -> None:
+        self.ref = ref
+
+
+def _deref(held: Any) -> Any:
+    return held.ref() if type(held) is _Weak else held
+
+
+def _hold(hook: Any, instance: object) -> Any:
+    """``hook`` as the member keeps it: weakly when holding it would keep ``instance`` alive."""
+    if hook is None:
+        return None
+    try:
+        if hook is instance:
+            return _Weak(weakref.ref(instance))
+        if inspect.ismethod(hook) and hook.__self__ is instance:
+            return _Weak(weakref.WeakMethod(hook))
+    except TypeError:  # not weak-referenceable: the member holds the instance anyway
+        pass
+    return hook
+
+
+def is_async_callable(hook: object) -> bool:
+    """True for an ``async def`` function (or partial of one) or an object with ``async def __call__``."""
+    return inspect.iscoroutinefunction(hook) or (
+        not inspect.isroutine(hook) and inspect.iscoroutinefunction(getattr(hook, "__call__", None))
+    )
 
 
 @attrs.define(eq=False)
@@ -67,6 +130,9 @@ class Registry:
         self._telemetry = telemetry
         self._dead: deque[int] = deque()  # keys of collected instances, reaped on the loop thread
         self._names = 0
+        #: Called with no argument, from the collecting thread, when a member's instance is
+        #: collected (None: nobody is told; the next manager call reaps it).
+        self.on_collected: Callable[[], None] | None = None
 
     # -- lookups -----------------------------------------------------------------------------
     def member(self, instance: object) -> Member:
@@ -121,12 +187,22 @@ class Registry:
         self._names += 1
         name = name or f"{type(instance).__name__}#{self._names}"
         try:
-            finalizer: weakref.finalize | None = weakref.finalize(instance, self._dead.append, key)  # type: ignore[type-arg]
+            finalizer: weakref.finalize | None = weakref.finalize(instance, self._collected, key)  # type: ignore[type-arg]
             keepalive = None
         except TypeError:  # not weak-referenceable: hold it, so no other object takes its id
             finalizer, keepalive = None, instance
         member = Member(
-            key, name, group, keepalive, invalidate_hook, ready_hook, finalizer, self._telemetry.instance(name)
+            key,
+            name,
+            group,
+            keepalive,
+            _hold(invalidate_hook, instance),
+            _hold(ready_hook, instance),
+            finalizer,
+            self._telemetry.instance(name),
+            invalidate_async=is_async_callable(invalidate_hook),
+            ready_async=is_async_callable(ready_hook),
+            has_ready_hook=ready_hook is not None,
         )
         self.members[key] = member
         self._join(member, self.ensure_group(group))
@@ -160,8 +236,16 @@ class Registry:
         if name is not None and any(m.name == name for m in self.members.values()):
             raise RegistrationError(f"the name {name!r} is taken by another registered instance: pick another")
 
+    def _collected(self, key: int) -> None:
+        # a weakref finalizer: runs in whatever thread collected the instance, at any point
+        # of that thread's work, so it only queues the key and tells the manager
+        self._dead.append(key)
+        notify = self.on_collected
+        if notify is not None:
+            notify()
+
     def remove(self, key: int) -> Member:
-        """Forget member ``key``; return its record."""
+        """Forget member ``key``; return its record. Its group is forgotten if it was the last one."""
         member = self.members.pop(key)
         if member.finalizer is not None:
             member.finalizer.detach()
@@ -169,25 +253,32 @@ class Registry:
         return member
 
     def move(self, member: Member, group: str) -> tuple[Group, Group]:
-        """Move ``member`` to ``group`` (made if new); return the old and the new group."""
+        """Move ``member`` to ``group`` (made if new); return the old and the new group.
+
+        The old group is forgotten if ``member`` was its last one (check ``old.name in groups``).
+        """
         check_group_name(group)
         old = self.groups[member.group]
         new = self.ensure_group(group)
-        self._leave(member, old)
-        self._join(member, new)
-        member.group = group
+        if old is not new:
+            self._join(member, new)
+            self._leave(member, old)
+            member.group = group
         return old, new
 
     @staticmethod
     def _join(member: Member, group: Group) -> None:
         group.members.add(member.key)
-        group.hooks += member.ready_hook is not None
+        group.hooks += member.has_ready_hook
 
-    @staticmethod
-    def _leave(member: Member, group: Group) -> None:
+    def _leave(self, member: Member, group: Group) -> None:
         if member.key in group.members:
             group.members.discard(member.key)
-            group.hooks -= member.ready_hook is not None
+            group.hooks -= member.has_ready_hook
+        if not group.members and self.groups.get(group.name) is group:
+            # an empty group keeps nothing: its stream goes once nothing in flight uses it
+            del self.groups[group.name]
+            self._telemetry.retire_group(group.name)
 
     def ensure_group(self, name: str) -> Group:
         """The group called ``name``, made (with a new stream) if it does not exist."""
@@ -215,3 +306,19 @@ def check_group_name(name: object) -> None:
     """Raise RegistrationError unless ``name`` is a non-empty string."""
     if not isinstance(name, str) or not name:
         raise RegistrationError(f"stream group names are non-empty strings, got {name!r}")
+
+
+async def call_hook(hook: Callable[..., Awaitable[Any]], args: tuple[Any, ...], what: str) -> None:
+    """Call and await an async hook; log what it raises (a hook never stops the service)."""
+    try:
+        await hook(*args)
+    except Exception:
+        log.exception("%s raised; the service goes on", what)
+
+
+async def await_hook(awaitable: Awaitable[Any], what: str) -> None:
+    """Await what a hook returned; log what it raises."""
+    try:
+        await awaitable
+    except Exception:
+        log.exception("%s raised; the service goes on", what)

@@ -18,7 +18,7 @@ import logging
 import time
 import warnings
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
@@ -30,7 +30,7 @@ from ._completion import Loop, Signal
 from ._errors import AiocubieError, AiocubieWarning, AllocationError, BackendError, InsufficientMemoryError, PlanningError
 from ._options import Options, Policy
 from ._planner import OVERSUBSCRIPTION_WARNING, ChunkPlan, plan_chunks
-from ._registry import Group, Member
+from ._registry import Group, Member, await_hook, call_hook
 from ._requests import ArrayResponse, RequestSet
 from ._tickets import State, Ticket
 
@@ -97,6 +97,7 @@ class GroupScheduler:
         self._planning: list[Ticket] = []  # the batch being planned or waiting for memory
         self._inflight: deque[_Flight] = deque()  # allocated batches, in stream order
         self._closed = False
+        self._scope: anyio.CancelScope | None = None  # the scope of :meth:`run`, once it started
 
     # -- called from the loop thread (sync) ----------------------------------------------------
     def submit(self, ticket: Ticket) -> None:
@@ -121,10 +122,14 @@ class GroupScheduler:
             self._wake.set()
 
     def take(self, key: int) -> list[Ticket]:
-        """Remove and return the queued tickets of member ``key`` (it moves to another group)."""
-        taken = [t for t in self.queue if t.key == key]
-        for ticket in taken:
-            self.queue.remove(ticket)
+        """Remove and return the open tickets of member ``key`` that have no arrays yet (it
+        moves to another group): queued ones, and those of a batch waiting for memory, which
+        must be planned against the new group's budget. In-flight ones finish here."""
+        taken = [t for t in (*self._planning, *self.queue) if t.key == key and t.pending]
+        if taken:
+            self.queue = deque(t for t in self.queue if t.key != key)
+            self._planning = [t for t in self._planning if t.key != key]
+            self.changed()  # a batch waiting for memory may fit without them
         return taken
 
     def configure(self, options: Options) -> None:
@@ -192,17 +197,27 @@ class GroupScheduler:
         held = self.fail(self.pending(), error)
         self.queue.clear()
         self._inflight.clear()  # late event callbacks find nothing to resolve, no hook to call
+        self.stop()
         return held
+
+    def stop(self) -> None:
+        """End :meth:`run` (now, or as soon as it starts). Batches in flight still resolve."""
+        self._closed = True
+        if self._scope is not None:
+            self._scope.cancel()
 
     # -- the scheduler's task ------------------------------------------------------------------
     async def run(self) -> None:
-        """Collect, plan and allocate batches until cancelled."""
-        while True:
-            batch = await self._collect()
-            try:
-                await self._serve(batch)
-            finally:
-                self._planning = []
+        """Collect, plan and allocate batches until cancelled or :meth:`stop` is called."""
+        with anyio.CancelScope() as self._scope:
+            if self._closed:  # stopped before the task started
+                return
+            while True:
+                batch = await self._collect()
+                try:
+                    await self._serve(batch)
+                finally:
+                    self._planning = []
 
     async def _sleep(self, which: str) -> None:
         signal: Signal = getattr(self, which)
@@ -249,14 +264,15 @@ class GroupScheduler:
         return self.group.members <= asked
 
     async def _serve(self, batch: list[Ticket]) -> None:
+        # self._planning is the batch: a member that moves away takes its tickets out of it
         try:
             for attempt in range(2):
-                plan = await self._plan(batch)
-                batch = [t for t in batch if t.pending]
+                plan = await self._plan()
+                batch = self._planning = [t for t in self._planning if t.pending]
                 if plan is None or not batch or self._dispatch(batch, plan, retry=not attempt):
                     return
         except Exception as exc:
-            self._failed(batch, exc)
+            self._failed(self._planning, exc)
 
     def _serve_now(self, ticket: Ticket) -> None:
         """Serve a batch of ``ticket`` alone in the caller's task, or queue it to wait for memory."""
@@ -292,9 +308,9 @@ class GroupScheduler:
             self._account.release(response)
 
     # -- planning ------------------------------------------------------------------------------
-    async def _plan(self, batch: list[Ticket]) -> ChunkPlan | None:
-        """One plan for the live tickets of ``batch``; under the wait policy, wait for room."""
-        while batch := [t for t in batch if t.pending]:
+    async def _plan(self) -> ChunkPlan | None:
+        """One plan for the live tickets of the batch; under the wait policy, wait for room."""
+        while batch := [t for t in self._planning if t.pending]:
             plan = self._try_plan(batch)
             if plan is not None:
                 return plan
@@ -325,6 +341,8 @@ class GroupScheduler:
         if plan is None or plan.chunks > 1 or 2 * plan.planned_bytes > free:
             plan, offered, free = self._plan_against(runs, fixed, per_run, fresh=True)
         options = self.options
+        if plan is None and options.active and options.policy is not Policy.WAIT:
+            self._check_under_cap(members)
         if options.policy is Policy.CHUNK or not options.active:
             plan = plan or plan_chunks(runs, fixed, per_run, offered)  # raises why it cannot fit
         elif plan is None or plan.chunks > 1:
@@ -345,6 +363,16 @@ class GroupScheduler:
                 stacklevel=2,
             )
         return plan
+
+    def _check_under_cap(self, members: set[int]) -> None:
+        """Raise if the group holds more than its cap: it starts no batch until back under."""
+        account = self._account
+        held, cap = account.ledger.held(members), account.budget.group_cap(members)
+        if held > cap:
+            raise InsufficientMemoryError(
+                f"group {self.name!r} holds {held} bytes, over its cap of {cap} (members joined the auto "
+                "pool or moved groups since): it starts no new batch until it is back under; release arrays"
+            )
 
     def _plan_against(self, runs: int, fixed: int, per_run: int, *, fresh: bool) -> tuple[ChunkPlan | None, int, int]:
         free = self._account.free_memory(fresh=fresh)
@@ -445,26 +473,24 @@ class GroupScheduler:
         asked = {key for key, _ in served}
         for key in self.group.members - asked:
             member = self._members.get(key)
-            if member is not None and member.ready_hook is not None:
+            if member is not None and member.has_ready_hook:
                 served.append((key, self._account.respond(_NOTHING, [], plan, stream)))
         for key, response in served:
             member = self._members.get(key)
-            if member is None or member.ready_hook is None or response is None:
+            if member is None or response is None:
                 continue
-            hook = member.ready_hook
-            if inspect.iscoroutinefunction(hook):
+            hook = member.ready_hook  # None once the instance of a weakly held hook is gone
+            if hook is None:
+                continue
+            if member.ready_async:
                 # called inside its task: a task cancelled before it starts leaves no coroutine
                 # behind that was never awaited
-                self._spawn(self._call_hook, hook, response, member.name)
+                self._spawn(call_hook, hook, (response,), f"allocation-ready hook of {member.name}")
                 continue
             try:
-                hook(response)
+                result = hook(response)
+                if inspect.isawaitable(result):  # a plain callable that returned an awaitable
+                    self._spawn(await_hook, result, f"allocation-ready hook of {member.name}")
             except Exception:
                 log.exception("allocation-ready hook of %s raised; the scheduler goes on", member.name)
 
-    @staticmethod
-    async def _call_hook(hook: Callable[[ArrayResponse], Awaitable[Any]], response: ArrayResponse, name: str) -> None:
-        try:
-            await hook(response)
-        except Exception:
-            log.exception("allocation-ready hook of %s raised; the scheduler goes on", name)

@@ -17,6 +17,8 @@ __all__ = ["Counters", "Percentiles", "Snapshot", "Telemetry", "UsageStats"]
 
 #: Latency samples kept per group and instance (the most recent ones).
 SAMPLES = 4096
+#: Departed groups and instances whose counters stats keep showing (the most recent ones).
+DEPARTED = 256
 
 
 @attrs.frozen
@@ -56,18 +58,25 @@ class Counters:
 class Telemetry:
     """The counters of every stream group and every instance (by name), made on first use.
 
-    An instance's counters outlive it, under its name, so stats still show what it did.
+    A departed instance's (or emptied group's) counters outlive it, under its name, so stats
+    still show what it did; only the ``departed`` most recent departed ones are kept, so a
+    program that registers without end holds bounded memory. A name used again takes its
+    counters back.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, departed: int = DEPARTED) -> None:
         self.groups: dict[str, Counters] = {}
         self.instances: dict[str, Counters] = {}
+        self._limit = departed
+        self._departed_groups: dict[str, None] = {}  # insertion-ordered sets, oldest first
+        self._departed_instances: dict[str, None] = {}
 
     def group(self, name: str) -> Counters:
         """The counters of group ``name``."""
         counters = self.groups.get(name)
         if counters is None:  # not setdefault: that would build a Counters on every call
             counters = self.groups[name] = Counters()
+        self._departed_groups.pop(name, None)
         return counters
 
     def instance(self, name: str) -> Counters:
@@ -75,7 +84,24 @@ class Telemetry:
         counters = self.instances.get(name)
         if counters is None:
             counters = self.instances[name] = Counters()
+        self._departed_instances.pop(name, None)
         return counters
+
+    def retire_group(self, name: str) -> None:
+        """Group ``name`` is gone: keep its counters among the most recent departed ones."""
+        self._retire(name, self._departed_groups, self.groups)
+
+    def retire_instance(self, name: str) -> None:
+        """The instance named ``name`` left: keep its counters among the most recent departed ones."""
+        self._retire(name, self._departed_instances, self.instances)
+
+    def _retire(self, name: str, departed: dict[str, None], live: dict[str, Counters]) -> None:
+        departed.pop(name, None)
+        departed[name] = None
+        while len(departed) > self._limit:
+            oldest = next(iter(departed))
+            del departed[oldest]
+            live.pop(oldest, None)
 
 
 @attrs.frozen
@@ -95,10 +121,19 @@ class UsageStats:
     cancellations: int
     queue_wait: Percentiles
     ready_latency: Percentiles
+    #: Active mode: the group's cap (sum of its members' caps) or the instance's cap; else None.
+    cap_bytes: int | None = None
+
+    @property
+    def over_cap(self) -> bool:
+        """True when it holds more than its cap (active mode): its group starts no new batch
+        until enough is released. Members moving between groups or joining the auto pool can
+        shrink a cap below what is held already."""
+        return self.cap_bytes is not None and self.live_bytes > self.cap_bytes
 
     @classmethod
-    def of(cls, counters: Counters, live: int, peak: int) -> UsageStats:
-        """Freeze ``counters`` with the ledger's ``live`` and ``peak`` bytes."""
+    def of(cls, counters: Counters, live: int, peak: int, cap: int | None = None) -> UsageStats:
+        """Freeze ``counters`` with the ledger's ``live`` and ``peak`` bytes (and the ``cap``)."""
         return cls(
             live,
             peak,
@@ -109,6 +144,7 @@ class UsageStats:
             counters.cancellations,
             Percentiles.of(counters.queue_wait),
             Percentiles.of(counters.ready_latency),
+            cap,
         )
 
 
