@@ -7,8 +7,10 @@ test should have left clean. Set ``AIOCUBIE_SOAK=1`` to run load and storms at f
 from __future__ import annotations
 
 import os
+import threading
 
 import anyio
+import pytest
 
 from aiocubie import AiocubieError, ArrayRequest, MemoryManager, SimulatorBackend
 
@@ -51,3 +53,38 @@ async def outcome(mgr: MemoryManager, instance: object, requests: dict[str, Arra
         return await mgr.request(instance, requests)
     except AiocubieError as exc:
         return exc
+
+
+def _has_uvloop() -> bool:
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+#: The loops the adversarial suites run on: use as ``@pytest.fixture(params=LOOPS) anyio_backend``.
+LOOPS = [
+    pytest.param("asyncio", id="asyncio"),
+    pytest.param("trio", id="trio"),
+    pytest.param(
+        ("asyncio", {"use_uvloop": True}),
+        id="uvloop",
+        marks=pytest.mark.skipif(not _has_uvloop(), reason="uvloop is not installed"),
+    ),
+]
+
+#: Seeds of the randomized suites: two in CI, ten under soak; ``AIOCUBIE_SEED=n`` runs seed n alone.
+SEEDS = (
+    [int(os.environ["AIOCUBIE_SEED"])] if os.environ.get("AIOCUBIE_SEED") else list(range(10 if SOAK else 2))
+)
+
+
+def scale(ci: int, soak: int) -> int:
+    """``ci`` in CI, ``soak`` under ``--soak``."""
+    return soak if SOAK else ci
+
+
+def sim_stream_threads() -> int:
+    """Simulator stream worker threads alive now."""
+    return sum(t.name.startswith("aiocubie-sim-stream-") for t in threading.enumerate())
