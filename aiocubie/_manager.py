@@ -291,16 +291,20 @@ class MemoryManager:
         ----------
         instance : object
             The component; held weakly where it allows it, and unregistered (its arrays freed)
-            when it is garbage-collected.
+            when it is garbage-collected: at once on the loop thread while the manager runs,
+            else at the next manager call.
         proportion : float, optional
             Share of VRAM in (0, 1] (manual pool); omitted, it joins the auto pool.
         stream_group : str
             Instances of one group share a stream and are batched together.
         invalidate_hook : callable, optional
-            Called with no argument on a context reset (set_allocator, invalidate_all).
+            Called with no argument on a context reset (set_allocator, invalidate_all); an
+            async one (``async def`` or ``async def __call__``) runs as a task of the manager.
         ready_hook : callable, optional
-            Called with each ArrayResponse of the group's batches: a plain function in the
-            loop thread as the batch resolves, an ``async def`` function as a task of its own.
+            Called with each ArrayResponse of the group's batches: a plain callable in the
+            loop thread as the batch resolves, an async one as a task of its own.
+            A hook that is a bound method of ``instance`` (or ``instance`` itself) is held
+            weakly: hooks never keep the instance alive.
         name : str, optional
             Name in stats and logs (default: the type name and a number).
 
