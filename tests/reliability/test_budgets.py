@@ -126,20 +126,20 @@ async def test_waiting_request_moves_with_its_member_and_uses_the_new_budget(dra
             a, h, c = Component("a"), Component("h"), Component("c")
             mgr.register(a, proportion=0.25, stream_group="g1")
             mgr.register(h, proportion=0.5, stream_group="g1")
-            mgr.register(c, proportion=0.25, stream_group="g2")
+            mgr.register(c, proportion=0.2, stream_group="g2")
             watch = CapWatch(mgr)
             full = mgr.allocate_all(h, block(1.9, unchunkable=True))  # g1: 3 MiB cap, 1.1 MiB left
             some = mgr.allocate_all(c, block(0.3, unchunkable=True))
             results: list[object] = []
 
             async def ask() -> None:
-                results.append(await outcome(mgr, a, block(1.5, unchunkable=True)))
+                results.append(await outcome(mgr, a, block(1.3, unchunkable=True)))
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(ask)
                 while not waiting(mgr):
                     await anyio.sleep(0.001)
-                mgr.change_stream_group(a, "g2")  # g2: a's 1 MiB + c's 1 MiB, 0.3 MiB held
+                mgr.change_stream_group(a, "g2")  # g2: a's 1 MiB + c's 0.8 MiB, 0.3 MiB held
             (response,) = results
             assert isinstance(response, ArrayResponse), response
             assert response.stream is mgr.get_stream(c)  # served in g2, on g2's stream

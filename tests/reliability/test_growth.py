@@ -92,7 +92,7 @@ async def test_thousand_short_lived_groups_release_streams_tasks_and_stats(drain
 async def test_growth_is_bounded_under_churn() -> None:
     """Host memory stays flat once the departed stats are full (traced with tracemalloc)."""
     sim = SimulatorBackend(64 * MiB)
-    rounds = scale(600, 6000)
+    rounds = scale(300, 6000)
     async with MemoryManager(sim, batch_window=0) as mgr:
 
         async def churn(n: int) -> None:
@@ -130,7 +130,7 @@ async def test_random_churn_of_groups_and_members(seed: int, drained) -> None:
             tasks = len(anyio.get_running_tasks())
             live: list[Component] = []
             held: list[ArrayResponse] = []
-            for step in range(scale(1500, 20_000)):
+            for step in range(scale(800, 20_000)):
                 op = rng.random()
                 if op < 0.3 or not live:
                     part = Component(step)

@@ -241,7 +241,7 @@ async def test_random_members_with_hooks_come_and_go(seed: int, drained) -> None
     """Members with every kind of hook request, are collected mid-flight and reset at random."""
     rng = random.Random(seed)
     sim = SimulatorBackend(64 * MiB, latency=rng.choice([0.0, 0.0005]))
-    rounds = scale(25, 300)
+    rounds = scale(12, 300)
     mode, policy = rng.choice([("passive", "chunk"), ("active", "wait"), ("active", "chunk")])
     with anyio.fail_after(scale(60, 900)):
         async with MemoryManager(sim, mode=mode, policy=policy, batch_window=rng.choice([0, 0.001, 0.05])) as mgr:
