@@ -8,10 +8,10 @@ from __future__ import annotations
 import enum
 import math
 import numbers
-import warnings
 from collections.abc import Hashable, Iterable
 
-from ._errors import AiocubieWarning, BudgetError
+from ._errors import BudgetError
+from ._errors import warn as warn_at_caller
 
 __all__ = ["Budget", "LimitMode", "MIN_AUTO_POOL", "group_available"]
 
@@ -173,7 +173,7 @@ class Budget:
             )
             if auto_members:
                 raise BudgetError(f"{message}, and {auto_members} auto member(s) need it")
-            warnings.warn(message, AiocubieWarning, stacklevel=3)
+            warn_at_caller(message)
 
 
 def group_available(
@@ -188,10 +188,8 @@ def group_available(
     if mode is LimitMode.PASSIVE:
         return max(0, free)
     if warn and group_cap > 0 and group_held > HIGH_USE_WARNING * group_cap:
-        warnings.warn(
+        warn_at_caller(
             f"stream group {group!r} holds {group_held} of its {group_cap} bytes "
-            f"({group_held / group_cap:.0%}): release arrays or raise its proportions",
-            AiocubieWarning,
-            stacklevel=2,
+            f"({group_held / group_cap:.0%}): release arrays or raise its proportions"
         )
     return max(0, min(group_cap - group_held, free))

@@ -6,6 +6,10 @@ original as ``__cause__``; users only ever need to catch aiocubie's own types.
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
+
 __all__ = [
     "AiocubieError",
     "AiocubieWarning",
@@ -23,6 +27,7 @@ __all__ = [
     "RunLengthMismatchError",
     "UnchunkableTooLargeError",
     "UnknownAllocatorError",
+    "warn",
 ]
 
 
@@ -88,3 +93,19 @@ class ContextResetError(AiocubieError):
 
 class ManagerStateError(AiocubieError, RuntimeError):
     """The manager is not running (use ``async with MemoryManager() as mgr``) or has been closed."""
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+def warn(message: str, category: type[Warning] = AiocubieWarning) -> None:
+    """Warn, pointing at the caller's line: the first frame outside aiocubie.
+
+    (A batch planned in its group's task has no caller left on the stack; the warning then
+    points at the event loop.)
+    """
+    level, frame = 2, sys._getframe(1)  # stacklevel 2: the frame that called warn()
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        level += 1
+        frame = frame.f_back  # type: ignore[assignment]
+    warnings.warn(message, category, stacklevel=level)

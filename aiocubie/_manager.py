@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import warnings
 from collections.abc import Callable, Generator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
@@ -24,7 +23,6 @@ from ._backends import Advice, Backend, MemoryInfo, create_backend, parse_array_
 from ._budget import LimitMode
 from ._completion import Loop, wait_event
 from ._errors import (
-    AiocubieWarning,
     BudgetError,
     ConfigurationError,
     ContextResetError,
@@ -33,6 +31,7 @@ from ._errors import (
     ManagerStateError,
     RegistrationError,
     ReleasedError,
+    warn,
 )
 from ._ledger import Allocation
 from ._options import Options, Policy
@@ -584,11 +583,9 @@ class MemoryManager:
             For an unknown or unavailable allocator (nothing is reset then).
         """
         self.backend.set_allocator(name)  # first: an unknown name must not warn of a reset
-        warnings.warn(
+        warn(
             f"set_allocator({name!r}) resets the device context: arrays and compiled kernels "
-            "from before are invalid",
-            AiocubieWarning,
-            stacklevel=2,
+            "from before are invalid"
         )
         self._reset(f"set_allocator({name!r})")
         self._account.forget_all()  # the context that held them is gone
