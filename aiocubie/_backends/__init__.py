@@ -26,6 +26,7 @@ __all__ = [
     "create_backend",
     "current_cupy_stream",
     "gpu_status",
+    "parse_array_type",
     "select_backend",
 ]
 
