@@ -36,7 +36,8 @@ class Chunk:
         Label -> device array, trimmed along its run axis to this chunk's length (the last
         chunk may be shorter than the arrays); unchunkable arrays are whole.
     host : mapping
-        Label -> the matching slice (a view) of each full-size host array passed in.
+        Label -> the matching slice (a view) of each full-size host array passed in (the
+        output's, for a label that is both an input and an output).
     """
 
     index: int
@@ -123,8 +124,8 @@ async def walk_chunks(
         sources, targets = [], []
         for label in ins:
             axis = axes[label]
-            if axis is not None:
-                source, target = _copy_in_pair(host[label], response.arrays[label], device[label], axis)
+            if axis is not None:  # from the input's own slice: an output may share its label
+                source, target = _copy_in_pair(ins[label][response.chunk_slices(index, label)], response.arrays[label], device[label], axis)
                 sources.append(source)
                 targets.append(target)
         if sources:

@@ -97,7 +97,8 @@ class Faults:
             raise ConfigurationError(f"probability must be a number in [0, 1], got {shown(probability)}")
         if seed is not None and not _count(seed, -(2**63)):
             raise ConfigurationError(f"seed must be an int or None, got {shown(seed)}")
-        rule = _Rule(int(after), None if times is None else int(times), float(probability), random.Random(seed))
+        rng = random.Random(None if seed is None else int(seed))  # numpy ints are not seeds
+        rule = _Rule(int(after), None if times is None else int(times), float(probability), rng)
         with self._lock:
             self._rules[site].append(rule)
 
