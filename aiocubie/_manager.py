@@ -659,8 +659,9 @@ class MemoryManager:
             ) from exc
         if like is not None:
             try:
-                array[...] = like
-            except (TypeError, ValueError, OverflowError) as exc:  # text, objects, 1e308 into int8
+                with np.errstate(over="raise", invalid="raise"):  # a value the dtype cannot hold is refused, not wrapped
+                    array[...] = like
+            except (TypeError, ValueError, OverflowError, FloatingPointError) as exc:  # text, objects, 1e308 into int8
                 raise InvalidRequestError(
                     f"like={shown(like)} cannot be copied into a {request.dtype} host array: {exc}"
                 ) from exc
