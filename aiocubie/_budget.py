@@ -10,7 +10,7 @@ import math
 import numbers
 from collections.abc import Hashable, Iterable
 
-from ._errors import BudgetError
+from ._errors import BudgetError, shown
 from ._errors import warn as warn_at_caller
 
 __all__ = ["Budget", "LimitMode", "MIN_AUTO_POOL", "group_available"]
@@ -37,10 +37,15 @@ class LimitMode(str, enum.Enum):
 def check_proportion(proportion: object) -> float:
     """Return ``proportion`` as a float in (0, 1]; raise BudgetError otherwise."""
     if isinstance(proportion, bool) or not isinstance(proportion, numbers.Real):
-        raise BudgetError(f"proportion must be a number in (0, 1], got {proportion!r}")
-    value = float(proportion)
+        raise BudgetError(f"proportion must be a number in (0, 1], got {shown(proportion)}")
+    try:
+        value = float(proportion)
+    except (OverflowError, ValueError, TypeError):  # 10**400, Fraction(10**400, 3): no float holds it
+        value = math.nan
     if not (0.0 < value <= 1.0):  # also rejects NaN
-        raise BudgetError(f"proportion must be in (0, 1], got {proportion!r}")
+        raise BudgetError(
+            f"proportion must be in (0, 1] (a share of VRAM, e.g. 0.25), got {shown(proportion)}"
+        )
     return value
 
 

@@ -31,6 +31,23 @@ __all__ = [
 ]
 
 
+def shown(value: object, limit: int = 60) -> str:
+    """``repr(value)`` for an error message, cut short when huge (``10**400`` has 401 digits).
+
+    A cut repr keeps its start and end and says how long it was, so the message still names the
+    value without burying what to do.
+    """
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a broken __repr__ must not hide the real error
+        return f"<{type(value).__name__} object>"
+    if len(text) <= limit:
+        return text
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{text[:12]}...{text[-6:]} (an integer of {len(text.lstrip('-'))} digits)"
+    return f"{text[: limit - 20]}...{text[-8:]} ({len(text)} characters)"
+
+
 class AiocubieError(Exception):
     """Base class of every error aiocubie raises."""
 

@@ -618,3 +618,27 @@ def test_budget_arbitrary_floats(props: list[float | None], total: int) -> None:
             assert share == pytest.approx((1 - b.manual_pool_proportion) / len(autos))
         for k in present:
             assert b.cap(k) == math.floor(b.proportion(k) * total)
+
+
+# issue 11 item 14: numbers no float holds are BudgetErrors naming them, not OverflowError
+@pytest.mark.parametrize(
+    "proportion, shown",
+    [
+        (10**400, "an integer of 401 digits"),
+        (-(10**400), "an integer of 401 digits"),
+        (Fraction(10**400, 3), "Fraction("),
+        (Fraction(1, 10**400), "Fraction(1, "),
+        (Fraction(-(10**400), 7), "Fraction(-"),
+    ],
+)
+def test_proportions_no_float_holds_are_budget_errors(proportion: Any, shown: str) -> None:
+    with pytest.raises(BudgetError, match=r"proportion must be in \(0, 1\]") as info:
+        check_proportion(proportion)
+    assert shown in str(info.value) and len(str(info.value)) < 200
+    budget = Budget(1000)
+    budget.add("a")
+    with pytest.raises(BudgetError):
+        budget.add("b", proportion)
+    with pytest.raises(BudgetError):
+        budget.set_manual("a", proportion)
+    assert ("b" not in budget, budget.is_manual("a"), budget.proportion("a")) == (True, False, 1.0)
