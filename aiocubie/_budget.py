@@ -23,6 +23,15 @@ HIGH_USE_WARNING = 0.95
 _EPS = 1e-9
 
 
+def _tidy(value: float) -> float:
+    """``value`` without float noise: 1 - 0.9 is 0.09999999999999998 in floats; this gives 0.1.
+
+    Only noise goes (a change under 1e-15); a real fraction such as 1/3 is kept exact.
+    """
+    rounded = round(value, 12)
+    return rounded if abs(rounded - value) < 1e-15 else value
+
+
 class LimitMode(str, enum.Enum):
     """How group limits are enforced.
 
@@ -85,7 +94,8 @@ class Budget:
     @property
     def auto_pool_proportion(self) -> float:
         """Share of VRAM split among auto members (0 when there are none)."""
-        return max(0.0, 1.0 - self.manual_pool_proportion) if self._auto else 0.0
+        # rounded: 1 - 0.9 is 0.09999999999999998 in floats, and users read these numbers
+        return _tidy(max(0.0, 1.0 - self.manual_pool_proportion)) if self._auto else 0.0
 
     def is_manual(self, key: Hashable) -> bool:
         """True if ``key`` has a manual proportion."""
@@ -97,7 +107,7 @@ class Budget:
         self._check_known(key)
         if key in self._manual:
             return self._manual[key]
-        return self.auto_pool_proportion / len(self._auto)
+        return _tidy(self.auto_pool_proportion / len(self._auto))
 
     def cap(self, key: Hashable) -> int:
         """The bytes ``key`` may use: ``floor(proportion * total)``."""

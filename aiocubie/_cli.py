@@ -42,6 +42,7 @@ def _info(args: argparse.Namespace) -> int:
             ("total memory", f"{memory.total / 2**20:,.1f} MiB"),
             ("free memory", f"{memory.free / 2**20:,.1f} MiB"),
             ("allocator", backend.allocator),
+            ("arrays", backend.array_type),
             ("aiocubie", aiocubie.__version__),
             ("python", platform.python_version()),
         ]
@@ -49,6 +50,8 @@ def _info(args: argparse.Namespace) -> int:
         backend.close()
     cupy = [p for p in ("cupy-cuda13x", "cupy-cuda12x", "cupy") if _version(p) != "not installed"]
     rows += [(p, _version(p)) for p in ("numpy", "numba", "numba-cuda", *(cupy or ["cupy"]), "anyio")]
+    if backend.name == "simulator":
+        rows.append(("note", "the demo runs its own simulator of --budget bytes (default 1 MiB), not this one"))
     width = max(len(key) for key, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")

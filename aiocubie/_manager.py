@@ -349,7 +349,12 @@ class MemoryManager:
         return self._account.budget.proportion(self._member(instance).key)
 
     def cap(self, instance: object) -> int:
-        """Bytes ``instance`` may use: proportion x total VRAM."""
+        """Bytes ``instance`` may use: proportion x total VRAM.
+
+        A batch is offered less than its group's caps: what the members hold is taken off (active
+        mode), then the headroom (``(1 - headroom) x``) and the allocator's granule. Planning
+        errors name the bytes offered.
+        """
         return self._account.budget.cap(self._member(instance).key)
 
     @property
@@ -547,13 +552,23 @@ class MemoryManager:
         """Free the arrays of ``response``. Idempotent."""
         self._account.release(response)
 
-    def free(self, label: str) -> None:
-        """Free every array labelled ``label``, whichever instance holds it.
+    def free(self, label: str, instance: object | None = None) -> None:
+        """Free the arrays labelled ``label``: ``instance``'s only, or (None) every instance's.
 
-        Requests still in flight whose arrays are freed fail with :class:`ReleasedError`
-        (and the rest of their arrays are freed too).
+        Labels are not scoped: without ``instance`` this frees the ``label`` arrays of every
+        member. Requests still in flight whose arrays are freed fail with
+        :class:`ReleasedError` (and the rest of their arrays are freed too).
+
+        Raises
+        ------
+        RegistrationError
+            If ``instance`` is given and not registered.
         """
-        self._free_where(lambda a: a.label == label, f"free({label!r})")
+        if instance is None:
+            self._free_where(lambda a: a.label == label, f"free({label!r})")
+        else:
+            key = self._member(instance).key
+            self._free_where(lambda a: a.label == label and a.key == key, f"free({label!r}, instance)")
 
     def free_all(self) -> None:
         """Free every array the manager handed out (requests in flight fail with ReleasedError)."""

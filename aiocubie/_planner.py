@@ -16,6 +16,9 @@ from ._requests import ArrayRequest, run_length
 
 __all__ = ["ChunkPlan", "offered_bytes", "plan_batch", "plan_chunks"]
 
+# What "offered" means, for error messages (a group's cap is more than it is offered).
+_OFFER = "what the group may use now, less the headroom and the allocator's granule"
+
 #: Above this many times the free memory, a request draws a warning (as cubie does).
 OVERSUBSCRIPTION_WARNING = 20
 
@@ -144,13 +147,13 @@ def plan_chunks(runs: int, fixed: int, per_run: int, offered: int, *, free: int 
     if fixed > offered:
         raise UnchunkableTooLargeError(
             f"the unchunkable arrays of the batch need {fixed} bytes but only {offered} are "
-            "offered: free memory, raise the group's proportion, or make them chunkable"
+            f"offered ({_OFFER}): free memory, raise the group's proportion, or make them chunkable"
         )
     max_chunk = (offered - fixed) // per_run
     if max_chunk < 1:
         raise InsufficientMemoryError(
             f"not even one run fits: one run needs {per_run} bytes beside {fixed} unchunkable, "
-            f"and {offered} are offered; free memory or raise the group's proportion"
+            f"and {offered} are offered ({_OFFER}); free memory or raise the group's proportion"
         )
     chunks = -(-runs // max_chunk)
     chunk_length = -(-runs // chunks)

@@ -103,7 +103,7 @@ class TestPlanExamples:
         assert (plan.chunks, plan.chunk_length, plan.planned_bytes) == (2, 50, 50)
 
     def test_design_formula(self) -> None:
-        # DESIGN.md: ratio = chunkable / (offered - unchunkable), max_chunk = floor(runs / ratio),
+        # docs/architecture.md (chunk planning): ratio = chunkable / (offered - unchunkable), max_chunk = floor(runs / ratio),
         # chunks = ceil(runs / max_chunk), chunk_length = ceil(runs / chunks).
         batch = {
             "solver": {

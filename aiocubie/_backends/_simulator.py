@@ -161,6 +161,10 @@ class _Progress:
         self.lock = threading.Lock()
 
 
+#: Device memory of a simulator made without a ``total`` (8 GiB).
+DEFAULT_TOTAL = 8 << 30
+
+
 class SimStream:
     """A simulated stream: a worker thread that runs queued work in order.
 
@@ -311,7 +315,7 @@ class SimulatorBackend(Backend):
 
     def __init__(
         self,
-        total: int = 8 << 30,
+        total: int = DEFAULT_TOTAL,
         *,
         latency: float = 0.0,
         granule: int = 0,
