@@ -46,7 +46,7 @@ from ._options import Options, Policy
 from ._stats import Percentiles, Snapshot, UsageStats
 from ._walk import Chunk, walk_chunks
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
 __all__ = [
     "ALLOCATORS",

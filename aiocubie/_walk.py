@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import numpy as np
 
-from ._errors import InvalidRequestError
+from ._errors import InvalidRequestError, shown
 from ._requests import ArrayResponse
 
 if TYPE_CHECKING:
@@ -36,7 +36,8 @@ class Chunk:
         Label -> device array, trimmed along its run axis to this chunk's length (the last
         chunk may be shorter than the arrays); unchunkable arrays are whole.
     host : mapping
-        Label -> the matching slice (a view) of each full-size host array passed in.
+        Label -> the matching slice (a view) of each full-size host array passed in (the
+        output's, for a label that is both an input and an output).
     """
 
     index: int
@@ -86,8 +87,10 @@ async def walk_chunks(
     Raises
     ------
     InvalidRequestError
-        If a label is not in ``response.arrays`` or a host array's shape or dtype does not
-        match the full array requested.
+        Before anything is copied: if ``response`` is not an ArrayResponse, ``inputs`` or
+        ``outputs`` is not a mapping, a label is not in ``response.arrays``, a host array's
+        shape or dtype does not match the full array requested, or an output is not a
+        writable numpy array.
 
     Notes
     -----
@@ -101,8 +104,12 @@ async def walk_chunks(
     ...     async for chunk in walk_chunks(mgr, solver, response, inputs={"x": x}, outputs={"y": y}):
     ...         kernel[blocks, threads, response.stream](chunk.device["x"], chunk.device["y"])
     """
-    ins = _check(response, inputs or {}, "inputs")
-    outs = _check(response, outputs or {}, "outputs")
+    if not isinstance(response, ArrayResponse):
+        raise InvalidRequestError(
+            f"walk_chunks walks an ArrayResponse (what `await mgr.request(...)` returns), got {shown(response)}"
+        )
+    ins = _check(response, {} if inputs is None else inputs, "inputs")
+    outs = _check(response, {} if outputs is None else outputs, "outputs")
     axes = response.chunk_axes
     whole_in = [label for label in ins if axes[label] is None]
     if whole_in:
@@ -117,8 +124,8 @@ async def walk_chunks(
         sources, targets = [], []
         for label in ins:
             axis = axes[label]
-            if axis is not None:
-                source, target = _copy_in_pair(host[label], response.arrays[label], device[label], axis)
+            if axis is not None:  # from the input's own slice: an output may share its label
+                source, target = _copy_in_pair(ins[label][response.chunk_slices(index, label)], response.arrays[label], device[label], axis)
                 sources.append(source)
                 targets.append(target)
         if sources:
@@ -138,22 +145,40 @@ async def walk_chunks(
             outs[label][...] = buffer
 
 
-def _check(response: ArrayResponse, arrays: Mapping[str, Any], role: str) -> dict[str, np.ndarray[Any, Any]]:
+def _check(response: ArrayResponse, arrays: Any, role: str) -> dict[str, np.ndarray[Any, Any]]:
+    """The host arrays of ``role`` checked against ``response``: every bad one is refused here,
+    before anything is copied."""
+    if not isinstance(arrays, Mapping):
+        raise InvalidRequestError(
+            f"{role} must be a mapping of label -> full-size host array, got {shown(arrays)}"
+        )
     checked = {}
     for label, host in arrays.items():
-        if label not in response.arrays:
+        if not isinstance(label, str) or label not in response.arrays:
             known = ", ".join(map(repr, response.arrays)) or "none"
-            raise InvalidRequestError(f"{role}[{label!r}]: the response has no array {label!r} (it has {known})")
-        host = np.asarray(host)
+            raise InvalidRequestError(f"{role}[{shown(label)}]: the response has no array {shown(label)} (it has {known})")
+        if role == "outputs" and not isinstance(host, np.ndarray):  # a copy of a list would be written, then lost
+            raise InvalidRequestError(
+                f"outputs[{label!r}] is a {type(host).__name__}: outputs are numpy arrays the walk writes into"
+            )
+        try:
+            host = np.asarray(host)
+        except (TypeError, ValueError) as exc:  # ragged lists, objects numpy cannot read
+            raise InvalidRequestError(f"{role}[{label!r}] is not an array numpy can read: {exc}") from None
         device = response.arrays[label]
         axis = response.chunk_axes[label]
         full = list(response.chunked_shapes[label])
-        if axis is not None:
+        if axis is not None and full[axis]:  # an empty run axis stays empty whatever the batch's runs
             full[axis] = response.runs
         if host.shape != tuple(full) or host.dtype != device.dtype:
             raise InvalidRequestError(
-                f"{role}[{label!r}] is {host.shape} {host.dtype}, but the request was for "
+                f"{role}[{label!r}] is {shown(host.shape)} {host.dtype}, but the request was for "
                 f"{tuple(full)} {device.dtype}: pass the full-size (unchunked) host array"
+            )
+        if role == "outputs" and not host.flags.writeable:
+            raise InvalidRequestError(
+                f"outputs[{label!r}] is read-only: the walk copies each chunk's results into it; "
+                "pass a writable array (np.empty_like(x), or x.copy())"
             )
         checked[label] = host
     return checked

@@ -22,6 +22,7 @@ from cuda.bindings import driver as binding
 from numba import cuda
 
 from aiocubie import ALLOCATORS
+from aiocubie._backends import ARRAY_TYPES
 from aiocubie._backends._cuda import CudaBackend, _stream_ptr
 
 #: Kernel length before the stamp in bridge.py's measurement: allocation-sized GPU work.
@@ -48,11 +49,23 @@ class CudaDevice:
 
     name = "cuda"
     allocators = ALLOCATORS
+    array_types = ARRAY_TYPES
     baseline = "raw CuPy MemoryPool.malloc + event record + synchronize"
 
     def __init__(self) -> None:
         self.backend = CudaBackend()
+        self._others: dict[str, CudaBackend] = {}
         self._fresh_streams()
+
+    def backend_for(self, array_type: str) -> CudaBackend:
+        """A backend on the same context and allocator handing out ``array_type`` arrays."""
+        if array_type == self.backend.array_type:
+            return self.backend
+        other = self._others.get(array_type)
+        if other is None or other.allocator != self.backend.allocator:
+            # the allocator is installed already: this backend starts without a context reset
+            other = self._others[array_type] = CudaBackend(self.backend.allocator, array_type=array_type)
+        return other
 
     def _fresh_streams(self) -> None:
         self.stream = self.backend.create_stream()

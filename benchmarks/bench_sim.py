@@ -44,6 +44,7 @@ class SimDevice:
 
     name = "simulator"
     allocators = ("default",)
+    array_types = ("cupy",)  # the simulator's array models cost alike: one is measured
     baseline = "raw backend: allocate + record_event + synchronize"
 
     def __init__(self) -> None:
@@ -52,6 +53,10 @@ class SimDevice:
 
     def use(self, allocator: str) -> None:
         """The simulator's allocators behave alike: only ``default`` is measured."""
+
+    def backend_for(self, array_type: str) -> SimulatorBackend:
+        """The simulator (its CuPy-model arrays)."""
+        return self.backend
 
     def raw_paths(self) -> dict[str, RawPath]:
         """Label -> raw path, the baseline first."""

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from aiocubie._backends import _cuda as cu
+from aiocubie._backends._cuda._events import StreamWaiter
 from aiocubie._requests import MemoryKind
 
 STAMP_SOURCE = r"""
@@ -86,7 +87,7 @@ class Bench:
         self.addr = np.uint64(self.buf.__cuda_array_interface__["data"][0])
         self.kernel = cupy.RawKernel(STAMP_SOURCE, "stamp_after")
         self.binding = binding
-        self.spin_waiter = cu._StreamWaiter(binding.cuCtxGetCurrent()[1], "bench-spin")
+        self.spin_waiter = StreamWaiter(binding.cuCtxGetCurrent()[1], "bench-spin")
         self.stream_cb = binding.CUstreamCallback(ctypes.cast(_stream_callback, ctypes.c_void_p).value)
         self.floor_jobs: queue.SimpleQueue[tuple[float, Callable[[], None]] | None] = queue.SimpleQueue()
         self.floor_thread = threading.Thread(target=self._floor, daemon=True)

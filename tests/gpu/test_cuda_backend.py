@@ -174,6 +174,8 @@ def test_event_callback_fires_from_another_thread(cuda_backend: Any, kernels: An
 def test_event_resolves_an_asyncio_future(cuda_backend: Any, kernels: Any, mechanism: str) -> None:
     cuda_backend.event_mechanism = mechanism
 
+    from numba import cuda
+
     async def main() -> None:
         loop = asyncio.get_running_loop()
         streams = [cuda_backend.create_stream() for _ in range(3)]
@@ -182,7 +184,10 @@ def test_event_resolves_an_asyncio_future(cuda_backend: Any, kernels: Any, mecha
         # Longest first: each stream's event must resolve on its own, not behind the others.
         for ms, stream, flag in zip((300, 100, 10), streams, flags):
             cuda_backend.zero(flag, stream)  # on its own stream: a CuPy fill would run on the legacy stream
-            kernels.sleep[1, 1, stream](flag, ms * 1_000_000)
+            # A CuPy array's interface names CuPy's current stream (the legacy one here), which numba
+            # synchronizes before a launch, so launches would wait for each other: view it unsynced.
+            view = cuda.from_cuda_array_interface(flag.__cuda_array_interface__, owner=flag, sync=False)
+            kernels.sleep[1, 1, stream](view, ms * 1_000_000)
             fut = loop.create_future()
             cuda_backend.record_event(stream).add_done_callback(lambda fut=fut: loop.call_soon_threadsafe(fut.set_result, None))
             futures.append(fut)

@@ -74,10 +74,22 @@ LOOPS = [
     ),
 ]
 
+
+def _seeds() -> list[int]:
+    if os.environ.get("AIOCUBIE_SEED"):
+        return [int(os.environ["AIOCUBIE_SEED"])]
+    return list(range(10 if SOAK else 2))
+
+
 #: Seeds of the randomized suites: two in CI, ten under soak; ``AIOCUBIE_SEED=n`` runs seed n alone.
-SEEDS = (
-    [int(os.environ["AIOCUBIE_SEED"])] if os.environ.get("AIOCUBIE_SEED") else list(range(10 if SOAK else 2))
-)
+SEEDS = _seeds()
+
+
+def enable_soak() -> None:
+    """Full size from now on (``--soak``: this module may be imported before the option is read)."""
+    global SOAK, SEEDS
+    SOAK = True
+    SEEDS = _seeds()
 
 
 def scale(ci: int, soak: int) -> int:

@@ -7,12 +7,20 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+import _reliability
 import pytest
 from _reliability import assert_empty, settle
 
 from aiocubie import MemoryManager, SimulatorBackend
 
 Drained = Callable[..., Awaitable[None]]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # _reliability was imported (with this conftest) before --soak was read: tell it now,
+    # before the test modules import SOAK and SEEDS from it
+    if config.getoption("--soak", default=False):
+        _reliability.enable_soak()
 
 
 @pytest.fixture

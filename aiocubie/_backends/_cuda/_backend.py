@@ -118,6 +118,8 @@ class CudaBackend(Backend):
         # frees each block on the stream that allocated it.
         self._cupy_streams: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self._retired: list[Any] = []  # memory managers swapped out by set_allocator
+        # Recorded events come back here when dropped (CudaEvent.__del__) and are recorded again.
+        self._spare_events: list[Any] = []
         try:
             # The primary context is never destroyed (see reset): look it up once, not per call.
             self._context = cuda.current_context()
@@ -137,8 +139,15 @@ class CudaBackend(Backend):
         return MemoryInfo(free=int(free), total=int(total))
 
     def allocate(self, shape: tuple[int, ...], dtype: np.dtype[Any], kind: MemoryKind, stream: Any) -> Any:
-        dtype = np.dtype(dtype)
+        if not isinstance(dtype, np.dtype):
+            dtype = np.dtype(dtype)
         kind = MemoryKind(kind)
+        if kind is MemoryKind.DEVICE and self.allocator == "cupy" and self._cupy is not None:
+            # the request path's common case: a CuPy array straight over a MemoryPool block
+            nbytes = math.prod(shape) * dtype.itemsize
+            if nbytes:
+                with map_exceptions(lambda: f"allocating {nbytes} bytes ({shape}, {dtype}, device) with the cupy allocator", self._free_text):
+                    return self._cupy.ndarray(shape, dtype, memptr=self._context.memory_manager.pool.malloc(nbytes))
         if kind is MemoryKind.HOST:
             return np.empty(shape, dtype)
         nbytes = math.prod(shape) * dtype.itemsize
@@ -241,9 +250,16 @@ class CudaBackend(Backend):
             return cuda.stream()
 
     def record_event(self, stream: Any) -> CudaEvent:
-        with map_exceptions(lambda: f"recording an event on {stream!r}"):
-            event = CudaEvent(nbdriver.driver.cuEventCreate(EVENT_FLAGS), stream, self)
-            nbdriver.driver.cuEventRecord(event.handle, stream_ptr(stream))
+        spare = self._spare_events
+        if spare:
+            handle = spare.pop()
+        else:
+            err, handle = binding.cuEventCreate(EVENT_FLAGS)
+            check((err,), "cuEventCreate")
+        event = CudaEvent(handle, stream, self)  # returns the handle to the spares when dropped
+        result = binding.cuEventRecord(handle, stream_ptr(stream))
+        if result[0] != binding.CUresult.CUDA_SUCCESS:
+            check(result, f"recording an event on {stream!r}")
         return event
 
     def _waiter(self, stream: Any) -> StreamWaiter:
@@ -333,6 +349,9 @@ class CudaBackend(Backend):
 
     def close(self) -> None:
         self.reset()
+        spares, self._spare_events = self._spare_events, []
+        for handle in spares:
+            binding.cuEventDestroy(handle)
 
     def _quiesce(self) -> None:
         """Let queued work finish and every pending callback run, then stop the helper threads."""

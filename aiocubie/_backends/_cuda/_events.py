@@ -11,7 +11,6 @@ import itertools
 import logging
 import queue
 import threading
-import weakref
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -98,7 +97,7 @@ class CudaEvent(Event):
     Parameters
     ----------
     handle : cuda.bindings.driver.CUevent
-        The recorded event; destroyed when this object is collected.
+        The recorded event; handed back to the backend's spares when this object is collected.
     stream : numba stream or 0
         The stream it was recorded on.
     backend : CudaBackend
@@ -109,8 +108,11 @@ class CudaEvent(Event):
         self.handle = handle
         self.stream = stream
         self._backend = backend
-        # The raw binding returns an error code instead of raising, so this is safe after a reset.
-        weakref.finalize(self, binding.cuEventDestroy, handle)
+
+    def __del__(self) -> None:
+        # Back to the backend's free list for the next record (cuEventCreate and a finalizer
+        # per event cost several microseconds). Whoever still waits on it holds this object.
+        self._backend._spare_events.append(self.handle)
 
     def query(self) -> bool:
         (err,) = binding.cuEventQuery(self.handle)
