@@ -285,3 +285,30 @@ async def test_random_members_with_hooks_come_and_go(seed: int, drained) -> None
             mgr.unregister(keeper)
             await settle(mgr)
             await drained(mgr, sim)
+
+
+# -- order: resolution and ready hooks are FIFO on every loop (task wake-up order is not) ------
+@pytest.mark.parametrize("seed", SEEDS)
+async def test_ready_hooks_run_in_submission_order(seed: int, drained) -> None:
+    rng = random.Random(seed)
+    sim = SimulatorBackend(64 * MiB, latency=0.0005)
+    hooked: list[int] = []
+    async with MemoryManager(sim, batch_window=rng.choice([0, 0.002]), max_batch=rng.choice([None, 3])) as mgr:
+        comp = Hooked()
+        mgr.register(comp, ready_hook=lambda r: hooked.append(id(r)))
+        submitted: list[int] = []
+        responses: dict[int, ArrayResponse] = {}
+
+        async def ask(i: int) -> None:
+            await anyio.sleep(rng.choice([0, 0.001]))
+            submitted.append(i)  # no checkpoint between this and the request's submission
+            response = await mgr.request(comp, block(0.05))
+            responses[i] = response
+
+        async with anyio.create_task_group() as tg:
+            for i in range(scale(30, 300)):
+                tg.start_soon(ask, i)
+        assert hooked == [id(responses[i]) for i in submitted]
+        for response in responses.values():
+            mgr.release(response)
+        await drained(mgr, sim)
