@@ -270,9 +270,14 @@ class TestSize:
             np.empty(shape, "f4")
 
     def test_more_dimensions_than_numpy_allows_are_refused(self) -> None:
-        assert ArrayRequest((1,) * 64, "f4", unchunkable=True).shape == (1,) * 64
-        with pytest.raises(InvalidRequestError, match="65 dimensions, over the 64"):
-            ArrayRequest((1,) * 65, "f4", unchunkable=True)
+        from aiocubie._requests import MAX_NDIM  # numpy's limit: 64 since numpy 2, 32 before
+
+        assert ArrayRequest((1,) * MAX_NDIM, "f4", unchunkable=True).shape == (1,) * MAX_NDIM
+        with pytest.raises(InvalidRequestError, match=f"{MAX_NDIM + 1} dimensions, over the {MAX_NDIM}"):
+            ArrayRequest((1,) * (MAX_NDIM + 1), "f4", unchunkable=True)
+        np.empty((1,) * MAX_NDIM, "f4")  # numpy agrees
+        with pytest.raises(ValueError):
+            np.empty((1,) * (MAX_NDIM + 1), "f4")
 
     @FAST
     @given(

@@ -9,6 +9,7 @@ as on a GPU. It imports neither numba.cuda nor cupy (numba's simulator only for 
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import math
 import numbers
@@ -323,6 +324,11 @@ class SimulatorBackend(Backend):
         array_type: str | None = None,
     ) -> None:
         self.array_type = parse_array_type(array_type)
+        if self.array_type == "numba" and importlib.util.find_spec("numba") is None:  # found, not imported
+            raise ConfigurationError(
+                "array_type='numba' hands out numba's device arrays, and numba is not installed: "
+                "pip install 'aiocubie[numba]', or use array_type='cupy'"
+            )
         if not _count(total, 1) or total > MAX_NBYTES:
             raise ConfigurationError(
                 f"total must be the device's memory in bytes, an int from 1 to 2**63 - 1 (e.g. 8 << 30), "

@@ -1,0 +1,104 @@
+"""aiocubie: an async GPU memory allocation service.
+
+Components register with a :class:`MemoryManager` and ``await mgr.request(...)`` the arrays
+they need; requests of a stream group are batched, chunk-planned to fit the memory budget,
+allocated on the group's stream, and resolved when the device is done.
+"""
+
+from __future__ import annotations
+
+from ._backends import (
+    ALLOCATORS,
+    Backend,
+    Engines,
+    Event,
+    Faults,
+    MemoryInfo,
+    SimulatorBackend,
+    TimelineEntry,
+    create_backend,
+    current_cupy_stream,
+    gpu_status,
+    select_backend,
+)
+from ._budget import MIN_AUTO_POOL, LimitMode
+from ._errors import (
+    AiocubieError,
+    AiocubieWarning,
+    AllocationError,
+    BackendError,
+    BudgetError,
+    ConfigurationError,
+    ContextResetError,
+    InsufficientMemoryError,
+    InvalidRequestError,
+    ManagerStateError,
+    PlanningError,
+    RegistrationError,
+    ReleasedError,
+    RunLengthMismatchError,
+    UnchunkableTooLargeError,
+    UnknownAllocatorError,
+)
+from ._manager import MemoryManager, PendingRequest, default_manager
+from ._planner import ChunkPlan, offered_bytes, plan_batch
+from ._recorder import Recorder
+from ._requests import ArrayRequest, ArrayResponse, MemoryKind
+from ._options import Options, Policy
+from ._stats import Percentiles, PinnedStats, Snapshot, UsageStats
+from ._walk import DEFAULT_DEPTH, Chunk, walk_chunks, walk_requests
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ALLOCATORS",
+    "DEFAULT_DEPTH",
+    "MIN_AUTO_POOL",
+    "AiocubieError",
+    "AiocubieWarning",
+    "AllocationError",
+    "ArrayRequest",
+    "ArrayResponse",
+    "Backend",
+    "BackendError",
+    "BudgetError",
+    "Chunk",
+    "ChunkPlan",
+    "ConfigurationError",
+    "ContextResetError",
+    "Engines",
+    "Event",
+    "Faults",
+    "InsufficientMemoryError",
+    "InvalidRequestError",
+    "LimitMode",
+    "ManagerStateError",
+    "MemoryInfo",
+    "MemoryKind",
+    "MemoryManager",
+    "Options",
+    "PendingRequest",
+    "Percentiles",
+    "PinnedStats",
+    "PlanningError",
+    "Policy",
+    "Recorder",
+    "RegistrationError",
+    "ReleasedError",
+    "RunLengthMismatchError",
+    "SimulatorBackend",
+    "Snapshot",
+    "TimelineEntry",
+    "UnchunkableTooLargeError",
+    "UnknownAllocatorError",
+    "UsageStats",
+    "create_backend",
+    "current_cupy_stream",
+    "default_manager",
+    "gpu_status",
+    "offered_bytes",
+    "plan_batch",
+    "select_backend",
+    "walk_requests",
+    "walk_chunks",
+]

@@ -1,0 +1,180 @@
+"""Backends: the only layer that imports numba.cuda or cupy (see ``_base`` for the protocol)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import sys
+from contextlib import AbstractContextManager
+from typing import Any
+
+from .._errors import ConfigurationError, UnknownAllocatorError
+from ._base import ALLOCATORS, ARRAY_TYPES, Advice, Backend, Event, MemoryInfo, parse_array_type
+from ._simulator import Engines, Faults, SimStream, SimulatorBackend, TimelineEntry
+from ._staging import PinnedPool
+
+__all__ = [
+    "ALLOCATORS",
+    "ARRAY_TYPES",
+    "Advice",
+    "Backend",
+    "Engines",
+    "Event",
+    "Faults",
+    "MemoryInfo",
+    "PinnedPool",
+    "SimulatorBackend",
+    "TimelineEntry",
+    "create_backend",
+    "current_cupy_stream",
+    "gpu_status",
+    "parse_array_type",
+    "select_backend",
+]
+
+BACKENDS = ("auto", "simulator", "cuda")
+log = logging.getLogger("aiocubie")
+
+
+def _driver_devices() -> tuple[int, str]:
+    # Ask the driver directly: importing numba.cuda first would fix numba's choice between
+    # the GPU and its simulator (NUMBA_ENABLE_CUDASIM) before the caller can make it.
+    for library in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            driver = ctypes.CDLL(library)
+            break
+        except OSError:
+            continue
+    else:
+        return 0, "no CUDA driver (libcuda) on this machine"
+    if (status := driver.cuInit(0)) != 0:
+        return 0, f"the CUDA driver failed to initialise (cuInit error {status})"
+    count = ctypes.c_int(0)
+    if (status := driver.cuDeviceGetCount(ctypes.byref(count))) != 0 or count.value == 0:
+        return 0, f"the CUDA driver sees no device (error {status})"
+    return count.value, f"{count.value} CUDA device(s)"
+
+
+def gpu_status() -> tuple[bool, str]:
+    """Whether a usable CUDA GPU is present, and why (or why not).
+
+    Probes the CUDA driver without importing numba.cuda when there is no GPU, so callers can
+    still choose numba's simulator (NUMBA_ENABLE_CUDASIM=1) afterwards.
+    """
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        return False, "NUMBA_ENABLE_CUDASIM=1 selects numba's CUDA simulator"
+    devices, why = _driver_devices()
+    if not devices:
+        return False, why
+    try:
+        from ._cuda import cuda_usable
+    except ImportError as exc:
+        return False, f"{why}, but numba.cuda cannot be imported ({exc})"
+    return cuda_usable()
+
+
+def create_backend(name: str = "auto", *, allocator: str | None = None, array_type: str | None = None) -> Backend:
+    """Create the backend ``name``: ``"auto"``, ``"simulator"`` or ``"cuda"``.
+
+    ``"auto"`` picks ``"cuda"`` when a usable GPU is present and the simulator otherwise, and
+    logs which and why at INFO level.
+
+    Parameters
+    ----------
+    name : {"auto", "simulator", "cuda"}
+        Which device.
+    allocator : str, optional
+        One of :data:`ALLOCATORS` (None: ``"default"``).
+    array_type : {"cupy", "numba"}, optional
+        The arrays handed out for device-side kinds (None: ``"cupy"``).
+
+    Raises
+    ------
+    ConfigurationError
+        For an unknown backend name or array type, ``"cuda"`` without a usable GPU, or
+        CuPy arrays on a GPU without CuPy (the message names the extra to install).
+    UnknownAllocatorError
+        For an unknown allocator name.
+    """
+    if name not in BACKENDS:
+        raise ConfigurationError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
+    array_type = parse_array_type(array_type)
+    if allocator is not None and allocator not in ALLOCATORS:
+        raise UnknownAllocatorError(f"unknown allocator {allocator!r}: use one of {', '.join(ALLOCATORS)}")
+    if name == "auto":
+        usable, why = gpu_status()
+        name = "cuda" if usable else "simulator"
+        log.info("aiocubie backend: %s (%s)", name, why)
+    if name == "simulator":
+        backend: Backend = SimulatorBackend(array_type=array_type)
+    else:
+        usable, why = gpu_status()
+        if not usable:
+            raise ConfigurationError(f"backend 'cuda' is not usable here: {why}; use 'simulator'")
+        from ._cuda import CudaBackend
+
+        return CudaBackend(allocator=allocator or "default", array_type=array_type)
+    if allocator is not None:
+        backend.set_allocator(allocator)
+    return backend
+
+
+def select_backend(name: str = "auto") -> tuple[str, str]:
+    """Choose ``"cuda"`` or ``"simulator"`` before numba.cuda is imported, and say why.
+
+    For the simulator it sets ``NUMBA_ENABLE_CUDASIM=1``, so numba kernels written for the
+    GPU run on the CPU (slowly) on the simulator's numpy arrays. Call it before the first
+    ``from numba import cuda`` of the program.
+
+    Parameters
+    ----------
+    name : {"auto", "simulator", "cuda"}
+        ``"auto"``: the GPU when there is a usable one, else the simulator.
+
+    Returns
+    -------
+    tuple of (str, str)
+        The backend name and the reason it was chosen.
+
+    Raises
+    ------
+    ConfigurationError
+        For an unknown name, for ``"cuda"`` without a GPU, or when numba.cuda was already
+        imported in the other mode than the one chosen.
+    """
+    if name not in BACKENDS:
+        raise ConfigurationError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
+    found, why = gpu_status()
+    if name == "cuda" and not found:
+        raise ConfigurationError(f"backend 'cuda' is not usable here: {why}; use 'simulator'")
+    chosen = "cuda" if found and name != "simulator" else "simulator"
+    if name == "simulator":
+        why = "asked for"
+    simulated = chosen == "simulator"
+    if "numba.cuda" in sys.modules:
+        from numba import config
+
+        if bool(config.ENABLE_CUDASIM) != simulated:  # type: ignore[attr-defined]
+            raise ConfigurationError(
+                f"backend {chosen!r} needs numba.cuda {'with' if simulated else 'without'} its simulator, "
+                "but numba.cuda was already imported the other way: choose the backend before importing it"
+            )
+    elif simulated:
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    return chosen, why
+
+
+def current_cupy_stream(stream: Any) -> AbstractContextManager[Any]:
+    """A context manager that makes a numba ``stream`` CuPy's current stream (seed 001).
+
+    CuPy work inside the block (kernels, copies, ``MemoryAsyncPool`` allocations) is then
+    ordered on the group's stream. Needs CuPy (extras ``cuda12`` or ``cuda13``) on a GPU; on
+    the simulator it binds nothing (its arrays' work is ordered by waiting for their stream).
+    """
+    if isinstance(stream, SimStream):
+        return contextlib.nullcontext(stream)
+    from ._cuda import current_cupy_stream as bind
+
+    return bind(stream)

@@ -1,0 +1,516 @@
+"""The simulator backend: a device modelled on the CPU, so the whole service runs without a GPU.
+
+It models total and free memory, stream order (one worker thread per stream runs queued work
+in order, each item taking ``latency`` seconds), events that complete only after the work
+queued before them, the engines (a compute engine per stream, one copy engine per direction,
+each with a bandwidth and a per-operation latency, logged on a timeline) and faults injected
+on demand. Device-side kinds (device, managed, mapped)
+are handed out as the chosen array type's model (``_simarrays``), host kinds as numpy arrays,
+as on a GPU. It imports neither numba.cuda nor cupy (numba's simulator only for numba arrays).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import math
+import queue
+import random
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any, Literal
+
+import attrs
+import numpy as np
+
+from .._errors import AllocationError, BackendError, InvalidRequestError, UnknownAllocatorError
+from .._requests import MemoryKind
+from ._base import ALLOCATORS, Advice, Backend, Event, MemoryInfo, parse_array_type
+from ._simarrays import host_data, sim_array
+
+__all__ = ["Engines", "Faults", "SimulatorBackend", "SimEvent", "SimStream", "TimelineEntry"]
+
+log = logging.getLogger("aiocubie")
+
+FaultSite = Literal["allocate", "record_event", "copy", "prefetch"]
+_FAULT_SITES = ("allocate", "record_event", "copy", "prefetch")
+
+
+class Faults:
+    """Faults to inject into a :class:`SimulatorBackend`.
+
+    Examples
+    --------
+    >>> sim = SimulatorBackend(total=1 << 20)
+    >>> sim.faults.inject("allocate", after=2)      # the 3rd allocation from now fails once
+    >>> sim.faults.inject("copy", probability=0.1, times=None, seed=0)  # 10% of copies fail
+    """
+
+    def __init__(self) -> None:
+        self._rules: dict[str, list[_Rule]] = {site: [] for site in _FAULT_SITES}
+        self.fired: dict[str, int] = dict.fromkeys(_FAULT_SITES, 0)
+        self._lock = threading.Lock()
+
+    def inject(
+        self,
+        site: FaultSite,
+        *,
+        after: int = 0,
+        times: int | None = 1,
+        probability: float = 1.0,
+        seed: int | None = None,
+    ) -> None:
+        """Make operations at ``site`` fail.
+
+        Parameters
+        ----------
+        site : {"allocate", "record_event", "copy", "prefetch"}
+            Which operation fails.
+        after : int
+            Let this many operations at ``site`` succeed first.
+        times : int or None
+            How many failures to inject (None: forever, until :meth:`clear`).
+        probability : float
+            Chance that an eligible operation fails (1.0: always).
+        seed : int, optional
+            Seed for the random draws, for reproducible tests.
+        """
+        if site not in self._rules:
+            raise ValueError(f"unknown fault site {site!r}: use one of {', '.join(_FAULT_SITES)}")
+        if after < 0 or (times is not None and times < 1) or not 0.0 <= probability <= 1.0:
+            raise ValueError(
+                f"bad fault rule: after={after} (>= 0), times={times} (>= 1 or None), "
+                f"probability={probability} (in [0, 1])"
+            )
+        with self._lock:
+            self._rules[site].append(_Rule(after, times, probability, random.Random(seed)))
+
+    def clear(self) -> None:
+        """Remove every rule."""
+        with self._lock:
+            for rules in self._rules.values():
+                rules.clear()
+
+    def check(self, site: str) -> bool:
+        """Count one operation at ``site``; True if it must fail."""
+        with self._lock:
+            rules = self._rules[site]
+            for rule in rules:
+                if rule.fires():
+                    if rule.times == 0:
+                        rules.remove(rule)
+                    self.fired[site] += 1
+                    return True
+            return False
+
+
+class _Rule:
+    def __init__(self, after: int, times: int | None, probability: float, rng: random.Random) -> None:
+        self.after, self.times, self.probability, self.rng = after, times, probability, rng
+
+    def fires(self) -> bool:
+        if self.after > 0:
+            self.after -= 1
+            return False
+        if self.probability < 1.0 and self.rng.random() >= self.probability:
+            return False
+        if self.times is not None:
+            self.times -= 1
+        return True
+
+
+@attrs.frozen
+class Engines:
+    """How long the simulated engines take (see :class:`SimulatorBackend`).
+
+    Parameters
+    ----------
+    h2d_bandwidth, d2h_bandwidth : float
+        Bytes per second of the host-to-device and device-to-host copy engines (``inf``:
+        copies take no time). Each direction has one engine: copies in one direction run
+        one at a time, whatever their stream; the two directions run at once.
+    copy_latency : float
+        Seconds each copy holds its engine before moving data.
+    kernel_latency : float
+        Seconds each :meth:`SimulatorBackend.launch` takes beyond its own ``duration``.
+    """
+
+    h2d_bandwidth: float = math.inf
+    d2h_bandwidth: float = math.inf
+    copy_latency: float = 0.0
+    kernel_latency: float = 0.0
+
+    def __attrs_post_init__(self) -> None:
+        if not (self.h2d_bandwidth > 0 and self.d2h_bandwidth > 0 and self.copy_latency >= 0 and self.kernel_latency >= 0):
+            raise ValueError(f"bad engine model {self}: bandwidths must be > 0 bytes/s and latencies >= 0 s")
+
+
+@attrs.frozen
+class TimelineEntry:
+    """One operation an engine ran: ``start`` and ``end`` are ``time.perf_counter()`` readings.
+
+    ``engine`` is ``"h2d"``, ``"d2h"`` or ``"compute:<stream id>"``; ``op`` is ``"copy"`` or
+    ``"kernel"``; ``tag`` is what the caller passed (walks pass ``("in" or "out", chunk, label)``).
+    """
+
+    engine: str
+    op: str
+    start: float
+    end: float
+    tag: object
+
+    def overlaps(self, other: TimelineEntry) -> bool:
+        """True if the two operations ran at the same time for a while."""
+        return self.start < other.end and other.start < self.end
+
+
+#: Timeline entries a simulator keeps (the most recent ones).
+TIMELINE_LENGTH = 1 << 16
+
+
+class _Progress:
+    """Items queued on a stream and items its worker finished: equal when the stream is idle."""
+
+    __slots__ = ("done", "lock", "queued")
+
+    def __init__(self) -> None:
+        self.queued = self.done = 0
+        self.lock = threading.Lock()
+
+
+class SimStream:
+    """A simulated stream: a worker thread that runs queued work in order.
+
+    ``handle`` is a stand-in for a CUstream (never 0, 1 or 2), reported by the simulator's
+    arrays in their ``__cuda_array_interface__``.
+    """
+
+    _ids = itertools.count()
+
+    def __init__(self, latency: float) -> None:
+        self.id = next(self._ids)
+        self.handle = 0x5100 + self.id
+        self.latency = latency
+        self.closed = False
+        self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._progress = _Progress()
+        # The worker holds the queue, not the stream: a stream nobody holds any more is
+        # collected, and its finalizer stops the worker.
+        self._worker = threading.Thread(
+            target=_work,
+            args=(self._queue, latency, self._progress),
+            name=f"aiocubie-sim-stream-{self.id}",
+            daemon=True,
+        )
+        self._worker.start()
+        weakref.finalize(self, self._queue.put, None)
+
+    def __repr__(self) -> str:
+        return f"<SimStream {self.id}>"
+
+    def __int__(self) -> int:
+        return self.handle
+
+    def enqueue(self, work: Callable[[], None]) -> None:
+        """Queue ``work`` to run after everything queued before it, ``latency`` seconds later."""
+        if self.closed:
+            raise BackendError(f"{self!r} was closed by a context reset: call reinit_streams()")
+        with self._progress.lock:
+            self._progress.queued += 1
+        self._queue.put(work)
+
+    def synchronize(self) -> None:
+        """Block until the work queued so far is done (at once when the stream is idle).
+
+        A no-op on the stream's own worker (the work before the caller is done) and on a
+        closed stream (its worker ran what it had).
+        """
+        progress = self._progress
+        if progress.queued == progress.done or self.closed or threading.current_thread() is self._worker:
+            return
+        done = threading.Event()
+        self.enqueue(done.set)
+        done.wait()
+
+    def close(self) -> None:
+        """Stop the worker after the work queued so far."""
+        if not self.closed:
+            self.closed = True
+            self._queue.put(None)
+
+
+
+def _work(work_queue: queue.SimpleQueue[Callable[[], None] | None], latency: float, progress: _Progress) -> None:
+    while (work := work_queue.get()) is not None:
+        if latency:
+            time.sleep(latency)
+        try:
+            work()
+        except Exception:  # keep the stream alive: what is queued behind must still run
+            log.exception("simulated stream work failed")
+        finally:
+            with progress.lock:
+                progress.done += 1
+
+
+class SimEvent(Event):
+    """An event on a :class:`SimStream`: done once the worker reaches it."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+
+    def query(self) -> bool:
+        return self._done.is_set()
+
+    def synchronize(self) -> None:
+        self._done.wait()
+
+    def add_done_callback(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
+
+    def complete(self) -> None:
+        """Mark the event done and call its callbacks (the stream's worker does, in order)."""
+        with self._lock:
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+
+class SimulatorBackend(Backend):
+    """A faithful CPU model of a CUDA device.
+
+    Parameters
+    ----------
+    total : int
+        Device memory in bytes (default 8 GiB).
+    latency : float
+        Seconds each item of stream work (allocation fill, copy, event) takes.
+    granule : int
+        Bytes the planner keeps free (as a GPU allocator's rounding would need).
+    reserved : int
+        Bytes taken by "other processes" at the start (see :meth:`occupy`).
+    engines : Engines, optional
+        Bandwidths and latencies of the copy engines and kernels (default: instant).
+    array_type : {"cupy", "numba"}, optional
+        What device-side arrays model: ``cupy.ndarray`` (the default) or numba's
+        ``DeviceNDArray`` (see :data:`ARRAY_TYPES`).
+
+    Attributes
+    ----------
+    faults : Faults
+        Inject allocation, event, copy and prefetch failures.
+    timeline : collections.deque of TimelineEntry
+        The copies and kernels the engines ran, in the order they ended (the most recent
+        ``TIMELINE_LENGTH``).
+    """
+
+    name = "simulator"
+
+    def __init__(
+        self,
+        total: int = 8 << 30,
+        *,
+        latency: float = 0.0,
+        granule: int = 0,
+        reserved: int = 0,
+        array_type: str | None = None,
+        engines: Engines | None = None,
+    ) -> None:
+        self.array_type = parse_array_type(array_type)
+        self.engines = Engines() if engines is None else engines
+        self.timeline: collections.deque[TimelineEntry] = collections.deque(maxlen=TIMELINE_LENGTH)
+        self._copy_engines = {"h2d": threading.Lock(), "d2h": threading.Lock()}
+        self._pinned: weakref.WeakValueDictionary[int, np.ndarray[Any, Any]] = weakref.WeakValueDictionary()
+        if total <= 0 or reserved < 0 or reserved > total or latency < 0 or granule < 0:
+            raise ValueError(
+                f"bad simulator settings: total={total} (> 0), reserved={reserved} "
+                f"(0..total), latency={latency} (>= 0), granule={granule} (>= 0)"
+            )
+        self.total = total
+        self.latency = latency
+        self.granule = granule
+        self.allocator = "default"
+        self.device_name = f"aiocubie simulator ({total:,} bytes)"
+        self.faults = Faults()
+        self.resets = 0
+        self._reserved = reserved
+        self._used = 0
+        self._live: dict[int, int] = {}  # id(array) -> VRAM bytes
+        self._streams: weakref.WeakSet[SimStream] = weakref.WeakSet()  # closed on reset; not kept alive
+
+    # -- memory ---------------------------------------------------------------------------
+    @property
+    def used(self) -> int:
+        """VRAM bytes held by live arrays of this backend."""
+        return self._used
+
+    def occupy(self, nbytes: int) -> None:
+        """Pretend another process took (positive) or released (negative) ``nbytes``."""
+        if not 0 <= self._reserved + nbytes <= self.total - self._used:
+            raise ValueError(f"cannot occupy {nbytes} bytes: {self.memory_info()}")
+        self._reserved += nbytes
+
+    def memory_info(self) -> MemoryInfo:
+        return MemoryInfo(free=self.total - self._used - self._reserved, total=self.total)
+
+    def allocate(self, shape: tuple[int, ...], dtype: np.dtype[Any], kind: MemoryKind, stream: Any) -> Any:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if self.faults.check("allocate"):
+            raise AllocationError(f"injected fault: allocating {nbytes} bytes of {kind.value} {shape} {dtype}")
+        if kind.uses_vram:
+            free = self.memory_info().free
+            if nbytes > free:
+                raise AllocationError(
+                    f"out of memory: asked for {nbytes} bytes of {kind.value} memory "
+                    f"({shape}, {dtype}) with {free} of {self.total} free"
+                )
+        data = np.empty(shape, dtype)
+        array = data if kind in (MemoryKind.HOST, MemoryKind.PINNED) else sim_array(data, self.array_type, stream)
+        if kind is MemoryKind.PINNED:
+            self._pinned[id(data)] = data
+        if kind.uses_vram:
+            self._used += nbytes
+            self._live[id(array)] = nbytes
+        return array
+
+    def zero(self, array: Any, stream: SimStream) -> None:
+        data = host_data(array)
+        stream.enqueue(lambda: data.fill(0))
+
+    def free(self, array: Any) -> None:
+        self._used -= self._live.pop(id(array), 0)
+
+    def nbytes(self, array: Any) -> int:
+        return int(array.nbytes)
+
+    def host_array(self, shape: tuple[int, ...], dtype: np.dtype[Any], kind: MemoryKind) -> np.ndarray[Any, Any]:
+        if MemoryKind(kind) not in (MemoryKind.PINNED, MemoryKind.HOST):
+            raise InvalidRequestError(f"host arrays are 'pinned' or 'host', not {MemoryKind(kind).value!r}")
+        array: np.ndarray[Any, Any] = np.zeros(shape, dtype)
+        if MemoryKind(kind) is MemoryKind.PINNED:
+            self._pinned[id(array)] = array
+        return array
+
+    def is_pinned(self, array: Any) -> bool:
+        """True for host arrays made ``pinned`` here, and views of them."""
+        while isinstance(array, np.ndarray):
+            if self._pinned.get(id(array)) is array:
+                return True
+            array = array.base
+        return False
+
+    # -- streams, events, copies ----------------------------------------------------------
+    def create_stream(self) -> SimStream:
+        stream = SimStream(self.latency)
+        self._streams.add(stream)
+        return stream
+
+    def record_event(self, stream: SimStream) -> SimEvent:
+        if self.faults.check("record_event"):
+            raise BackendError(f"injected fault: recording an event on {stream}")
+        event = SimEvent()
+        stream.enqueue(event.complete)
+        return event
+
+    def wait_event(self, stream: SimStream, event: Event) -> None:
+        if not event.query():
+            stream.enqueue(event.synchronize)
+
+    def launch(self, stream: SimStream, work: Callable[[], None] | None = None, *, duration: float = 0.0, tag: object = None) -> None:
+        """Queue a kernel on ``stream``: ``work()`` runs on the stream's compute engine in order.
+
+        The kernel takes ``duration`` seconds plus the engines' ``kernel_latency``, and is
+        logged on :attr:`timeline` with ``tag``. A test's or demo's stand-in for a GPU launch.
+        """
+        cost = duration + self.engines.kernel_latency
+        engine = f"compute:{stream.id}"
+        timeline = self.timeline
+
+        def run() -> None:
+            start = time.perf_counter()
+            if cost:
+                time.sleep(cost)
+            if work is not None:
+                work()
+            timeline.append(TimelineEntry(engine, "kernel", start, time.perf_counter(), tag))
+
+        stream.enqueue(run)
+
+    def copy(self, src: Any, dst: Any, stream: SimStream, *, tag: object = None) -> None:
+        if getattr(src, "shape", None) != getattr(dst, "shape", None) or src.dtype != dst.dtype:
+            raise BackendError(
+                f"cannot copy {getattr(src, 'shape', '?')} {getattr(src, 'dtype', '?')} into "
+                f"{getattr(dst, 'shape', '?')} {getattr(dst, 'dtype', '?')}: shapes and dtypes must match"
+            )
+        source, target = src, dst
+        try:
+            src, dst = host_data(src), host_data(dst)
+        except TypeError as exc:
+            raise BackendError(f"cannot copy: {exc}") from exc
+        if not dst.flags.writeable:
+            raise BackendError(f"cannot copy into a read-only {dst.shape} array: pass a writable one")
+        if not (src.flags.c_contiguous and dst.flags.c_contiguous):  # as on a GPU: one block each
+            raise BackendError(
+                f"cannot copy between a {'non-' * (not src.flags.c_contiguous)}contiguous source and a "
+                f"{'non-' * (not dst.flags.c_contiguous)}contiguous target of shape {dst.shape}: "
+                "copy through np.ascontiguousarray (walk_chunks does)"
+            )
+        if self.faults.check("copy"):
+            raise BackendError(f"injected fault: copying {src.nbytes} bytes on {stream}")
+        src_host, dst_host = isinstance(source, np.ndarray), isinstance(target, np.ndarray)
+        direction = "h2d" if src_host and not dst_host else "d2h" if dst_host and not src_host else None
+        engines = self.engines
+        bandwidth = engines.h2d_bandwidth if direction == "h2d" else engines.d2h_bandwidth
+        cost = engines.copy_latency + src.nbytes / bandwidth if direction else 0.0
+        if direction is None:  # device to device or host to host: the stream's own engine
+            stream.enqueue(lambda: np.copyto(dst, src))
+            return
+        lock, timeline = self._copy_engines[direction], self.timeline
+
+        def run() -> None:
+            with lock:  # one engine per direction
+                start = time.perf_counter()
+                if cost:
+                    time.sleep(cost)
+                np.copyto(dst, src)
+                end = time.perf_counter()
+            timeline.append(TimelineEntry(direction, "copy", start, end, tag))
+
+        stream.enqueue(run)
+
+    def prefetch(self, array: Any, device: int | None, stream: SimStream) -> None:
+        if self.faults.check("prefetch"):
+            raise BackendError(f"injected fault: prefetching {array.nbytes} bytes on {stream}")
+        stream.enqueue(lambda: None)  # ordered like real work; data never moves on a CPU
+
+    def advise(self, array: Any, advice: Advice, device: int | None) -> None:
+        if advice not in ("preferred_location", "accessed_by", "read_mostly"):
+            raise BackendError(f"unknown managed-memory advice {advice!r}")
+
+    # -- context ----------------------------------------------------------------------------
+    def set_allocator(self, name: str) -> None:
+        if name not in ALLOCATORS:
+            raise UnknownAllocatorError(f"unknown allocator {name!r}: use one of {', '.join(ALLOCATORS)}")
+        self.reset()
+        self.allocator = name
+
+    def reset(self) -> None:
+        self.resets += 1
+        self._live.clear()
+        self._used = 0
+        self.close()
+
+    def close(self) -> None:
+        for stream in list(self._streams):
+            stream.close()
+        self._streams.clear()

@@ -1,0 +1,106 @@
+"""The ledger: every array the manager has handed out, and the bytes each instance and group holds.
+
+Pure bookkeeping: no device calls, no event loop. The manager frees the arrays the ledger
+gives back; the ledger only says what is live and what was the peak.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any
+
+import attrs
+
+from ._requests import MemoryKind
+
+__all__ = ["Allocation", "Ledger"]
+
+
+@attrs.define(eq=False)
+class Allocation:
+    """One live array: who asked for it, under which label, and the VRAM it takes."""
+
+    array: Any
+    label: str
+    key: Hashable
+    group: str
+    kind: MemoryKind
+    vram: int
+    owner: object = None  # the ArrayResponse it belongs to; held, so its id() stays unique
+
+
+class Ledger:
+    """Live allocations, indexed by owner, with live and peak VRAM bytes per key and group."""
+
+    def __init__(self) -> None:
+        self._by_owner: dict[int, list[Allocation]] = {}
+        self.live_by_key: dict[Hashable, int] = defaultdict(int)
+        self.peak_by_key: dict[Hashable, int] = defaultdict(int)
+        self.live_by_group: dict[str, int] = defaultdict(int)
+        self.peak_by_group: dict[str, int] = defaultdict(int)
+        self.live = 0
+        self.peak = 0
+
+    def __len__(self) -> int:
+        return sum(len(allocs) for allocs in self._by_owner.values())
+
+    def add(self, owner: object, allocations: list[Allocation], vram: int) -> None:
+        """Record ``allocations`` of one key and group, ``vram`` bytes together, as held by ``owner``."""
+        if not allocations:  # an empty response holds nothing and must not linger here
+            return
+        first = allocations[0]
+        key, group = first.key, first.group
+        for alloc in allocations:
+            alloc.owner = owner
+        self._by_owner[id(owner)] = allocations
+        live = self.live = self.live + vram
+        if live > self.peak:
+            self.peak = live
+        live = self.live_by_key[key] = self.live_by_key[key] + vram
+        if live > self.peak_by_key[key]:
+            self.peak_by_key[key] = live
+        live = self.live_by_group[group] = self.live_by_group[group] + vram
+        if live > self.peak_by_group[group]:
+            self.peak_by_group[group] = live
+
+    def held(self, keys: Iterable[Hashable]) -> int:
+        """VRAM bytes held by ``keys`` together."""
+        return sum(self.live_by_key.get(key, 0) for key in keys)
+
+    def forget(self, key: Hashable) -> int:
+        """Drop the totals of ``key`` (which holds nothing now) and return its peak."""
+        self.live_by_key.pop(key, None)
+        return self.peak_by_key.pop(key, 0)
+
+    def pop_owner(self, owner: object) -> list[Allocation]:
+        """Remove and return everything ``owner`` holds (nothing if already released)."""
+        allocs = self._by_owner.pop(id(owner), None)
+        if allocs is None:
+            return []
+        first = allocs[0]  # one owner: one key and group
+        vram = sum(alloc.vram for alloc in allocs) if len(allocs) > 1 else first.vram
+        self.live -= vram
+        self.live_by_key[first.key] -= vram
+        self.live_by_group[first.group] -= vram
+        return allocs
+
+    def pop_where(self, predicate: Callable[[Allocation], bool]) -> list[Allocation]:
+        """Remove and return every allocation for which ``predicate`` is true."""
+        popped: list[Allocation] = []
+        for owner, allocs in list(self._by_owner.items()):
+            keep: list[Allocation] = []
+            for alloc in allocs:
+                (popped if predicate(alloc) else keep).append(alloc)
+            if not keep:
+                del self._by_owner[owner]
+            elif len(keep) != len(allocs):
+                self._by_owner[owner] = keep
+        self._forget(popped)
+        return popped
+
+    def _forget(self, allocs: Iterable[Allocation]) -> None:
+        for alloc in allocs:
+            self.live -= alloc.vram
+            self.live_by_key[alloc.key] -= alloc.vram
+            self.live_by_group[alloc.group] -= alloc.vram

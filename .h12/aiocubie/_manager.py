@@ -1,0 +1,752 @@
+"""The facade: MemoryManager, and the process-wide default manager.
+
+It composes the core (options, device account, registry, telemetry, one scheduler per stream
+group), owns the schedulers' tasks (``async with MemoryManager() as mgr``) and delegates each
+public call to the component that owns the concept. It never imports numba.cuda or cupy: the
+device is reached only through the backend.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+import weakref
+from collections.abc import Callable, Generator, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+import anyio
+import anyio.abc
+import numpy as np
+
+from ._accounting import DeviceAccount
+from ._backends import Advice, Backend, MemoryInfo, create_backend, parse_array_type
+from ._budget import LimitMode
+from ._completion import Loop, wait_event
+from ._errors import (
+    AiocubieWarning,
+    BudgetError,
+    ConfigurationError,
+    ContextResetError,
+    InsufficientMemoryError,
+    InvalidRequestError,
+    ManagerStateError,
+    RegistrationError,
+    ReleasedError,
+)
+from ._ledger import Allocation
+from ._options import Options, Policy
+from ._planner import plan_chunks
+from ._registry import Group, InvalidateHook, Member, ReadyHook, Registry
+from ._requests import ArrayRequest, ArrayResponse, MemoryKind, RequestSet, check_requests
+from ._scheduler import GroupScheduler
+from ._stats import PinnedStats, Snapshot, Telemetry, UsageStats
+from ._tickets import Ticket
+
+__all__ = ["MemoryManager", "PendingRequest", "default_manager"]
+
+log = logging.getLogger("aiocubie")
+
+
+class PendingRequest:
+    """An allocation request: await it for an :class:`ArrayResponse`, or use ``async with``.
+
+    ``async with mgr.request(obj, {...}) as response:`` frees the arrays on exit. Cancelling
+    the awaiting task withdraws a queued request and frees an allocated one.
+    """
+
+    __slots__ = ("_mgr", "_instance", "_member", "_requests", "_response", "_awaited")
+
+    def __init__(self, manager: MemoryManager, instance: object, member: Member, requests: RequestSet) -> None:
+        self._mgr = manager
+        self._instance = instance
+        self._member = member
+        self._requests = requests
+        self._response: ArrayResponse | None = None
+        self._awaited = False
+
+    def __await__(self) -> Generator[Any, None, ArrayResponse]:
+        if self._awaited:
+            raise ManagerStateError("a request can be awaited only once: call mgr.request() again")
+        self._awaited = True
+        return self._mgr._serve(self._instance, self._member, self._requests).__await__()
+
+    async def __aenter__(self) -> ArrayResponse:
+        self._response = await self
+        return self._response
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._response is not None:
+            self._mgr.release(self._response)
+
+
+class MemoryManager:
+    """Coordinates the device memory and streams of the components of one program.
+
+    Components register once, then ``await mgr.request(component, {label: ArrayRequest})``.
+    Requests of one stream group are batched, planned together (one chunk plan along the
+    run axis), allocated on the group's stream and resolved when the device is done.
+
+    Parameters
+    ----------
+    backend : {"auto", "simulator", "cuda"} or Backend
+        ``"auto"`` uses the GPU when there is a usable one and the simulator otherwise.
+    mode : {"passive", "active"}
+        Passive: use free memory, chunk only when needed. Active: each group is limited to
+        the sum of its members' caps minus what they hold.
+    policy : {"chunk", "wait", "fail"}
+        What an active-mode batch does when it does not fit now (see :class:`Policy`).
+    headroom : float
+        Fraction of the available memory a batch leaves unused, in [0, 1).
+    batch_window : float
+        Seconds a batch stays open after its first request (0: close at once). A batch
+        closes early when every member of the group has asked, or on :meth:`flush`.
+    max_batch : int, optional
+        Most requests in one batch.
+    free_cache_seconds : float
+        How long a free-memory reading is reused (it costs tens of microseconds on a GPU);
+        a batch about to be chunked always reads the device again.
+    allocator : {"default", "cupy", "cupy_async"}, optional
+        Allocator plugin to start with.
+    array_type : {"cupy", "numba"}, optional
+        What device arrays are: CuPy arrays (the default; numpy's API, DLPack to torch) or
+        numba device arrays (the cheapest numba kernel launches). The simulator hands out
+        arrays that behave like the chosen type on a GPU.
+
+    Examples
+    --------
+    >>> async def main():
+    ...     async with MemoryManager(backend="simulator") as mgr:
+    ...         solver = object()
+    ...         mgr.register(solver, stream_group="solve")
+    ...         req = {"state": ArrayRequest((8, 1000), "float32", chunk_axis=1)}
+    ...         async with mgr.request(solver, req) as response:
+    ...             return response.chunked_shapes
+    >>> anyio.run(main)
+    {'state': (8, 1000)}
+    """
+
+    def __init__(
+        self,
+        backend: str | Backend = "auto",
+        *,
+        mode: LimitMode | str = "passive",
+        policy: Policy | str = "chunk",
+        headroom: float = 0.05,
+        batch_window: float = 0.002,
+        max_batch: int | None = None,
+        free_cache_seconds: float = 0.05,
+        allocator: str | None = None,
+        array_type: str | None = None,
+    ) -> None:
+        self._options = Options(
+            mode=mode,
+            policy=policy,
+            headroom=headroom,
+            batch_window=batch_window,
+            max_batch=max_batch,
+            free_cache_seconds=free_cache_seconds,
+        )
+        if not isinstance(backend, (str, Backend)):
+            raise ConfigurationError(
+                f"backend must be a name ('auto', 'simulator', 'cuda') or a Backend, got {backend!r}"
+            )
+        if allocator is not None and not isinstance(allocator, str):
+            raise ConfigurationError(f"allocator must be a name or None, got {allocator!r}")
+        self._owns_backend = not isinstance(backend, Backend)
+        if isinstance(backend, str):
+            backend = create_backend(backend, allocator=allocator, array_type=array_type)
+        elif array_type is not None and parse_array_type(array_type) != backend.array_type:
+            raise ConfigurationError(
+                f"array_type={array_type!r} but the backend given hands out {backend.array_type!r} arrays: "
+                "pass array_type to the backend, or a backend name"
+            )
+        self.backend: Backend = backend
+        if allocator is not None and not self._owns_backend and allocator != self.backend.allocator:
+            self.backend.set_allocator(allocator)
+        self._telemetry = Telemetry()
+        self._account = DeviceAccount(self.backend, self._options, self._memory_released)
+        self._registry = Registry(self.backend.create_stream, self._telemetry)
+        self._schedulers: dict[str, GroupScheduler] = {}
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._loop: Loop | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def __aenter__(self) -> MemoryManager:
+        if self._task_group is not None:
+            raise ManagerStateError("this manager is already running")
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        self._task_group, self._loop = task_group, Loop()
+        for group in self._registry.groups.values():
+            self._start_scheduler(group)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        await self.aclose()
+        return None
+
+    async def aclose(self) -> None:
+        """Stop the schedulers, fail what is still pending, and free every array."""
+        task_group, self._task_group, self._loop = self._task_group, None, None
+        if task_group is None:
+            return
+        closed = ManagerStateError("the memory manager was closed before the request was served")
+        schedulers, self._schedulers = self._schedulers, {}
+        for scheduler in schedulers.values():
+            for response in scheduler.close(closed):
+                self._account.release(response)
+        task_group.cancel_scope.cancel()
+        await task_group.__aexit__(None, None, None)
+        self.free_all()
+
+    def close(self) -> None:
+        """Release the backend's resources (streams, threads) if this manager created it."""
+        if self._task_group is not None:
+            raise ManagerStateError("close() on a running manager: leave its `async with` first")
+        if self._owns_backend:
+            self.backend.close()
+
+    @property
+    def running(self) -> bool:
+        """True inside ``async with mgr``."""
+        return self._task_group is not None
+
+    @property
+    def options(self) -> Options:
+        """The manager's options (frozen; change mode and policy with their setters)."""
+        return self._options
+
+    # -- registration ----------------------------------------------------------------------
+    def register(
+        self,
+        instance: object,
+        *,
+        proportion: float | None = None,
+        stream_group: str = "default",
+        invalidate_hook: InvalidateHook | None = None,
+        ready_hook: ReadyHook | None = None,
+        name: str | None = None,
+    ) -> None:
+        """Register ``instance``: give it a VRAM budget and a stream group.
+
+        Parameters
+        ----------
+        instance : object
+            The component; held weakly where it allows it, and unregistered (its arrays freed)
+            when it is garbage-collected.
+        proportion : float, optional
+            Share of VRAM in (0, 1] (manual pool); omitted, it joins the auto pool.
+        stream_group : str
+            Instances of one group share a stream and are batched together.
+        invalidate_hook : callable, optional
+            Called with no argument on a context reset (set_allocator, invalidate_all).
+        ready_hook : callable, optional
+            Called with each ArrayResponse of the group's batches: a plain function in the
+            loop thread as the batch resolves, an ``async def`` function as a task of its own.
+        name : str, optional
+            Name in stats and logs (default: the type name and a number).
+
+        Raises
+        ------
+        RegistrationError
+            If ``instance`` is already registered, or a hook is not callable or the group
+            name not a non-empty string.
+        BudgetError
+            If ``proportion`` is outside (0, 1] or does not fit the budget.
+        """
+        self._reap()
+        registry = self._registry
+        settings: dict[str, Any] = dict(
+            group=stream_group, name=name, invalidate_hook=invalidate_hook, ready_hook=ready_hook
+        )
+        registry.check_new(instance, **settings)
+        self._account.budget.add(id(instance), proportion)  # validates: nothing is half-registered
+        member = registry.add(instance, **settings)
+        self._scheduler_of(member.group)
+
+    def unregister(self, instance: object) -> None:
+        """Forget ``instance``: free its arrays, withdraw its queued requests, drop its budget."""
+        self._unregister(self._member(instance).key)
+
+    def is_registered(self, instance: object) -> bool:
+        """True if ``instance`` is registered."""
+        self._reap()
+        return id(instance) in self._registry.members
+
+    def _unregister(self, key: int) -> None:
+        member = self._registry.remove(key)
+        self._account.budget.remove(key)
+        gone = RegistrationError(f"{member.name} was unregistered before its request was served")
+        for scheduler in self._schedulers.values():  # queued requests stay in the group they were made in
+            for response in scheduler.drop(key, gone):
+                self._account.release(response)
+        self._account.release_where(lambda a: a.key == key)
+        # the id may be reused by a new instance: keep the peak under the name, forget the id
+        member.counters.peak_bytes = max(member.counters.peak_bytes, self._account.ledger.forget(key))
+        self._changed()  # caps changed, and an open batch may no longer wait for this member
+
+    def _reap(self) -> None:
+        for key in self._registry.reap():
+            log.debug("unregistering collected %s", self._registry.name_of(key))
+            self._unregister(key)
+
+    def _member(self, instance: object) -> Member:
+        self._reap()
+        return self._registry.member(instance)
+
+    # -- budget ----------------------------------------------------------------------------
+    @property
+    def mode(self) -> LimitMode:
+        """``passive`` or ``active`` (change it with :meth:`set_limit_mode`)."""
+        return self._options.mode
+
+    @property
+    def policy(self) -> Policy:
+        """The active-mode policy (change it with :meth:`set_policy`)."""
+        return self._options.policy
+
+    @property
+    def active(self) -> bool:
+        """True in active mode."""
+        return self._options.active
+
+    def set_limit_mode(self, mode: LimitMode | str) -> None:
+        """Switch between ``"passive"`` and ``"active"``.
+
+        Raises
+        ------
+        ConfigurationError
+            For an unknown mode.
+        """
+        self._configure(mode=mode)
+
+    def set_policy(self, policy: Policy | str) -> None:
+        """Set the active-mode policy: ``"chunk"``, ``"wait"`` or ``"fail"``.
+
+        Raises
+        ------
+        ConfigurationError
+            For an unknown policy.
+        """
+        self._configure(policy=policy)
+
+    def _configure(self, **changes: Any) -> None:
+        options = self._options = self._options.replace(**changes)
+        self._account.options = options
+        for scheduler in self._schedulers.values():
+            scheduler.configure(options)
+
+    def proportion(self, instance: object) -> float:
+        """Share of VRAM ``instance`` may use."""
+        return self._account.budget.proportion(self._member(instance).key)
+
+    def cap(self, instance: object) -> int:
+        """Bytes ``instance`` may use: proportion x total VRAM."""
+        return self._account.budget.cap(self._member(instance).key)
+
+    @property
+    def manual_pool_proportion(self) -> float:
+        """Share of VRAM assigned to manual members."""
+        self._reap()
+        return self._account.budget.manual_pool_proportion
+
+    @property
+    def auto_pool_proportion(self) -> float:
+        """Share of VRAM split among auto members."""
+        self._reap()
+        return self._account.budget.auto_pool_proportion
+
+    def set_manual_proportion(self, instance: object, proportion: float) -> None:
+        """Give ``instance`` a manual ``proportion`` (moving it out of the auto pool)."""
+        self._account.budget.set_manual(self._member(instance).key, proportion)
+        self._changed()
+
+    def set_manual_limit_mode(self, instance: object, proportion: float) -> None:
+        """Move ``instance`` from the auto pool to the manual pool with ``proportion``.
+
+        Raises
+        ------
+        BudgetError
+            If ``instance`` already has a manual proportion.
+        """
+        member = self._member(instance)
+        if self._account.budget.is_manual(member.key):
+            raise BudgetError(f"{member.name} is already in the manual pool: use set_manual_proportion")
+        self._account.budget.set_manual(member.key, proportion)
+        self._changed()
+
+    def set_auto_limit_mode(self, instance: object) -> None:
+        """Move ``instance`` from the manual pool to the auto pool."""
+        self._account.budget.set_auto(self._member(instance).key)
+        self._changed()
+
+    def get_available_memory(self, group: str) -> int:
+        """Bytes ``group`` may use now (warns above 95% use in active mode)."""
+        self._reap()
+        members = self._registry.group(group).members
+        free = self._account.free_memory(fresh=True)
+        return self._account.available(members, free, group=group, warn=True)
+
+    def memory_info(self) -> MemoryInfo:
+        """Free and total device memory, read now."""
+        return self.backend.memory_info()
+
+    # -- stream groups ---------------------------------------------------------------------
+    def get_stream(self, instance: object) -> Any:
+        """The stream of ``instance``'s group."""
+        return self._registry.groups[self._member(instance).group].stream
+
+    def get_stream_group(self, instance: object) -> str:
+        """The name of ``instance``'s stream group."""
+        return str(self._member(instance).group)
+
+    def change_stream_group(self, instance: object, new_group: str) -> None:
+        """Move ``instance`` to ``new_group`` (created if new).
+
+        Its queued requests move with it; those already being planned or in flight finish in
+        the old group.
+        """
+        member = self._member(instance)
+        old, new = self._registry.move(member, new_group)
+        if old is not new:
+            moving = self._schedulers[old.name].take(member.key) if old.name in self._schedulers else []
+            target = self._scheduler_of(new.name)
+            if target is not None:
+                target.adopt(moving)
+        self._changed()
+
+    def is_grouped(self, instance: object) -> bool:
+        """True if ``instance`` shares its stream group with another instance."""
+        return len(self._registry.groups[self._member(instance).group].members) > 1
+
+    @property
+    def stream_groups(self) -> dict[str, list[str]]:
+        """Group name -> names of its members."""
+        self._reap()  # a collected instance is no member
+        members = self._registry.members
+        return {name: sorted(members[key].name for key in group.members) for name, group in self._registry.groups.items()}
+
+    def reinit_streams(self) -> None:
+        """Give every group a new stream (after a context reset)."""
+        self._registry.renew_streams()
+
+    # -- requests --------------------------------------------------------------------------
+    def request(self, instance: object, requests: Mapping[str, ArrayRequest]) -> PendingRequest:
+        """Ask for arrays: ``await`` the result, or ``async with`` it to free them on exit.
+
+        The requests are checked now (bad ones raise at once); they are queued when awaited.
+
+        Parameters
+        ----------
+        instance : object
+            A registered instance.
+        requests : mapping
+            Label -> :class:`ArrayRequest`.
+
+        Returns
+        -------
+        PendingRequest
+            Resolves to an :class:`ArrayResponse`.
+
+        Raises
+        ------
+        InvalidRequestError
+            For a malformed mapping, or arrays of one request that disagree on the run length.
+        RegistrationError
+            If ``instance`` is not registered.
+        PlanningError, AllocationError, ContextResetError, ManagerStateError
+            When awaited, if the batch could not be served.
+        """
+        checked = check_requests(requests)
+        return PendingRequest(self, instance, self._member(instance), checked)
+
+    async def _serve(self, instance: object, member: Member, requests: RequestSet) -> ArrayResponse:
+        """Submit a request when it is awaited and wait for it (PendingRequest's await)."""
+        loop = self._loop
+        if loop is None:
+            raise ManagerStateError("the memory manager is not running: use `async with MemoryManager() as mgr:`")
+        self._reap()
+        if self._registry.members.get(member.key) is not member:  # unregistered since request()
+            member = self._registry.member(instance)
+        group = self._registry.groups[member.group]
+        ticket = Ticket(member.key, requests, (group.counters, member.counters))
+        group.counters.requests += 1
+        member.counters.requests += 1
+        # queued (or served, when it closes a batch at once) in the order requests are awaited
+        self._schedulers[member.group].submit(ticket)
+        try:
+            if ticket.done:
+                await loop.checkpoint()  # awaiting a request is a checkpoint, even one served at once
+            else:
+                await ticket.wait(loop.signal)
+        except BaseException:
+            self._cancel(ticket)
+            raise
+        return ticket.result()
+
+    def _cancel(self, ticket: Ticket) -> None:
+        was_pending = ticket.pending
+        self._account.release(ticket.cancel())
+        if was_pending:
+            for scheduler in self._schedulers.values():
+                scheduler.withdraw(ticket)
+
+    def flush(self, group: str | None = None) -> None:
+        """Close the batch being collected in ``group`` (all groups if None) now."""
+        names = list(self._schedulers) if group is None else [self._registry.group(group).name]
+        for name in names:
+            scheduler = self._schedulers.get(name)
+            if scheduler is not None:
+                scheduler.flush()
+
+    def allocate_all(self, instance: object, requests: Mapping[str, ArrayRequest]) -> ArrayResponse:
+        """Allocate ``requests`` for ``instance`` now, unbatched and unchunked, on its stream.
+
+        The arrays are usable after ``await mgr.sync_stream(instance)``; release them with
+        :meth:`release`, :meth:`free` or :meth:`free_all`. Works without ``async with``.
+
+        Raises
+        ------
+        InsufficientMemoryError
+            If the arrays do not fit whole in what the instance's group is offered.
+        AllocationError
+            If the backend fails (nothing stays allocated).
+        """
+        checked = check_requests(requests)
+        member = self._member(instance)
+        group = self._registry.groups[member.group]
+        account = self._account
+        free = account.free_memory(fresh=True)
+        offered = account.offered(group.members, free)
+        plan = plan_chunks(checked.runs, checked.fixed, checked.per_run, offered, free=free)
+        if plan.chunks > 1:
+            raise InsufficientMemoryError(
+                f"allocate_all needs {plan.full_bytes} bytes whole but group {member.group!r} is "
+                f"offered {plan.offered}: use await mgr.request() to have it chunked"
+            )
+        (response,), _ = account.allocate([(member.key, checked)], member.group, plan, group.stream)
+        return response
+
+    def allocate(self, instance: object, request: ArrayRequest, label: str = "array") -> Any:
+        """Allocate one array for ``instance`` now (see :meth:`allocate_all`)."""
+        return self.allocate_all(instance, {label: request}).arrays[label]
+
+    # -- release ---------------------------------------------------------------------------
+    def release(self, response: ArrayResponse) -> None:
+        """Free the arrays of ``response``. Idempotent."""
+        self._account.release(response)
+
+    def free(self, label: str) -> None:
+        """Free every array labelled ``label``, whichever instance holds it.
+
+        Requests still in flight whose arrays are freed fail with :class:`ReleasedError`
+        (and the rest of their arrays are freed too).
+        """
+        self._free_where(lambda a: a.label == label, f"free({label!r})")
+
+    def free_all(self) -> None:
+        """Free every array the manager handed out (requests in flight fail with ReleasedError)."""
+        self._free_where(lambda a: True, "free_all()")
+
+    def _free_where(self, predicate: Callable[[Allocation], bool], cause: str) -> None:
+        owners = {id(a.owner) for a in self._account.release_where(predicate)}
+        if owners:
+            error = ReleasedError(f"{cause} freed this request's arrays before it resolved; request again")
+            for scheduler in self._schedulers.values():
+                for response in scheduler.fail_in_flight(owners, error):
+                    self._account.release(response)
+
+    def invalidate_all(self) -> None:
+        """Call every invalidate hook once and release every array.
+
+        Requests in flight fail with :class:`ContextResetError`; queued ones are served later.
+        """
+        self._reset("invalidate_all")
+        self.free_all()
+        self._call_invalidate_hooks()
+
+    def set_allocator(self, name: str) -> None:
+        """Swap the allocator plugin (``"default"``, ``"cupy"``, ``"cupy_async"``).
+
+        The swap resets the device context: every array handed out before is invalid,
+        requests in flight fail with :class:`ContextResetError`, every invalidate hook is
+        called once, and every group gets a new stream. Queued requests are served on the
+        new context.
+
+        Raises
+        ------
+        UnknownAllocatorError
+            For an unknown or unavailable allocator (nothing is reset then).
+        """
+        self.backend.set_allocator(name)  # first: an unknown name must not warn of a reset
+        warnings.warn(
+            f"set_allocator({name!r}) resets the device context: arrays and compiled kernels "
+            "from before are invalid",
+            AiocubieWarning,
+            stacklevel=2,
+        )
+        self._reset(f"set_allocator({name!r})")
+        self._account.forget_all()  # the context that held them is gone
+        self.reinit_streams()
+        self._call_invalidate_hooks()
+
+    def _reset(self, cause: str) -> None:
+        error = ContextResetError(f"{cause} reset the device context while this request was in flight; request again")
+        for scheduler in self._schedulers.values():
+            scheduler.reset(error)
+
+    def _call_invalidate_hooks(self) -> None:
+        for member in list(self._registry.members.values()):
+            if member.invalidate_hook is None:
+                continue
+            try:
+                member.invalidate_hook()
+            except Exception:
+                log.exception("invalidate hook of %s raised", member.name)
+
+    # -- host arrays, copies, streams, managed memory -------------------------------------
+    def create_host_array(
+        self,
+        shape: int | Sequence[int],
+        dtype: Any,
+        kind: MemoryKind | str = "pinned",
+        like: np.ndarray[Any, Any] | None = None,
+        *,
+        pool: bool = False,
+    ) -> np.ndarray[Any, Any]:
+        """A C-contiguous host array, ``pinned`` or ``host``: zeros, or a copy of ``like``.
+
+        With ``pool=True`` a pinned array comes from the backend's pinned staging pool (the
+        walks' pool: exact sizes, reused) and goes back to it when the array and every view
+        of it are collected; :meth:`release_pinned` unpins what the pool keeps.
+        """
+        request = ArrayRequest(shape, dtype, kind, unchunkable=True)
+        if request.kind not in (MemoryKind.PINNED, MemoryKind.HOST):
+            raise InvalidRequestError(f"host arrays are 'pinned' or 'host', not {request.kind.value!r}")
+        if pool and request.kind is MemoryKind.PINNED:
+            staging = self.backend.pinned_pool
+            buffer = staging.acquire(request.nbytes)
+            array = buffer[: request.nbytes].view(request.dtype).reshape(request.shape)
+            array.fill(0)
+            weakref.finalize(array, staging.release, buffer)
+        else:
+            array = self.backend.host_array(request.shape, request.dtype, request.kind)
+        if like is not None:
+            if np.shape(like) != request.shape:
+                raise InvalidRequestError(f"like has shape {np.shape(like)}, not {request.shape}")
+            try:
+                array[...] = like
+            except (TypeError, ValueError) as exc:  # text or objects numpy cannot cast
+                raise InvalidRequestError(
+                    f"like={like!r} cannot be copied into a {request.dtype} host array: {exc}"
+                ) from exc
+        return array
+
+    def release_pinned(self) -> int:
+        """Unpin the free buffers of the pinned staging pool; return the bytes released.
+
+        Buffers in use (by a walk, or a ``create_host_array(pool=True)`` array still alive)
+        stay; they are kept for reuse when given back.
+        """
+        return self.backend.pinned_pool.clear()
+
+    async def to_device(self, instance: object, host_arrays: Sequence[Any], device_arrays: Sequence[Any]) -> None:
+        """Copy each host array into its device array on ``instance``'s stream; wait until done."""
+        await self._copy(instance, host_arrays, device_arrays)
+
+    async def from_device(self, instance: object, device_arrays: Sequence[Any], host_arrays: Sequence[Any]) -> None:
+        """Copy each device array into its host array on ``instance``'s stream; wait until done."""
+        await self._copy(instance, device_arrays, host_arrays)
+
+    async def _copy(self, instance: object, sources: Sequence[Any], targets: Sequence[Any]) -> None:
+        if len(sources) != len(targets):
+            raise InvalidRequestError(f"{len(sources)} sources but {len(targets)} targets: pair them up")
+        stream = self.get_stream(instance)
+        for src, dst in zip(sources, targets):
+            self.backend.copy(src, dst, stream)
+        await self._wait_for(stream)
+
+    async def sync_stream(self, instance: object) -> None:
+        """Wait until everything queued on ``instance``'s stream is done (without blocking)."""
+        await self._wait_for(self.get_stream(instance))
+
+    async def prefetch(self, instance: object, array: Any, device: int | None = 0) -> None:
+        """Prefetch managed ``array`` to ``device`` (None: the CPU) on ``instance``'s stream."""
+        stream = self.get_stream(instance)
+        self.backend.prefetch(array, device, stream)
+        await self._wait_for(stream)
+
+    async def _wait_for(self, stream: Any) -> None:
+        event = self.backend.record_event(stream)
+        await (self._loop.wait(event) if self._loop is not None else wait_event(event))
+
+    def advise(self, array: Any, advice: Advice, device: int | None = 0) -> None:
+        """Give managed-memory ``advice`` (preferred_location, accessed_by, read_mostly)."""
+        self.backend.advise(array, advice, device)
+
+    # -- observability ---------------------------------------------------------------------
+    def stats(self) -> Snapshot:
+        """Live and peak bytes, requests, batches, chunks and latencies, per group and instance."""
+        self._reap()
+        ledger = self._account.ledger
+        info = self.backend.memory_info()
+        groups = {
+            name: UsageStats.of(counters, ledger.live_by_group.get(name, 0), ledger.peak_by_group.get(name, 0))
+            for name, counters in self._telemetry.groups.items()
+        }
+        by_name = {m.name: m.key for m in self._registry.members.values()}
+        instances = {}
+        for name, counters in self._telemetry.instances.items():
+            key = by_name.get(name)
+            live, peak = ledger.live_by_key.get(key, 0), ledger.peak_by_key.get(key, 0)
+            instances[name] = UsageStats.of(counters, live, max(peak, counters.peak_bytes))
+        pool = self.backend.pinned_pool
+        pinned = PinnedStats(pool.held, pool.in_use, pool.peak_in_use, pool.pinned)
+        return Snapshot(Snapshot.now(), info.free, info.total, ledger.live, ledger.peak, groups, instances, pinned)
+
+    # -- wiring ----------------------------------------------------------------------------
+    def _scheduler_of(self, name: str) -> GroupScheduler | None:
+        """The scheduler of group ``name``, started if the manager runs (None if it does not)."""
+        scheduler = self._schedulers.get(name)
+        if scheduler is None and self._task_group is not None:
+            scheduler = self._start_scheduler(self._registry.groups[name])
+        return scheduler
+
+    def _start_scheduler(self, group: Group) -> GroupScheduler:
+        assert self._task_group is not None and self._loop is not None
+        scheduler = GroupScheduler(
+            group, self._registry.members, self._options, self._account, self._loop, self._task_group.start_soon
+        )
+        self._schedulers[group.name] = scheduler
+        self._task_group.start_soon(scheduler.run, name=f"aiocubie scheduler {group.name!r}")
+        return scheduler
+
+    def _memory_released(self) -> None:
+        self._changed()
+
+    def _changed(self) -> None:
+        for scheduler in self._schedulers.values():
+            scheduler.changed()
+
+
+_default: MemoryManager | None = None
+_default_lock = threading.Lock()
+
+
+def default_manager() -> MemoryManager:
+    """The process-wide manager (``backend="auto"``), created on first use.
+
+    Like any manager it serves requests inside ``async with default_manager():``.
+    """
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = MemoryManager()
+        return _default
+

@@ -1,0 +1,107 @@
+"""A manager's options, parsed and validated once into a frozen value.
+
+Pure: no device, no event loop. Every name a user can pass (mode, policy, numbers) is checked
+here and nowhere else; the rest of the package reads typed, valid fields.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import Any
+
+import attrs
+
+from ._budget import LimitMode
+from ._errors import ConfigurationError
+
+__all__ = ["Options", "Policy"]
+
+
+class Policy(str, enum.Enum):
+    """What an active-mode batch does when it does not fit the group's headroom now.
+
+    ``chunk``: plan against the headroom there is (more, smaller chunks).
+    ``wait``: wait, first come first served, until enough memory is released for the plan the
+    batch would get if the group held nothing.
+    ``fail``: raise :class:`InsufficientMemoryError` unless the batch fits whole.
+    """
+
+    CHUNK = "chunk"
+    WAIT = "wait"
+    FAIL = "fail"
+
+
+def _mode(value: Any) -> LimitMode:
+    try:
+        return LimitMode(value)
+    except ValueError:
+        raise ConfigurationError(f"unknown limit mode {value!r}: use 'passive' or 'active'") from None
+
+
+def _policy(value: Any) -> Policy:
+    try:
+        return Policy(value)
+    except ValueError:
+        raise ConfigurationError(f"unknown policy {value!r}: use 'chunk', 'wait' or 'fail'") from None
+
+
+def _headroom(value: Any) -> float:
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0.0 <= value < 1.0):
+        raise ConfigurationError(f"headroom must be in [0, 1), got {value!r}")
+    return float(value)
+
+
+def _seconds(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0.0 <= value < math.inf):
+        raise ConfigurationError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def _batch_window(value: Any) -> float:
+    return _seconds("batch_window", value)
+
+
+def _free_cache_seconds(value: Any) -> float:
+    return _seconds("free_cache_seconds", value)
+
+
+def _max_batch(value: Any) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigurationError(f"max_batch must be a positive integer or None, got {value!r}")
+    return value
+
+
+@attrs.frozen
+class Options:
+    """The options of a :class:`~aiocubie.MemoryManager` (see its parameters).
+
+    Built once, validated as it is built; change one with :meth:`replace`, which validates
+    again. Every error is a :class:`ConfigurationError` naming the value and what is allowed.
+
+    Examples
+    --------
+    >>> Options(mode="active").replace(policy="wait").policy
+    <Policy.WAIT: 'wait'>
+    """
+
+    mode: LimitMode = attrs.field(default=LimitMode.PASSIVE, converter=_mode)
+    policy: Policy = attrs.field(default=Policy.CHUNK, converter=_policy)
+    headroom: float = attrs.field(default=0.05, converter=_headroom)
+    batch_window: float = attrs.field(default=0.002, converter=_batch_window)
+    max_batch: int | None = attrs.field(default=None, converter=_max_batch)
+    free_cache_seconds: float = attrs.field(default=0.05, converter=_free_cache_seconds)
+
+    #: True in active mode.
+    active: bool = attrs.field(init=False, eq=False, repr=False)
+    #: True when a batch that does not fit waits for memory (active mode, policy wait).
+    waits: bool = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        # read on every request: computed once
+        object.__setattr__(self, "active", self.mode is LimitMode.ACTIVE)
+        object.__setattr__(self, "waits", self.active and self.policy is Policy.WAIT)
+
+    def replace(self, **changes: Any) -> Options:
+        """A copy with ``changes`` applied, validated like the original."""
+        return attrs.evolve(self, **changes)

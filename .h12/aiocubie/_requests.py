@@ -1,0 +1,408 @@
+"""Request and response value types: ArrayRequest, ArrayResponse, MemoryKind.
+
+Pure: no numba.cuda, no event loop. A request is validated when it is built, so a bad one
+never reaches the scheduler.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import numbers
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import attrs
+import numpy as np
+
+from ._errors import InvalidRequestError, RunLengthMismatchError
+
+__all__ = ["ArrayRequest", "ArrayResponse", "MemoryKind", "RequestSet", "check_requests", "run_length"]
+
+#: Largest byte count one array may have (a signed 64-bit size, as CUDA and numpy use).
+MAX_NBYTES = 2**63 - 1
+
+
+class MemoryKind(str, enum.Enum):
+    """Where an array lives.
+
+    ``device`` and ``managed`` count against VRAM (and against caps in active mode);
+    ``pinned``, ``mapped`` and ``host`` live in host memory and are never budgeted.
+    """
+
+    DEVICE = "device"
+    PINNED = "pinned"
+    MAPPED = "mapped"
+    HOST = "host"
+    MANAGED = "managed"
+
+    @property
+    def uses_vram(self) -> bool:
+        """True for the kinds that take device memory."""
+        return self in (MemoryKind.DEVICE, MemoryKind.MANAGED)
+
+    @classmethod
+    def parse(cls, value: MemoryKind | str) -> MemoryKind:
+        """Return the kind named by ``value``; raise InvalidRequestError for an unknown name."""
+        if isinstance(value, MemoryKind):
+            return value
+        try:
+            return cls(value)
+        except ValueError:
+            names = ", ".join(k.value for k in cls)
+            raise InvalidRequestError(
+                f"unknown memory kind {value!r}: use one of {names}"
+            ) from None
+
+
+def _shape(value: Any) -> tuple[int, ...]:
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = (value,)
+    try:
+        dims = tuple(value)
+    except TypeError:
+        raise InvalidRequestError(
+            f"shape must be a tuple of non-negative integers, got {value!r}"
+        ) from None
+    for dim in dims:
+        if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
+            raise InvalidRequestError(
+                f"shape {value!r} holds {dim!r}, which is not an integer: "
+                "pass whole numbers of elements"
+            )
+        if dim < 0:
+            raise InvalidRequestError(f"shape {value!r} holds the negative size {dim}")
+    return tuple(int(d) for d in dims)
+
+
+def _dtype(value: Any) -> np.dtype[Any]:
+    if value is None:  # np.dtype(None) is float64: too easy to get by accident
+        raise InvalidRequestError("dtype is required: pass e.g. np.float32")
+    try:
+        dtype: np.dtype[Any] = np.dtype(value)
+    except (TypeError, ValueError, SyntaxError) as exc:  # numpy parses "f4,i4" strings as Python
+        raise InvalidRequestError(f"dtype {value!r} is not a numpy dtype: {exc}") from None
+    if dtype.kind not in "biufc" or dtype.hasobject:
+        raise InvalidRequestError(
+            f"dtype {dtype} is not supported on the GPU: use a boolean, integer, float or complex dtype"
+        )
+    return dtype
+
+
+def _kind(value: MemoryKind | str) -> MemoryKind:
+    return MemoryKind.parse(value)
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidRequestError(f"flags unchunkable and zero take True or False, got {value!r}")
+    return bool(value)
+
+
+@attrs.frozen
+class ArrayRequest:
+    """One array a component asks for.
+
+    Parameters
+    ----------
+    shape : tuple of int
+        Full (unchunked) shape. A bare int means a 1-d array.
+    dtype : numpy dtype or anything ``np.dtype`` accepts
+        Boolean, integer, float or complex.
+    kind : MemoryKind or str
+        ``"device"`` (default), ``"pinned"``, ``"mapped"``, ``"host"`` or ``"managed"``.
+    chunk_axis : int
+        The run axis, along which a batch is chunked when it does not fit. Negative values
+        count from the end.
+    unchunkable : bool
+        Keep the full shape whatever the plan (parameters, lookup tables).
+    zero : bool
+        Fill with zeros on the group's stream before the request resolves.
+    buffers : int
+        Chunk buffers of this array to allocate when the batch is chunked (1 by default): an
+        overlapped walk of depth ``d`` needs ``d`` (see :func:`walk_requests`). The plan
+        budgets every buffer; a batch that fits whole gets one.
+
+    Raises
+    ------
+    InvalidRequestError
+        For a negative or non-integer size, an unsupported dtype, an unknown kind, a chunk
+        axis out of range, an array larger than 2**63 - 1 bytes, or ``buffers`` that is not
+        a positive integer (or above 1 on an unchunkable array).
+
+    Examples
+    --------
+    >>> ArrayRequest(shape=(8, 1000), dtype="float32", chunk_axis=1).nbytes
+    32000
+    """
+
+    shape: tuple[int, ...] = attrs.field(converter=_shape)
+    dtype: np.dtype[Any] = attrs.field(converter=_dtype)
+    kind: MemoryKind = attrs.field(default=MemoryKind.DEVICE, converter=_kind)
+    chunk_axis: int = attrs.field(default=0)
+    unchunkable: bool = attrs.field(default=False, converter=_flag)
+    zero: bool = attrs.field(default=False, converter=_flag)
+    buffers: int = attrs.field(default=1)
+    #: Bytes of the full, unchunked array.
+    nbytes: int = attrs.field(init=False, eq=False, repr=False)
+    #: Length of the run axis, or None for an unchunkable array.
+    runs: int | None = attrs.field(init=False, eq=False, repr=False)
+    #: Bytes one run of this array takes (0 for an unchunkable array).
+    bytes_per_run: int = attrs.field(init=False, eq=False, repr=False)
+    #: True when the array takes device memory (its kind is device or managed).
+    uses_vram: bool = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        axis = self.chunk_axis
+        if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
+            raise InvalidRequestError(f"chunk_axis must be an integer, got {axis!r}")
+        ndim = len(self.shape)
+        buffers = self.buffers
+        if isinstance(buffers, bool) or not isinstance(buffers, numbers.Integral) or buffers < 1:
+            raise InvalidRequestError(f"buffers must be a positive integer, got {buffers!r}")
+        if self.unchunkable and buffers != 1:
+            raise InvalidRequestError(
+                f"buffers={buffers} asks for chunk buffers of an unchunkable array: it is never "
+                "chunked, so it has one; drop buffers or make the array chunkable"
+            )
+        object.__setattr__(self, "buffers", int(buffers))
+        if not self.unchunkable:
+            if ndim == 0:
+                raise InvalidRequestError(
+                    f"shape {self.shape} is 0-d: it has no axis to chunk; pass unchunkable=True"
+                )
+            if not -ndim <= axis < ndim:
+                raise InvalidRequestError(
+                    f"chunk_axis {axis} is out of range for shape {self.shape} "
+                    f"(valid: {-ndim}..{ndim - 1})"
+                )
+            axis = int(axis) % ndim
+            object.__setattr__(self, "chunk_axis", axis)
+        nbytes = math.prod(self.shape) * self.dtype.itemsize
+        if nbytes > MAX_NBYTES:
+            raise InvalidRequestError(
+                f"shape {self.shape} of {self.dtype} needs {nbytes} bytes, "
+                f"over the 2**63 - 1 a single array may have"
+            )
+        # computed once: the planner reads them for every batch
+        object.__setattr__(self, "nbytes", nbytes)
+        object.__setattr__(self, "uses_vram", self.kind.uses_vram)
+        if self.unchunkable:
+            object.__setattr__(self, "runs", None)
+            object.__setattr__(self, "bytes_per_run", 0)
+        else:
+            per_run = math.prod(s for i, s in enumerate(self.shape) if i != axis)
+            object.__setattr__(self, "runs", self.shape[axis])
+            object.__setattr__(self, "bytes_per_run", per_run * self.dtype.itemsize)
+
+    def chunked_shape(self, chunk_length: int) -> tuple[int, ...]:
+        """The shape this array has when the run axis is cut to ``chunk_length``."""
+        if self.unchunkable:
+            return self.shape
+        shape = list(self.shape)
+        shape[self.chunk_axis] = min(chunk_length, shape[self.chunk_axis])
+        return tuple(shape)
+
+
+def run_length(batch: Iterable[tuple[str, ArrayRequest]]) -> int:
+    """The run length the chunkable arrays of ``batch`` (label, request pairs) share (0: none).
+
+    Raises
+    ------
+    RunLengthMismatchError
+        If two chunkable arrays disagree.
+    """
+    runs: int | None = None
+    first = ""
+    for label, request in batch:
+        if request.runs is None:
+            continue
+        if runs is None:
+            runs, first = request.runs, label
+        elif request.runs != runs:
+            raise RunLengthMismatchError(
+                f"arrays of one batch must agree on the run length: {first!r} has {runs} runs "
+                f"along its chunk axis but {label!r} has {request.runs}; give them the same "
+                "length, mark one unchunkable, or request them in different stream groups"
+            )
+    return runs or 0
+
+
+class RequestSet:
+    """The arrays of one request, checked, with the totals the planner needs (read-only).
+
+    Attributes
+    ----------
+    arrays : dict
+        Label -> :class:`ArrayRequest`.
+    runs : int
+        The run length the chunkable arrays share (0 when none is chunkable).
+    fixed : int
+        VRAM bytes of the unchunkable arrays.
+    per_run : int
+        VRAM bytes one run of the chunkable arrays takes.
+    buffered : int
+        VRAM bytes one run takes with every chunk buffer (``per_run`` when no array asks
+        for more than one): what a chunked plan budgets.
+    chunk_axes : dict
+        Label -> run axis (None for unchunkable arrays).
+    shapes : dict
+        Label -> full (unchunked) shape.
+    """
+
+    __slots__ = ("arrays", "runs", "fixed", "per_run", "chunk_axes", "shapes", "buffered")
+
+    def __init__(
+        self,
+        arrays: dict[str, ArrayRequest],
+        runs: int,
+        fixed: int,
+        per_run: int,
+        chunk_axes: dict[str, int | None] | None = None,
+        shapes: dict[str, tuple[int, ...]] | None = None,
+        buffered: int | None = None,
+    ) -> None:
+        self.arrays = arrays
+        self.buffered = per_run if buffered is None else buffered
+        self.runs = runs
+        self.fixed = fixed
+        self.per_run = per_run
+        if chunk_axes is None:
+            chunk_axes = {label: None if r.unchunkable else r.chunk_axis for label, r in arrays.items()}
+        self.chunk_axes = chunk_axes
+        self.shapes = {label: r.shape for label, r in arrays.items()} if shapes is None else shapes
+
+    def __repr__(self) -> str:
+        return f"RequestSet({self.arrays!r}, runs={self.runs}, fixed={self.fixed}, per_run={self.per_run})"
+
+    def chunked_shapes(self, chunk_length: int) -> dict[str, tuple[int, ...]]:
+        """Label -> shape of each array when the run axis is cut to ``chunk_length``."""
+        if chunk_length >= self.runs:
+            return self.shapes
+        return {label: r.chunked_shape(chunk_length) for label, r in self.arrays.items()}
+
+
+def check_requests(requests: Any) -> RequestSet:
+    """Validate a ``{label: ArrayRequest}`` mapping into a :class:`RequestSet`.
+
+    Raises
+    ------
+    InvalidRequestError
+        If ``requests`` is not a mapping of non-empty string labels to ArrayRequest.
+    RunLengthMismatchError
+        If its chunkable arrays disagree on the run length.
+    """
+    if not isinstance(requests, Mapping):
+        raise InvalidRequestError(
+            f"requests must be a mapping of label -> ArrayRequest, got {type(requests).__name__}"
+        )
+    arrays: dict[str, ArrayRequest] = {}
+    axes: dict[str, int | None] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    fixed = per_run = runs = buffered = 0
+    first = ""
+    for label, request in requests.items():
+        if not isinstance(label, str) or not label:
+            raise InvalidRequestError(f"array labels must be non-empty strings, got {label!r}")
+        if not isinstance(request, ArrayRequest):
+            raise InvalidRequestError(
+                f"requests[{label!r}] is a {type(request).__name__}, not an ArrayRequest"
+            )
+        arrays[label] = request
+        shapes[label] = request.shape
+        if request.runs is None:
+            axes[label] = None
+            if request.uses_vram:
+                fixed += request.nbytes
+        else:
+            axes[label] = request.chunk_axis
+            if not first:
+                runs, first = request.runs, label
+            elif request.runs != runs:
+                run_length([(first, arrays[first]), (label, request)])  # raises, saying why
+            if request.uses_vram:
+                per_run += request.bytes_per_run
+                buffered += request.bytes_per_run * request.buffers
+    return RequestSet(arrays, runs, fixed, per_run, axes, shapes, buffered)
+
+
+@attrs.frozen(eq=False)
+class ArrayResponse:
+    """What a request resolves to: the arrays and the batch's chunk plan.
+
+    Every member of a batch gets the same ``chunks`` and ``chunk_length``, so all of them walk
+    the same chunks in lockstep: chunk ``i`` covers runs ``[i * chunk_length,
+    min((i + 1) * chunk_length, runs))``.
+
+    Attributes
+    ----------
+    arrays : dict
+        Label -> array allocated with its chunked shape (empty for a group member that had
+        nothing queued in the batch).
+    chunks : int
+        Number of chunks the batch is walked in (1 when it fits whole).
+    chunk_length : int
+        Runs per chunk (the last chunk may be shorter).
+    runs : int
+        Length of the run axis of the whole batch (0 when no array is chunkable).
+    chunked_shapes : dict
+        Label -> shape of each allocated array.
+    chunk_axes : dict
+        Label -> run axis of each array (None for unchunkable arrays).
+    stream : object
+        The stream group's stream the arrays were allocated on.
+    buffers : dict
+        Label -> every chunk buffer of an array that got more than one (``arrays[label]`` is
+        the first); see :meth:`buffer_count`.
+    """
+
+    arrays: dict[str, Any]
+    chunks: int
+    chunk_length: int
+    runs: int
+    chunked_shapes: dict[str, tuple[int, ...]]
+    chunk_axes: dict[str, int | None]
+    stream: Any
+    buffers: dict[str, tuple[Any, ...]] = attrs.field(factory=dict)
+
+    def buffer_count(self, label: str) -> int:
+        """How many chunk buffers ``label`` has (1 unless it asked for more and was chunked)."""
+        found = self.buffers.get(label)
+        return 1 if found is None else len(found)
+
+    def buffer(self, label: str, index: int) -> Any:
+        """Chunk buffer ``index`` of ``label``, counted modulo :meth:`buffer_count`."""
+        found = self.buffers.get(label)
+        return self.arrays[label] if found is None else found[index % len(found)]
+
+    def chunk_bounds(self, index: int) -> tuple[int, int]:
+        """Return ``(start, stop)`` in runs of chunk ``index``.
+
+        Raises
+        ------
+        IndexError
+            If ``index`` is not in ``range(self.chunks)``.
+        """
+        if not 0 <= index < self.chunks:
+            raise IndexError(f"chunk {index} out of range: the plan has {self.chunks} chunks")
+        start = index * self.chunk_length
+        return start, min(start + self.chunk_length, self.runs)
+
+    def chunk_slices(self, index: int, label: str) -> tuple[slice, ...]:
+        """Index of chunk ``index`` into the *full-size* host array matching ``label``.
+
+        Unchunkable arrays get full slices. Use it to copy the chunk's part of a host array
+        into (or out of) the device array ``arrays[label]``.
+        """
+        start, stop = self.chunk_bounds(index)
+        shape = self.chunked_shapes[label]
+        axis = self.chunk_axes[label]
+        index_tuple = [slice(None)] * len(shape)
+        if axis is not None:
+            index_tuple[axis] = slice(start, stop)
+        return tuple(index_tuple)
+
+    def chunk_ranges(self) -> Iterator[tuple[int, int]]:
+        """Yield ``(start, stop)`` of every chunk, in order."""
+        for index in range(self.chunks):
+            yield self.chunk_bounds(index)

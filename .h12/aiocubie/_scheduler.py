@@ -1,0 +1,471 @@
+"""The per-group scheduler: collect requests into batches, plan, allocate, resolve.
+
+One :class:`GroupScheduler` per stream group. It is handed what it needs (the group, the
+members, the options, the device account, the loop's primitives, a way to start tasks) and
+never reaches the manager. A batch closes when the batch window has passed since its first
+request, when every member of the group has asked, or on :meth:`GroupScheduler.flush`. A
+request that can close a batch at once (nothing queued or being planned ahead of it, and
+every member asked or no window) is served in the caller's task: no task switch. Each batch
+gets one chunk plan, is allocated on the group's stream (all or nothing), and its requests
+resolve when the event recorded after the allocation completes, in stream order.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import logging
+import time
+import warnings
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import anyio
+import attrs
+
+from ._accounting import DeviceAccount
+from ._backends import Event
+from ._completion import Loop, Signal
+from ._errors import AiocubieError, AiocubieWarning, AllocationError, BackendError, InsufficientMemoryError, PlanningError
+from ._options import Options, Policy
+from ._planner import OVERSUBSCRIPTION_WARNING, ChunkPlan, plan_chunks
+from ._registry import Group, Member
+from ._requests import ArrayResponse, RequestSet
+from ._tickets import State, Ticket
+
+__all__ = ["GroupScheduler"]
+
+log = logging.getLogger("aiocubie")
+
+Spawn = Callable[..., object]
+
+#: What a member with nothing in a batch is answered with (its ready hook gets the plan).
+_NOTHING = RequestSet({}, 0, 0, 0)
+
+
+@attrs.define(eq=False)
+class _Flight:
+    """A batch allocated and sent to the device, waiting for its event."""
+
+    tickets: list[Ticket]
+    plan: ChunkPlan
+    stream: Any
+    recorded: float
+    done: bool = False  # the device reached the event
+
+
+class GroupScheduler:
+    """Batches, plans, allocates and resolves the requests of one stream group.
+
+    Parameters
+    ----------
+    group : Group
+        The group served: its name, stream, members' keys and counters (read live).
+    members : mapping
+        Every member by key (for ready hooks and names), read live.
+    options : Options
+        Batch window, batch size, mode and policy; replaced through :meth:`configure`.
+    account : DeviceAccount
+        Plans against it, allocates and releases through it.
+    loop : Loop
+        The running loop's primitives (signals, thread-safe calls, checkpoints).
+    spawn : callable
+        ``spawn(async_fn, *args)`` starts a task that someone owns (async ready hooks).
+    """
+
+    def __init__(
+        self,
+        group: Group,
+        members: Mapping[int, Member],
+        options: Options,
+        account: DeviceAccount,
+        loop: Loop,
+        spawn: Spawn,
+    ) -> None:
+        self.group = group
+        self.name = group.name
+        self.options = options
+        self._members = members
+        self._account = account
+        self._loop = loop
+        self._spawn = spawn
+        self.queue: deque[Ticket] = deque()
+        self._wake = loop.signal()
+        self._changed = loop.signal()  # memory released or a waiting ticket withdrawn
+        self._flush = False
+        self._planning: list[Ticket] = []  # the batch being planned or waiting for memory
+        self._inflight: deque[_Flight] = deque()  # allocated batches, in stream order
+        self._closed = False
+
+    # -- called from the loop thread (sync) ----------------------------------------------------
+    def submit(self, ticket: Ticket) -> None:
+        """Take ``ticket``: serve it now if it closes a batch at once, else queue it."""
+        members = self.group.members
+        if (
+            not self.queue
+            and not self._planning
+            and not self._closed
+            # every member has asked (it is the only one), or batches do not wait
+            and ((len(members) <= 1 and (not members or ticket.key in members)) or not self.options.batch_window)
+        ):
+            self._serve_now(ticket)
+        else:
+            self.queue.append(ticket)
+            self._wake.set()
+
+    def adopt(self, tickets: list[Ticket]) -> None:
+        """Queue ``tickets`` moved here from another group, behind what is queued."""
+        if tickets:
+            self.queue.extend(tickets)
+            self._wake.set()
+
+    def take(self, key: int) -> list[Ticket]:
+        """Remove and return the queued tickets of member ``key`` (it moves to another group)."""
+        taken = [t for t in self.queue if t.key == key]
+        for ticket in taken:
+            self.queue.remove(ticket)
+        return taken
+
+    def configure(self, options: Options) -> None:
+        """Use ``options`` from now on; re-check a batch waiting for memory."""
+        self.options = options
+        self.changed()
+
+    def flush(self) -> None:
+        """Close the batch being collected now, without waiting for the window."""
+        if self.queue:  # a flush with nothing queued must not cut the next batch's window short
+            self._flush = True
+            self._wake.set()
+
+    def changed(self) -> None:
+        """Memory was released, a waiting request withdrawn or a member left: re-check the batch."""
+        self._changed.set()
+        self._wake.set()  # an open batch may now have heard from every member still registered
+
+    def withdraw(self, ticket: Ticket) -> None:
+        """Forget ``ticket`` if it is queued here (it ended elsewhere: cancelled or failed)."""
+        try:
+            self.queue.remove(ticket)
+        except ValueError:
+            if ticket in self._planning:  # a batch waiting for memory may fit without it
+                self.changed()
+
+    def pending(self) -> list[Ticket]:
+        """Every ticket not yet through: queued, being planned, or in flight (cancelled ones too,
+        until the device is done with their arrays)."""
+        inflight = [t for flight in self._inflight for t in flight.tickets]
+        return [t for t in (*self.queue, *self._planning) if t.pending] + inflight
+
+    @staticmethod
+    def fail(tickets: list[Ticket], error: AiocubieError) -> list[ArrayResponse]:
+        """End ``tickets`` with ``error``; return the responses whose arrays must be released."""
+        return [response for ticket in tickets if (response := ticket.fail(error)) is not None]
+
+    def drop(self, key: int, error: AiocubieError) -> list[ArrayResponse]:
+        """End every open ticket of member ``key`` here with ``error`` (it left); return what to release."""
+        tickets = [t for t in self.pending() if t.key == key]
+        for ticket in tickets:
+            self.withdraw(ticket)
+        return self.fail(tickets, error)
+
+    def fail_in_flight(self, owners: set[int], error: AiocubieError) -> list[ArrayResponse]:
+        """Fail the in-flight tickets whose response (by id) is in ``owners``; return the responses."""
+        tickets = [
+            t for flight in self._inflight for t in flight.tickets if not t.done and id(t.response) in owners
+        ]
+        return self.fail(tickets, error)
+
+    def reset(self, error: AiocubieError) -> None:
+        """A context reset: fail every in-flight ticket (its arrays are gone) with ``error``.
+
+        Queued and planning tickets stay: they are served on the new context.
+        """
+        for flight in self._inflight:
+            self.fail(flight.tickets, error)
+        self._inflight.clear()  # their events' late callbacks find nothing to do
+        self.changed()
+
+    def close(self, error: AiocubieError) -> list[ArrayResponse]:
+        """The manager is closing: fail every ticket not yet resolved; return what to release."""
+        self._closed = True
+        held = self.fail(self.pending(), error)
+        self.queue.clear()
+        self._inflight.clear()  # late event callbacks find nothing to resolve, no hook to call
+        return held
+
+    # -- the scheduler's task ------------------------------------------------------------------
+    async def run(self) -> None:
+        """Collect, plan and allocate batches until cancelled."""
+        while True:
+            batch = await self._collect()
+            try:
+                await self._serve(batch)
+            finally:
+                self._planning = []
+
+    async def _sleep(self, which: str) -> None:
+        signal: Signal = getattr(self, which)
+        try:
+            await signal
+        finally:
+            setattr(self, which, self._loop.signal())
+
+    async def _collect(self) -> list[Ticket]:
+        while not self._live_queue():
+            await self._sleep("_wake")
+        window = self.options.batch_window
+        # requests left over when the last batch was cut had their window: they close at once
+        if self._flush or any(t.leftover for t in self.queue):
+            window = 0
+        if window > 0 and not self._everyone_asked():  # no timeout scope if it can close now
+            # the window runs from the batch's first request, which may have queued behind the last batch
+            with anyio.move_on_after(self.queue[0].enqueued + window - time.perf_counter()):
+                while not (self._flush or self._everyone_asked()):
+                    await self._sleep("_wake")
+        self._flush = False
+        limit = self.options.max_batch or len(self.queue)
+        batch: list[Ticket] = []
+        runs = 0
+        while self._live_queue() and len(batch) < limit:
+            # one plan walks one run axis: a request of another length starts the next batch
+            head = self.queue[0]
+            if head.runs and runs and head.runs != runs:
+                break
+            runs = runs or head.runs
+            batch.append(self.queue.popleft())
+        for ticket in self.queue:
+            ticket.leftover = True
+        self._planning = batch
+        return batch
+
+    def _live_queue(self) -> bool:
+        while self.queue and not self.queue[0].pending:  # ended while queued
+            self.queue.popleft()
+        return bool(self.queue)
+
+    def _everyone_asked(self) -> bool:
+        asked = {ticket.key for ticket in self.queue if ticket.pending}
+        return self.group.members <= asked
+
+    async def _serve(self, batch: list[Ticket]) -> None:
+        try:
+            for attempt in range(2):
+                plan = await self._plan(batch)
+                batch = [t for t in batch if t.pending]
+                if plan is None or not batch or self._dispatch(batch, plan, retry=not attempt):
+                    return
+        except Exception as exc:
+            self._failed(batch, exc)
+
+    def _serve_now(self, ticket: Ticket) -> None:
+        """Serve a batch of ``ticket`` alone in the caller's task, or queue it to wait for memory."""
+        batch = self._planning = [ticket]
+        try:
+            for attempt in range(2):
+                plan = self._try_plan(batch)
+                if plan is None:  # it must wait for memory: the group's task does that
+                    ticket.leftover = True
+                    self.queue.append(ticket)
+                    self._wake.set()
+                    return
+                if self._dispatch(batch, plan, retry=not attempt):
+                    return
+        except Exception as exc:
+            self._failed(batch, exc)
+        finally:
+            self._planning = []
+
+    def _failed(self, batch: list[Ticket], exc: Exception) -> None:
+        if isinstance(exc, AiocubieError):
+            log.info("group %r: batch of %d failed: %s", self.name, len(batch), exc)
+            error = exc
+        else:  # a bug or a foreign error: fail the batch, keep serving
+            log.exception("group %r: batch of %d failed unexpectedly", self.name, len(batch))
+            error = BackendError(f"allocation failed unexpectedly: {exc!r}")
+            error.__cause__ = exc
+        for ticket in batch:
+            if ticket.pending:
+                for counters in ticket.counters:
+                    counters.failures += 1
+        for response in self.fail(batch, error):
+            self._account.release(response)
+
+    # -- planning ------------------------------------------------------------------------------
+    async def _plan(self, batch: list[Ticket]) -> ChunkPlan | None:
+        """One plan for the live tickets of ``batch``; under the wait policy, wait for room."""
+        while batch := [t for t in batch if t.pending]:
+            plan = self._try_plan(batch)
+            if plan is not None:
+                return plan
+            # not enough room yet: wait for a release (or re-read the device now and then)
+            with anyio.move_on_after(0.05):
+                await self._sleep("_changed")
+        return None
+
+    def _try_plan(self, batch: list[Ticket]) -> ChunkPlan | None:
+        """The plan for ``batch`` now, or None if it must wait for memory (active mode, wait).
+
+        Raises the planning error when it cannot fit, or (policy fail) not whole.
+        """
+        if len(batch) == 1:
+            requests = batch[0].requests
+            runs, fixed, per_run, buffered = requests.runs, requests.fixed, requests.per_run, requests.buffered
+        else:
+            runs = fixed = per_run = buffered = 0
+            for ticket in batch:
+                requests = ticket.requests
+                runs = runs or requests.runs
+                fixed += requests.fixed
+                per_run += requests.per_run
+                buffered += requests.buffered
+        members = self.group.members
+        plan, offered, free = self._plan_against(runs, fixed, per_run, buffered, fresh=False)
+        # About to chunk or fail, or to take over half of what the cached reading says is
+        # free (where another process's allocation since would bite): read the device again.
+        if plan is None or plan.chunks > 1 or 2 * plan.planned_bytes > free:
+            plan, offered, free = self._plan_against(runs, fixed, per_run, buffered, fresh=True)
+        options = self.options
+        if options.policy is Policy.CHUNK or not options.active:
+            plan = plan or plan_chunks(runs, fixed, per_run, offered, buffered=buffered)  # raises why it cannot fit
+        elif plan is None or plan.chunks > 1:
+            if options.policy is Policy.FAIL:
+                raise InsufficientMemoryError(
+                    f"policy 'fail': the batch needs {fixed + per_run * runs} bytes whole but group "
+                    f"{self.name!r} is offered {offered}; release memory, or use policy 'chunk' or 'wait'"
+                )
+            # policy wait: take the best plan there could be (raises if even that cannot fit)
+            best = plan_chunks(runs, fixed, per_run, self._account.offered(members, free, as_if_empty=True), buffered=buffered)
+            if plan is None or plan.planned_bytes < best.planned_bytes:
+                return None
+        if plan.full_bytes > OVERSUBSCRIPTION_WARNING * max(free, 1):
+            warnings.warn(
+                f"the batch asks for {plan.full_bytes} bytes, more than {OVERSUBSCRIPTION_WARNING}x the "
+                f"{free} bytes free: it will be walked in {plan.chunks} small chunks",
+                AiocubieWarning,
+                stacklevel=2,
+            )
+        return plan
+
+    def _plan_against(self, runs: int, fixed: int, per_run: int, buffered: int, *, fresh: bool) -> tuple[ChunkPlan | None, int, int]:
+        free = self._account.free_memory(fresh=fresh)
+        offered = self._account.offered(self.group.members, free)
+        try:
+            return plan_chunks(runs, fixed, per_run, offered, buffered=buffered), offered, free
+        except PlanningError:
+            return None, offered, free
+
+    # -- allocation and resolution -------------------------------------------------------------
+    def _dispatch(self, batch: list[Ticket], plan: ChunkPlan, *, retry: bool) -> bool:
+        """Allocate ``batch`` with ``plan`` and send it to the device.
+
+        Returns False (nothing allocated) when the allocation failed on a stale free-memory
+        reading and ``retry`` allows planning again; raises on any other failure.
+        """
+        account = self._account
+        stream = self.group.stream
+        try:
+            responses, event = account.allocate([(t.key, t.requests) for t in batch], self.name, plan, stream)
+        except AllocationError:
+            # planned on a cached reading while another process took memory: plan again, once
+            # (nothing is allocated now, so the cached reading is what the plan saw)
+            cached = account.free_memory(fresh=False)
+            if retry and account.free_memory(fresh=True) < cached:
+                return False
+            raise
+        now = time.perf_counter()
+        chunks = plan.chunks
+        for ticket, response in zip(batch, responses):
+            ticket.allocate(response)
+            waited = now - ticket.enqueued
+            for counters in ticket.counters:
+                counters.queue_wait.append(waited)
+        counted = batch[0].counters if len(batch) == 1 else {id(c): c for t in batch for c in t.counters}.values()
+        for counters in counted:
+            counters.batches += 1
+            counters.chunks += chunks
+        try:
+            if not self._inflight and event.query():  # done already, nothing before it: resolve now
+                self._finish(batch, plan, stream, now)
+                return True
+            flight = _Flight(batch, plan, stream, now)
+            self._inflight.append(flight)
+            if event.query():
+                self._completed(flight)
+            else:
+                # the callback runs in this task's context, where anyio knows its loop (async
+                # hooks are spawned from it)
+                context = contextvars.copy_context()
+                call = self._loop.call_soon_threadsafe_or_drop
+                event.add_done_callback(lambda: call(context.run, self._completed, flight))
+        except BaseException:  # the batch never resolves: take it back and free what it holds
+            self._inflight = deque(f for f in self._inflight if f.tickets is not batch)
+            for ticket in batch:
+                self._account.release(ticket.response)
+            raise
+        return True
+
+    def _completed(self, flight: _Flight) -> None:
+        """The device reached ``flight``'s event: resolve every completed batch at the head.
+
+        Runs in the loop thread (no task per batch). Events of one stream complete in order,
+        so every flight before this one is done too; batches resolve first in, first out.
+        """
+        if flight not in self._inflight:  # failed by a reset or a close meanwhile
+            return
+        for each in self._inflight:
+            each.done = True
+            if each is flight:
+                break
+        try:
+            while self._inflight and self._inflight[0].done:
+                done = self._inflight.popleft()
+                self._finish(done.tickets, done.plan, done.stream, done.recorded)
+        except Exception:  # a loop callback must not raise: trio would crash the whole run
+            log.exception("group %r: resolving a batch failed", self.name)
+
+    def _finish(self, tickets: list[Ticket], plan: ChunkPlan, stream: Any, recorded: float) -> None:
+        """The device is done with a batch: resolve its tickets, then call the ready hooks."""
+        latency = time.perf_counter() - recorded
+        for ticket in tickets:
+            unclaimed = ticket.ready()
+            if unclaimed is not None:  # cancelled while in flight
+                self._account.release(unclaimed)
+            elif ticket.state is State.READY:
+                for counters in ticket.counters:
+                    counters.ready_latency.append(latency)
+        if self.group.hooks:
+            self._run_hooks(tickets, plan, stream)
+
+    def _run_hooks(self, tickets: list[Ticket], plan: ChunkPlan, stream: Any) -> None:
+        """Call the ready hooks: members with nothing in the batch get the plan with no arrays.
+
+        Async hooks run as tasks of the manager, so a slow hook never holds up resolution.
+        """
+        served = [(t.key, t.response) for t in tickets if t.state is State.READY]
+        asked = {key for key, _ in served}
+        for key in self.group.members - asked:
+            member = self._members.get(key)
+            if member is not None and member.ready_hook is not None:
+                served.append((key, self._account.respond(_NOTHING, [], plan, stream)))
+        for key, response in served:
+            member = self._members.get(key)
+            if member is None or member.ready_hook is None or response is None:
+                continue
+            hook = member.ready_hook
+            if inspect.iscoroutinefunction(hook):
+                # called inside its task: a task cancelled before it starts leaves no coroutine
+                # behind that was never awaited
+                self._spawn(self._call_hook, hook, response, member.name)
+                continue
+            try:
+                hook(response)
+            except Exception:
+                log.exception("allocation-ready hook of %s raised; the scheduler goes on", member.name)
+
+    @staticmethod
+    async def _call_hook(hook: Callable[[ArrayResponse], Awaitable[Any]], response: ArrayResponse, name: str) -> None:
+        try:
+            await hook(response)
+        except Exception:
+            log.exception("allocation-ready hook of %s raised; the scheduler goes on", name)

@@ -1,0 +1,147 @@
+"""A request's way through its group: the ticket, which alone writes its own state.
+
+PENDING (queued, or in a batch being planned) -> ALLOCATED (arrays exist, the device has not
+reached the batch's event) -> READY. FAILED and CANCELLED end it from PENDING or ALLOCATED;
+CANCELLED also ends READY (the awaiting task was cancelled at its last checkpoint). Each
+transition says what its caller must release, so no one else touches a ticket's fields.
+No device calls, no scheduling: this module only keeps one request's state.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import time
+from collections.abc import Callable
+
+from ._completion import Signal
+from ._errors import AiocubieError
+from ._requests import ArrayResponse, RequestSet
+from ._stats import Counters
+
+__all__ = ["State", "Ticket"]
+
+
+class State(enum.Enum):
+    """Where a ticket is."""
+
+    PENDING = "pending"  # queued or being planned
+    ALLOCATED = "allocated"  # arrays exist; waiting for the device
+    READY = "ready"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+_OPEN = (State.PENDING, State.ALLOCATED)
+
+
+class Ticket:
+    """One ``await mgr.request(...)`` on its way through a group's scheduler.
+
+    Parameters
+    ----------
+    key : int
+        The requesting member's key.
+    requests : RequestSet
+        The arrays asked for.
+    counters : tuple of Counters
+        The group's and the member's counters, looked up once for the ticket's whole life.
+    """
+
+    __slots__ = ("key", "requests", "counters", "enqueued", "leftover", "state", "response", "error", "_signal")
+
+    def __init__(self, key: int, requests: RequestSet, counters: tuple[Counters, ...]) -> None:
+        self.key = key
+        self.requests = requests
+        self.counters = counters
+        self.enqueued = time.perf_counter()
+        self.leftover = False  # queued when a batch closed without it (cut by size or run length)
+        self.state = State.PENDING
+        self.response: ArrayResponse | None = None
+        self.error: BaseException | None = None
+        self._signal: Signal | None = None  # made only when the awaiting task has to sleep
+
+    def __repr__(self) -> str:
+        return f"<Ticket {self.key!r} {self.state.value}>"
+
+    @property
+    def runs(self) -> int:
+        """The run length its chunkable arrays share (0: none)."""
+        return self.requests.runs
+
+    @property
+    def pending(self) -> bool:
+        """True while queued or being planned."""
+        return self.state is State.PENDING
+
+    # -- transitions -------------------------------------------------------------------------
+    def allocate(self, response: ArrayResponse) -> None:
+        """PENDING -> ALLOCATED: the batch's arrays exist; ``response`` holds this ticket's."""
+        assert self.state is State.PENDING, self.state
+        self.response, self.state = response, State.ALLOCATED
+
+    def ready(self) -> ArrayResponse | None:
+        """ALLOCATED -> READY: the device reached the batch's event; wake the awaiting task.
+
+        Returns the response to release if nobody will take it (the ticket was cancelled
+        while its arrays were in flight), else None.
+        """
+        if self.state is State.ALLOCATED:
+            self.state = State.READY
+            self._wake()
+            return None
+        return self.response if self.state is State.CANCELLED else None
+
+    def fail(self, error: AiocubieError) -> ArrayResponse | None:
+        """End an open ticket with ``error`` (a copy: each awaiting task raises its own).
+
+        Returns the response whose arrays the caller must release (an allocated ticket's), or
+        None. A ticket that has ended already is left as it is.
+        """
+        if self.state not in _OPEN:
+            return None
+        own = copy.copy(error)
+        own.__cause__ = error.__cause__
+        held = self.response
+        self.error, self.state, self.response = own, State.FAILED, None
+        self._wake()
+        return held
+
+    def cancel(self) -> ArrayResponse | None:
+        """The awaiting task was cancelled: end the ticket.
+
+        Returns the response to release now (a READY ticket's: its arrays exist and nobody
+        will see them), else None: an ALLOCATED ticket's arrays are released by
+        :meth:`ready` once the device is done with them.
+        """
+        state = self.state
+        if state in _OPEN or state is State.READY:
+            self.state = State.CANCELLED
+            for counters in self.counters:
+                counters.cancellations += 1
+            if state is State.READY:
+                return self.response
+        return None
+
+    def _wake(self) -> None:
+        if self._signal is not None:
+            self._signal.set()
+
+    # -- the awaiting side -------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        """True once the ticket has ended (ready, failed or cancelled)."""
+        return self.state not in _OPEN
+
+    async def wait(self, make_signal: Callable[[], Signal]) -> None:
+        """Sleep until the ticket ends, on a :class:`Signal` from ``make_signal``."""
+        if self.state in _OPEN:
+            self._signal = make_signal()
+            await self._signal
+
+    def result(self) -> ArrayResponse:
+        """The response of an ended ticket, or its error raised."""
+        if self.error is not None:
+            raise self.error
+        assert self.response is not None and self.state is State.READY, self.state
+        return self.response

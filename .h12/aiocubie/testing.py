@@ -1,0 +1,149 @@
+"""pytest fixtures for testing code that uses aiocubie, on the simulator backend (no GPU needed).
+
+Enable with ``pytest_plugins = ["aiocubie.testing"]`` in your root conftest.py. It imports
+pytest, so only test code may import it; it never imports numba.cuda.
+
+Fixtures
+--------
+aiocubie_config
+    The settings of this test: defaults, updated by ``@pytest.mark.aiocubie(...)``.
+aiocubie_simulator
+    A :class:`~aiocubie.SimulatorBackend` built from ``aiocubie_config``.
+aiocubie_faults
+    Its :class:`~aiocubie.Faults`: ``aiocubie_faults.inject("allocate", after=1)``.
+aiocubie_manager
+    A running :class:`~aiocubie.MemoryManager` on ``aiocubie_simulator``, for tests run by
+    anyio's plugin (``@pytest.mark.anyio``, asyncio or trio).
+aiocubie_manager_factory
+    ``async with aiocubie_manager_factory(total=..., mode="active") as mgr:`` inside any
+    async test, whatever runs it (pytest-asyncio included); each call makes its own simulator.
+
+A running manager owns a task group, which must be entered and left in one task: anyio's
+plugin runs a fixture's setup and teardown in the test's task, pytest-asyncio does not, so
+with pytest-asyncio use the factory inside the test.
+
+Examples
+--------
+.. code-block:: python
+
+    @pytest.mark.anyio
+    @pytest.mark.aiocubie(total=1 << 20)
+    async def test_solver_chunks(aiocubie_manager):
+        solver = Solver()
+        aiocubie_manager.register(solver)
+        response = await aiocubie_manager.request(solver, solver.requests(runs=100_000))
+        assert response.chunks > 1
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import pytest
+
+from ._backends import Faults, SimulatorBackend
+from ._manager import MemoryManager
+
+__all__ = [
+    "DEFAULTS",
+    "aiocubie_config",
+    "aiocubie_faults",
+    "aiocubie_manager",
+    "aiocubie_manager_factory",
+    "aiocubie_simulator",
+]
+
+#: Settings of the fixtures' simulator and manager; ``@pytest.mark.aiocubie(...)`` overrides
+#: them, and the factory takes the same names (plus any other MemoryManager option).
+DEFAULTS: dict[str, Any] = {
+    "total": 64 << 20,  # small, so that tests chunk without huge arrays
+    "latency": 0.0,
+    "granule": 0,
+    "reserved": 0,
+    "mode": "passive",
+    "policy": "chunk",
+    "headroom": 0.05,
+    "batch_window": 0.002,
+}
+_SIMULATOR_OPTIONS = ("total", "latency", "granule", "reserved", "array_type")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "aiocubie(**settings): simulator and manager settings for aiocubie's fixtures "
+        "(total, latency, granule, reserved, array_type, mode, policy, headroom, batch_window, ...)",
+    )
+
+
+def _split(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    simulator = {k: v for k, v in settings.items() if k in _SIMULATOR_OPTIONS}
+    manager = {k: v for k, v in settings.items() if k not in _SIMULATOR_OPTIONS}
+    return simulator, manager
+
+
+@contextlib.asynccontextmanager
+async def _running(simulator: SimulatorBackend, options: dict[str, Any]) -> AsyncIterator[MemoryManager]:
+    async with MemoryManager(simulator, **options) as mgr:
+        yield mgr
+
+
+@pytest.fixture
+def aiocubie_config(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The settings for this test: :data:`DEFAULTS` updated by ``@pytest.mark.aiocubie``."""
+    settings = dict(DEFAULTS)
+    # The closest marker wins: a test's own over its class's over its module's.
+    for marker in reversed(list(request.node.iter_markers("aiocubie"))):
+        if marker.args:
+            raise pytest.UsageError(f"@pytest.mark.aiocubie takes keyword settings only, got {marker.args!r}")
+        settings.update(marker.kwargs)
+    return settings
+
+
+@pytest.fixture
+def aiocubie_simulator(aiocubie_config: dict[str, Any]) -> Iterator[SimulatorBackend]:
+    """A :class:`SimulatorBackend` with the test's ``total``, ``latency``, ``granule`` and ``reserved``."""
+    simulator = SimulatorBackend(**_split(aiocubie_config)[0])
+    yield simulator
+    simulator.close()
+
+
+@pytest.fixture
+def aiocubie_faults(aiocubie_simulator: SimulatorBackend) -> Faults:
+    """Fault injection into ``aiocubie_simulator`` (and so into ``aiocubie_manager``)."""
+    return aiocubie_simulator.faults
+
+
+@pytest.fixture
+async def aiocubie_manager(
+    aiocubie_simulator: SimulatorBackend, aiocubie_config: dict[str, Any]
+) -> AsyncIterator[MemoryManager]:
+    """A running MemoryManager on ``aiocubie_simulator`` (for tests run by anyio's plugin)."""
+    async with _running(aiocubie_simulator, _split(aiocubie_config)[1]) as mgr:
+        yield mgr
+
+
+@pytest.fixture
+def aiocubie_manager_factory() -> Iterator[Callable[..., contextlib.AbstractAsyncContextManager[MemoryManager]]]:
+    """Make running managers on fresh simulators: ``async with factory(total=1 << 20) as mgr``.
+
+    Takes the names of :data:`DEFAULTS` and any other :class:`MemoryManager` option; works in
+    any async test (anyio, pytest-asyncio, trio). The manager's backend is its simulator, so
+    ``mgr.backend.faults`` injects faults.
+    """
+    simulators: list[SimulatorBackend] = []
+
+    @contextlib.asynccontextmanager
+    async def factory(**settings: Any) -> AsyncIterator[MemoryManager]:
+        simulator_options, manager_options = _split({**DEFAULTS, **settings})
+        simulator = SimulatorBackend(**simulator_options)
+        simulators.append(simulator)
+        async with _running(simulator, manager_options) as mgr:
+            yield mgr
+
+    yield factory
+    for simulator in simulators:
+        simulator.close()
+

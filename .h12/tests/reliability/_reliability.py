@@ -1,0 +1,53 @@
+"""Helpers of the reliability suite: the load scale, and the checks that nothing was lost.
+
+They only observe a manager (including its schedulers' ticket lists); they never repair what a
+test should have left clean. Set ``AIOCUBIE_SOAK=1`` to run load and storms at full size.
+"""
+
+from __future__ import annotations
+
+import os
+
+import anyio
+
+from aiocubie import AiocubieError, ArrayRequest, MemoryManager, SimulatorBackend
+
+#: Full-size load and storms (``AIOCUBIE_SOAK=1``); CI runs a scaled-down version.
+SOAK = os.environ.get("AIOCUBIE_SOAK", "") not in ("", "0")
+
+class Component:
+    """A stand-in for a solver or loader: any weak-referenceable object can register."""
+
+    def __init__(self, tag: object = None) -> None:
+        self.tag = tag
+
+
+def pending_tickets(mgr: MemoryManager) -> list[object]:
+    """Every ticket any group scheduler still holds (queued, being planned or in flight)."""
+    return [t for scheduler in mgr._schedulers.values() for t in scheduler.pending()]
+
+
+async def settle(mgr: MemoryManager) -> None:
+    """Wait until no scheduler holds a ticket (bound it with ``anyio.fail_after``)."""
+    while pending_tickets(mgr):
+        await anyio.sleep(0.002)
+
+
+def assert_empty(mgr: MemoryManager, sim: SimulatorBackend | None = None) -> None:
+    """Accounting is back to exactly zero: stats, per group and instance, ledger, device."""
+    snap = mgr.stats()
+    assert snap.live_bytes == 0, f"{snap.live_bytes} bytes still live"
+    assert {g: s.live_bytes for g, s in snap.groups.items() if s.live_bytes} == {}
+    assert {i: s.live_bytes for i, s in snap.instances.items() if s.live_bytes} == {}
+    assert len(mgr._account.ledger) == 0
+    if sim is not None:
+        assert sim.used == 0, f"the simulator still holds {sim.used} bytes"
+
+
+
+async def outcome(mgr: MemoryManager, instance: object, requests: dict[str, ArrayRequest]) -> object:
+    """Await one request: its ArrayResponse, or the AiocubieError it ended with."""
+    try:
+        return await mgr.request(instance, requests)
+    except AiocubieError as exc:
+        return exc

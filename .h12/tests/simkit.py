@@ -1,0 +1,82 @@
+"""Helpers shared by the service tests (manager, scheduler): components, requests, stream gates.
+
+Plain functions over the real simulator backend; nothing here replaces or mocks a component.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from aiocubie import ArrayRequest, MemoryManager, SimulatorBackend
+
+TOTAL = 1_000_000  # bytes of the simulated device
+HANG_GUARD = 10  # seconds: only a hung test takes this long
+
+
+class Part:
+    """A component to register: any weak-referenceable object will do."""
+
+
+def vec(n: int, dtype: str = "float64", **kwargs: Any) -> ArrayRequest:
+    """A 1-d request of ``n`` elements."""
+    return ArrayRequest((n,), dtype, **kwargs)
+
+
+async def wait_until(predicate: Callable[[], bool]) -> None:
+    """Poll ``predicate`` until it holds (a hang fails after HANG_GUARD seconds)."""
+    with anyio.fail_after(HANG_GUARD):
+        while not predicate():
+            await anyio.sleep(0.001)
+
+
+def hold_stream(stream: Any) -> threading.Event:
+    """Keep the simulator ``stream`` busy until the returned gate is set."""
+    gate = threading.Event()
+    stream.enqueue(lambda: gate.wait(HANG_GUARD))
+    return gate
+
+
+async def interrupt_in_flight(
+    mgr: MemoryManager,
+    sim: SimulatorBackend,
+    part: Part,
+    requests: dict[str, ArrayRequest],
+    interrupt: Callable[[], object],
+    expected: type[BaseException],
+) -> list[BaseException]:
+    """Run ``interrupt()`` while ``part``'s request is allocated but its stream held shut.
+
+    Returns the ``expected`` errors the request raised (a request that resolves anyway, or
+    raises something else, fails the test).
+    """
+    errors: list[BaseException] = []
+    used = sim.used + sum(r.nbytes for r in requests.values())
+
+    async def in_flight() -> None:
+        try:
+            await mgr.request(part, requests)
+        except expected as exc:
+            errors.append(exc)
+        else:
+            raise AssertionError("the request resolved despite the interruption")
+
+    gate = hold_stream(mgr.get_stream(part))
+    try:
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(in_flight)
+                await wait_until(lambda: sim.used == used)
+                interrupt()
+    finally:
+        gate.set()
+    return errors
+
+
+def assert_all_released(mgr: MemoryManager, sim: SimulatorBackend) -> None:
+    """Accounting is back to exactly zero, in the manager and on the device."""
+    assert mgr.stats().live_bytes == 0
+    assert sim.used == 0

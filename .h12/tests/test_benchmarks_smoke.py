@@ -1,0 +1,53 @@
+"""Smoke test of the benchmark suite: ``benchmarks/run --quick`` on the simulator writes a sound report.
+
+No timing is asserted: figures on a CI machine are noise. Runs the script in a subprocess, as a user would.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ("core", "latency", "throughput", "bridge", "chunking")
+
+
+def test_quick_simulator_run_writes_json_and_markdown(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "run"), "--quick", "--backend", "simulator",
+         "--out", str(tmp_path), "--name", "smoke"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "smoke.json").read_text())
+    assert {"schema", "name", "backend", "quick", "command", "started", "seconds", "machine", "targets", "benchmarks"} <= set(report)
+    assert (report["name"], report["backend"], report["quick"]) == ("smoke", "simulator", True)
+    assert {"hostname", "cpus", "python", "device"} <= set(report["machine"])
+    assert set(report["benchmarks"]) == set(BENCHMARKS)
+    for name, section in report["benchmarks"].items():
+        assert section["error"] is None, f"{name}: {section['error']}"
+        assert section["tables"], name
+        for table in section["tables"].values():
+            assert table["rows"] and all(set(row) == set(table["columns"]) for row in table["rows"])
+    for target in report["targets"]:
+        assert {"target", "measured", "limit", "op", "met"} <= set(target)
+    markdown = (tmp_path / "smoke.md").read_text()
+    assert "Request->ready latency" in markdown and "Chunked batches" in markdown
+    assert "| allocator |" in result.stdout  # the table is printed too
+
+
+def test_simulator_run_does_not_import_gpu_libraries(tmp_path: Path) -> None:
+    code = (
+        "import runpy, sys; sys.argv = ['benchmarks/run', '--quick', '--only', 'chunking', "
+        f"'--out', {str(tmp_path)!r}]\n"
+        "try:\n    runpy.run_path('benchmarks/run', run_name='__main__')\nexcept SystemExit as exit:\n"
+        "    assert not exit.code, exit.code\n"
+        "assert 'cupy' not in sys.modules and 'numba.cuda' not in sys.modules, 'GPU library imported'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr

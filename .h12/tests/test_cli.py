@@ -1,0 +1,100 @@
+"""The command line: info, demo and bench, run as users run them (in a fresh interpreter).
+
+The demo and info run in subprocesses because choosing the simulator sets NUMBA_ENABLE_CUDASIM,
+which must not leak into this test process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import aiocubie
+from aiocubie import _backends, _cli
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}  # let the CLI choose, whatever this shell set
+    return subprocess.run(
+        [sys.executable, "-m", "aiocubie", *args], capture_output=True, text=True, timeout=120, env=env
+    )
+
+
+def test_demo_chunks_the_workload_and_checks_every_element() -> None:
+    result = _run("demo", "--backend", "simulator", "--runs", "2000", "--batches", "2", "--budget", "65536", "--no-progress")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "backend: simulator (asked for)" in out
+    checked = int(re.search(r"check: all ([\d,]+) output elements match numpy", out).group(1).replace(",", ""))
+    assert checked == 2 * (8 * 2000 + 2000 + 1)  # features, energies and one total per batch
+    rows = {m.group(1): [int(v) for v in m.groups()[1:]] for m in re.finditer(r"(\w+) \(instance\)\s*│\s*(\d+)\s*│\s*(\d+)\s*│\s*(\d+)", out)}
+    assert set(rows) == {"loader", "solver", "reducer"}
+    requests, batches, chunks = rows["loader"]
+    assert (requests, batches) == (2, 2)
+    assert chunks > batches  # the budget forced the loader's batches into chunks
+
+
+def test_info_names_the_backend_and_versions() -> None:
+    result = _run("info", "--backend", "simulator")
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"^backend\s+simulator \(asked for\)$", result.stdout, re.M)
+    for name in ("total memory", "free memory", "allocator", "numpy", "numba-cuda", "anyio"):
+        assert re.search(rf"^{name}\s+\S", result.stdout, re.M), name
+    assert re.search(rf"^aiocubie\s+{re.escape(aiocubie.__version__)}$", result.stdout, re.M)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "the following arguments are required"),
+        (("demo", "--runs", "0"), "must be at least 1"),
+        (("demo", "--runs", "many"), "is not a whole number"),
+        (("demo", "--backend", "gpu"), "invalid choice"),
+        (("frobnicate",), "invalid choice"),
+    ],
+)
+def test_bad_options_exit_2_with_a_message(args: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        _cli.main(list(args))
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cuda_without_a_gpu_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "0")
+    monkeypatch.setattr(_backends, "_driver_devices", lambda: (0, "no GPU in this test"))
+    with pytest.raises(aiocubie.ConfigurationError, match="backend 'cuda' is not usable here: no GPU in this test"):
+        aiocubie.select_backend("cuda")
+    with pytest.raises(aiocubie.ConfigurationError, match="unknown backend 'gpu'"):
+        aiocubie.select_backend("gpu")
+
+
+def test_auto_follows_the_driver_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "0")  # restored afterwards, whatever select_backend sets
+    monkeypatch.delitem(sys.modules, "numba.cuda", raising=False)  # as if not imported yet
+    monkeypatch.setattr(_backends, "_driver_devices", lambda: (0, "no driver here"))
+    assert aiocubie.select_backend("auto") == ("simulator", "no driver here")
+    assert os.environ["NUMBA_ENABLE_CUDASIM"] == "1"
+
+
+def test_bench_without_benchmarks_says_where_they_live(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(_cli, "BENCH_SCRIPT", tmp_path / "benchmarks" / "run")
+    assert _cli.main(["bench"]) == 1
+    assert "no benchmarks here" in capsys.readouterr().err
+
+
+def test_bench_runs_the_script_with_this_python(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    script = tmp_path / "benchmarks" / "run"
+    script.parent.mkdir()
+    marker = tmp_path / "ran.txt"
+    script.write_text(f"import sys\nopen({str(marker)!r}, 'w').write(sys.executable + ' ' + ' '.join(sys.argv[1:]))\nsys.exit(3)\n")
+    monkeypatch.setattr(_cli, "BENCH_SCRIPT", script)
+    assert _cli.main(["bench", "--quick", "x"]) == 3
+    assert marker.read_text() == f"{sys.executable} --quick x"

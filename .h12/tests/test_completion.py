@@ -1,0 +1,150 @@
+"""Tests of the completion bridge: a device event, completed on another thread, as an awaitable.
+
+Run on asyncio and trio. Events are held with a gate on the simulator's stream, so nothing
+depends on timing; ``fail_after`` only stops a broken bridge from hanging the suite.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import anyio
+import pytest
+
+from aiocubie import Event, SimulatorBackend
+from aiocubie._backends._simulator import SimEvent
+from aiocubie._completion import thread_safe_caller, wait_event
+
+HANG_GUARD = 10  # seconds: only a hung test takes this long
+
+
+@pytest.fixture
+def sim() -> Iterator[SimulatorBackend]:
+    backend = SimulatorBackend(total=1 << 20)
+    yield backend
+    backend.close()
+
+
+def hold(gate: threading.Event) -> None:
+    gate.wait(HANG_GUARD)
+
+
+def gated_event(sim: SimulatorBackend) -> tuple[Event, threading.Event]:
+    """An event that completes on the simulator's stream thread once the gate is set."""
+    stream = sim.create_stream()
+    gate = threading.Event()
+    stream.enqueue(lambda: hold(gate))
+    return sim.record_event(stream), gate
+
+
+@pytest.mark.anyio
+async def test_wait_event_resolves_when_another_thread_completes_it(sim: SimulatorBackend) -> None:
+    event, gate = gated_event(sim)
+    done = anyio.Event()
+
+    async def waiter() -> None:
+        await wait_event(event)
+        done.set()
+
+    with anyio.fail_after(HANG_GUARD):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            for _ in range(20):
+                await anyio.lowlevel.checkpoint()
+            assert not done.is_set(), "the waiter must not resume before the device reaches the event"
+            gate.set()
+    assert done.is_set() and event.query()
+
+
+@pytest.mark.anyio
+async def test_wait_event_from_a_plain_thread() -> None:
+    event = SimEvent()  # on no stream: completed by a plain thread, not a simulator worker
+    with anyio.fail_after(HANG_GUARD):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait_event, event)
+            await anyio.lowlevel.checkpoint()
+            threading.Thread(target=event.complete).start()
+    assert event.query()
+
+
+@pytest.mark.anyio
+async def test_many_waiters_on_one_event(sim: SimulatorBackend) -> None:
+    event, gate = gated_event(sim)
+    woken: list[int] = []
+
+    async def waiter(i: int) -> None:
+        await wait_event(event)
+        woken.append(i)
+
+    with anyio.fail_after(HANG_GUARD):
+        async with anyio.create_task_group() as tg:
+            for i in range(100):
+                tg.start_soon(waiter, i)
+            await anyio.lowlevel.checkpoint()
+            gate.set()
+    assert sorted(woken) == list(range(100))
+
+
+@pytest.mark.anyio
+async def test_cancelled_wait_is_clean(sim: SimulatorBackend) -> None:
+    event, gate = gated_event(sim)
+    with anyio.move_on_after(0.02) as scope:
+        await wait_event(event)
+    assert scope.cancelled_caught
+    assert not event.query()
+    gate.set()
+    with anyio.fail_after(HANG_GUARD):
+        await wait_event(event)  # the late callback of the cancelled wait did no harm
+    assert event.query()
+
+
+@pytest.mark.anyio
+async def test_already_done_event_returns_and_is_a_checkpoint(sim: SimulatorBackend) -> None:
+    event = sim.record_event(sim.create_stream())
+    event.synchronize()
+    with anyio.fail_after(HANG_GUARD):
+        await wait_event(event)
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await wait_event(event)  # a checkpoint: the pending cancellation is delivered here
+        pytest.fail("wait_event on a done event must still be a cancellation point")
+    assert scope.cancelled_caught
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_late_completion_after_the_loop_closed_is_harmless(sim: SimulatorBackend, backend: str) -> None:
+    stream = sim.create_stream()
+    gate = threading.Event()
+    stream.enqueue(lambda: hold(gate))
+    event = sim.record_event(stream)
+
+    async def main() -> None:
+        with anyio.move_on_after(0.01):
+            await wait_event(event)
+
+    anyio.run(main, backend=backend)
+    gate.set()
+    # the bridge's callback runs on the stream thread against a closed loop: had it raised,
+    # the thread would be dead and this later event would never complete
+    follow_up = threading.Event()
+    sim.record_event(stream).add_done_callback(follow_up.set)
+    assert follow_up.wait(HANG_GUARD)
+
+
+@pytest.mark.anyio
+async def test_thread_safe_caller_runs_in_the_loop() -> None:
+    call_soon = thread_safe_caller()
+    ran_on: list[threading.Thread] = []
+    done = anyio.Event()
+
+    def on_loop() -> None:
+        ran_on.append(threading.current_thread())
+        done.set()
+
+    worker = threading.Thread(target=call_soon, args=(on_loop,))
+    with anyio.fail_after(HANG_GUARD):
+        worker.start()
+        await done.wait()
+    worker.join()
+    assert ran_on == [threading.current_thread()]

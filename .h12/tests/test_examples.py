@@ -1,0 +1,72 @@
+"""Every example runs as a user runs it (a fresh interpreter) and prints what it promises."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _run(*args: str, cwd: Path | None = None) -> str:
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}  # let each example choose its backend
+    result = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120, cwd=cwd, env=env)
+    assert result.returncode == 0, f"{args} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def test_async_pipeline() -> None:
+    out = _run(str(EXAMPLES / "async_pipeline.py"))
+    chunks = [int(n) for n in re.findall(r"solver-[ab]: (\d+) chunks, all 80000 elements correct", out)]
+    assert len(chunks) == 2 and chunks[0] == chunks[1] > 1  # one plan for both, and it chunks
+    assert "solve group: 1 batch(es) for 2 requests" in out
+    assert "post: sums of 20000 runs correct" in out
+
+
+def test_data_loader() -> None:
+    out = _run(str(EXAMPLES / "data_loader.py"))
+    assert len(re.findall(r"batch \d: 2000 rows normalised in \d+ chunks", out)) == 4
+    assert re.search(r"4 batches checked against numpy on (simulator|cuda)", out)
+
+
+def test_managed_prefetch() -> None:
+    out = _run(str(EXAMPLES / "managed_prefetch.py"))
+    assert "prefetched 262144 bytes to device 0" in out
+    assert "table[-1, -1] = 65535" in out
+    assert "managed bytes held: 262144" in out
+    assert "after release: 0 bytes held" in out
+
+
+def test_plot_stats(tmp_path: Path) -> None:
+    png = tmp_path / "stats.png"
+    out = _run(str(EXAMPLES / "plot_stats.py"), str(png))
+    peaks = re.search(r"recorded (\d+) snapshots; peak live bytes per group: \{'load': (\d+), 'solve': (\d+)\}", out)
+    assert peaks and int(peaks.group(1)) >= 2 and int(peaks.group(2)) > 0 and int(peaks.group(3)) > 0
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "matplotlib is not installed" in out and not png.exists()
+    else:
+        assert f"wrote {png}" in out and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_user_code_tests_pass() -> None:
+    out = _run("-m", "pytest", "-q", "-p", "no:cacheprovider", str(EXAMPLES / "test_user_code.py"), cwd=EXAMPLES.parent)
+    assert re.search(r"\b2 passed\b", out)
+
+
+def test_torch_interop() -> None:
+    out = _run(str(EXAMPLES / "torch_interop.py"))
+    assert "torch is not installed" in out or re.search(r"torch wrote 4096 bytes in place on (simulator|cuda)", out)
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.py")), ids=lambda p: p.name)
+def test_every_example_is_tested(path: Path) -> None:
+    assert path.stem.removeprefix("test_") in {
+        "async_pipeline", "data_loader", "managed_prefetch", "plot_stats", "torch_interop", "user_code"
+    }

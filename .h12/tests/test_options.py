@@ -1,0 +1,96 @@
+"""Options: every manager option is parsed once, in one place, with one error type."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from aiocubie import ConfigurationError, LimitMode, MemoryManager, Options, Policy, SimulatorBackend
+
+
+def test_defaults() -> None:
+    options = Options()
+    assert (options.mode, options.policy) == (LimitMode.PASSIVE, Policy.CHUNK)
+    assert (options.headroom, options.batch_window, options.max_batch, options.free_cache_seconds) == (
+        0.05,
+        0.002,
+        None,
+        0.05,
+    )
+    assert not options.active and not options.waits
+
+
+def test_names_become_enums() -> None:
+    options = Options(mode="active", policy="wait")
+    assert options.mode is LimitMode.ACTIVE and options.policy is Policy.WAIT
+    assert options.active and options.waits
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("mode", "lazy"),
+        ("mode", "Active"),
+        ("policy", "retry"),
+        ("policy", None),
+        ("headroom", 1.0),
+        ("headroom", -0.1),
+        ("headroom", True),
+        ("headroom", "0.1"),
+        ("batch_window", -1),
+        ("batch_window", math.inf),
+        ("batch_window", math.nan),
+        ("free_cache_seconds", -0.5),
+        ("max_batch", 0),
+        ("max_batch", 2.5),
+        ("max_batch", True),
+    ],
+)
+def test_bad_values_raise_configuration_error_naming_them(field: str, value: object) -> None:
+    with pytest.raises(ConfigurationError, match=field.split("_")[0] if field != "mode" else "limit mode") as info:
+        Options(**{field: value})
+    assert repr(value) in str(info.value)
+
+
+def test_replace_validates_again_and_leaves_the_original() -> None:
+    options = Options()
+    assert options.replace(policy="fail").policy is Policy.FAIL
+    with pytest.raises(ConfigurationError, match="'nope'"):
+        options.replace(mode="nope")
+    assert options.policy is Policy.CHUNK
+
+
+def test_options_are_frozen() -> None:
+    with pytest.raises(AttributeError):
+        Options().policy = Policy.FAIL  # type: ignore[misc]
+
+
+def test_manager_settings_have_one_way_in() -> None:
+    mgr = MemoryManager(SimulatorBackend(1 << 20), mode="active")
+    mgr.set_policy("fail")
+    assert mgr.policy is Policy.FAIL and mgr.options.policy is Policy.FAIL
+    with pytest.raises(AttributeError):
+        mgr.policy = "wait"  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        mgr.mode = "passive"  # type: ignore[misc]
+    with pytest.raises(ConfigurationError, match="'sometimes'"):
+        mgr.set_policy("sometimes")
+    with pytest.raises(ConfigurationError, match="'lazy'"):
+        mgr.set_limit_mode("lazy")
+    assert mgr.policy is Policy.FAIL and mgr.mode is LimitMode.ACTIVE
+    mgr.close()
+
+
+def test_array_type_is_chosen_per_manager() -> None:
+    for array_type in ("cupy", "numba"):
+        mgr = MemoryManager("simulator", array_type=array_type)
+        assert mgr.backend.array_type == array_type
+        mgr.close()
+    with pytest.raises(ConfigurationError, match="'tensor'"):
+        MemoryManager("simulator", array_type="tensor")
+    sim = SimulatorBackend(1 << 20, array_type="numba")
+    with pytest.raises(ConfigurationError, match="hands out 'numba' arrays"):
+        MemoryManager(sim, array_type="cupy")
+    assert MemoryManager(sim, array_type="numba").backend is sim
+    sim.close()

@@ -1,0 +1,372 @@
+"""Tests of the simulator backend as a device: memory accounting, stream order, events, faults.
+
+Synchronous: the simulator is called from one thread and completes events on its stream
+threads. Streams are held shut with a gate (a threading.Event) instead of timing them.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from aiocubie import AllocationError, BackendError, MemoryKind, SimulatorBackend, UnknownAllocatorError
+from aiocubie._backends._simarrays import host_data
+
+F8 = np.dtype("float64")
+TOTAL = 1 << 20
+
+
+@pytest.fixture
+def sim() -> Iterator[SimulatorBackend]:
+    backend = SimulatorBackend(total=TOTAL)
+    yield backend
+    backend.close()
+
+
+def gate_stream(stream: Any) -> threading.Event:
+    """Hold ``stream`` shut until the returned gate is set."""
+    gate = threading.Event()
+    stream.enqueue(lambda: gate.wait(10))
+    return gate
+
+
+# -- memory ----------------------------------------------------------------------------------
+def test_memory_accounting_by_kind(sim: SimulatorBackend) -> None:
+    stream = sim.create_stream()
+    device = sim.allocate((100,), F8, MemoryKind.DEVICE, stream)
+    managed = sim.allocate((10, 10), F8, MemoryKind.MANAGED, stream)
+    assert sim.used == 1600
+    for kind in (MemoryKind.PINNED, MemoryKind.MAPPED, MemoryKind.HOST):
+        sim.allocate((1000,), F8, kind, stream)
+    assert sim.used == 1600, "host kinds must not take VRAM"
+    assert sim.memory_info().free == TOTAL - 1600
+    assert sim.memory_info().total == TOTAL
+    assert device.shape == (100,) and managed.shape == (10, 10) and device.dtype == F8
+    sim.free(device)
+    sim.free(device)  # a second free of the same array changes nothing
+    assert sim.used == 800
+    sim.free(managed)
+    assert sim.used == 0
+    assert sim.memory_info().free == TOTAL
+
+
+def test_occupy_takes_and_gives_back_free_memory(sim: SimulatorBackend) -> None:
+    sim.occupy(TOTAL // 2)
+    assert sim.memory_info().free == TOTAL // 2
+    assert sim.used == 0, "memory of other processes is not ours"
+    stream = sim.create_stream()
+    with pytest.raises(AllocationError, match="out of memory"):
+        sim.allocate((TOTAL // 2 // 8 + 1,), F8, MemoryKind.DEVICE, stream)
+    with pytest.raises(ValueError, match="cannot occupy"):
+        sim.occupy(TOTAL // 2 + 1)
+    with pytest.raises(ValueError, match="cannot occupy"):
+        sim.occupy(-(TOTAL // 2) - 1)
+    sim.occupy(-(TOTAL // 2))
+    assert sim.memory_info().free == TOTAL
+
+
+def test_reserved_memory_and_bad_settings() -> None:
+    sim = SimulatorBackend(total=1000, reserved=400)
+    assert sim.memory_info().free == 600
+    for kwargs in ({"total": 0}, {"reserved": -1}, {"total": 10, "reserved": 11}, {"latency": -1.0}, {"granule": -1}):
+        with pytest.raises(ValueError, match="bad simulator settings"):
+            SimulatorBackend(**kwargs)
+
+
+def test_allocation_out_of_memory_says_what_was_asked(sim: SimulatorBackend) -> None:
+    stream = sim.create_stream()
+    sim.allocate((TOTAL // 8 - 1,), F8, MemoryKind.DEVICE, stream)
+    with pytest.raises(AllocationError, match=r"asked for 16 bytes .* with 8 of 1048576 free"):
+        sim.allocate((2,), F8, MemoryKind.DEVICE, stream)
+    assert sim.used == TOTAL - 8
+
+
+def test_host_array_is_zeroed(sim: SimulatorBackend) -> None:
+    for kind in (MemoryKind.PINNED, MemoryKind.HOST):
+        array = sim.host_array((3, 4), np.dtype("int32"), kind)
+        assert array.shape == (3, 4) and array.dtype == np.int32
+        assert not array.any()
+    assert sim.used == 0
+
+
+# -- streams and events ------------------------------------------------------------------------
+def test_stream_runs_work_in_order(sim: SimulatorBackend) -> None:
+    stream = sim.create_stream()
+    gate = gate_stream(stream)
+    seen: list[int] = []
+    for i in range(50):
+        stream.enqueue(functools.partial(seen.append, i))
+    event = sim.record_event(stream)
+    assert seen == [] and not event.query(), "nothing may run past a held stream"
+    gate.set()
+    event.synchronize()
+    assert seen == list(range(50))
+    assert event.query()
+
+
+def test_event_completes_only_after_work_queued_before_it() -> None:
+    sim = SimulatorBackend(total=TOTAL, latency=0.01)
+    try:
+        stream = sim.create_stream()
+        src = np.random.default_rng(0).random(1000)
+        dst = sim.allocate(src.shape, src.dtype, MemoryKind.DEVICE, stream)
+        gate = gate_stream(stream)
+        sim.copy(src, dst, stream)
+        seen_at_completion: list[np.ndarray[Any, Any]] = []
+        called = threading.Event()
+
+        def on_done() -> None:
+            seen_at_completion.append(dst.get())  # on the stream's worker: no wait
+            called.set()
+
+        event = sim.record_event(stream)
+        event.add_done_callback(on_done)
+        assert not event.query()
+        gate.set()
+        assert called.wait(10)
+        assert len(seen_at_completion) == 1
+        np.testing.assert_array_equal(seen_at_completion[0], src)
+    finally:
+        sim.close()
+
+
+def test_zero_is_queued_on_the_stream(sim: SimulatorBackend) -> None:
+    stream = sim.create_stream()
+    array = sim.allocate((64,), F8, MemoryKind.DEVICE, stream)
+    array[...] = 7.0
+    gate = gate_stream(stream)
+    sim.zero(array, stream)
+    event = sim.record_event(stream)
+    # A host read would wait for the stream: peek at the memory behind the array instead.
+    assert (host_data(array) == 7.0).all(), "the fill must wait its turn on the stream"
+    gate.set()
+    event.synchronize()
+    assert not array.any()
+
+
+def test_streams_are_independent(sim: SimulatorBackend) -> None:
+    held, free = sim.create_stream(), sim.create_stream()
+    gate = gate_stream(held)
+    try:
+        sim.record_event(free).synchronize()  # would hang if streams shared one queue
+        assert not sim.record_event(held).query()
+    finally:
+        gate.set()
+
+
+def test_done_callback_called_once_before_and_after_completion(sim: SimulatorBackend) -> None:
+    stream = sim.create_stream()
+    gate = gate_stream(stream)
+    event = sim.record_event(stream)
+    calls: list[str] = []
+    event.add_done_callback(lambda: calls.append("first"))
+    event.add_done_callback(lambda: calls.append("second"))
+    assert calls == []
+    gate.set()
+    event.synchronize()
+    # the worker thread runs callbacks right after setting the flag the main thread waits on
+    sim.record_event(stream).synchronize()
+    assert calls == ["first", "second"]
+
+    caller: list[threading.Thread] = []
+    event.add_done_callback(lambda: caller.append(threading.current_thread()))
+    assert caller == [threading.current_thread()], "an already-done event calls back at once, here"
+    sim.record_event(stream).synchronize()
+    assert calls == ["first", "second"] and len(caller) == 1
+
+
+# -- copies ------------------------------------------------------------------------------------
+def test_copy_round_trip(sim: SimulatorBackend) -> None:
+    stream = sim.create_stream()
+    host = np.random.default_rng(1).standard_normal((20, 30)).astype(np.float32)
+    device = sim.allocate(host.shape, host.dtype, MemoryKind.DEVICE, stream)
+    back = sim.host_array(host.shape, host.dtype, MemoryKind.PINNED)
+    sim.copy(host, device, stream)
+    sim.copy(device, back, stream)
+    sim.record_event(stream).synchronize()
+    np.testing.assert_array_equal(back, host)
+
+
+@pytest.mark.parametrize(
+    ("dst_shape", "dst_dtype"),
+    [((10,), "float32"), ((2, 5), "float64"), ((11,), "float64")],
+)
+def test_copy_mismatch_raises(sim: SimulatorBackend, dst_shape: tuple[int, ...], dst_dtype: str) -> None:
+    stream = sim.create_stream()
+    src = np.zeros(10, np.float64)
+    dst = np.zeros(dst_shape, dst_dtype)
+    with pytest.raises(BackendError, match="shapes and dtypes must match"):
+        sim.copy(src, dst, stream)
+
+
+# -- faults ------------------------------------------------------------------------------------
+def _operation(sim: SimulatorBackend, site: str) -> Callable[[], Any]:
+    stream = sim.create_stream()
+    src, dst = np.ones(4), np.zeros(4)
+    return {
+        "allocate": lambda: sim.free(sim.allocate((4,), F8, MemoryKind.DEVICE, stream)),
+        "record_event": lambda: sim.record_event(stream),
+        "copy": lambda: sim.copy(src, dst, stream),
+        "prefetch": lambda: sim.prefetch(dst, 0, stream),
+    }[site]
+
+
+def _outcomes(operation: Callable[[], Any], n: int) -> list[bool]:
+    """True for each of ``n`` calls that raised an aiocubie error."""
+    failed = []
+    for _ in range(n):
+        try:
+            operation()
+        except (AllocationError, BackendError):
+            failed.append(True)
+        else:
+            failed.append(False)
+    return failed
+
+
+SITES = ["allocate", "record_event", "copy", "prefetch"]
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_fault_after_and_times(sim: SimulatorBackend, site: str) -> None:
+    operation = _operation(sim, site)
+    sim.faults.inject(site, after=2, times=2)  # type: ignore[arg-type]
+    assert _outcomes(operation, 6) == [False, False, True, True, False, False]
+    assert sim.faults.fired[site] == 2
+    assert sim.used == 0
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_fault_forever_until_cleared(sim: SimulatorBackend, site: str) -> None:
+    operation = _operation(sim, site)
+    sim.faults.inject(site, times=None)  # type: ignore[arg-type]
+    assert _outcomes(operation, 5) == [True] * 5
+    sim.faults.clear()
+    assert _outcomes(operation, 2) == [False, False]
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_fault_probability_is_reproducible_with_a_seed(sim: SimulatorBackend, site: str) -> None:
+    operation = _operation(sim, site)
+    sim.faults.inject(site, probability=0.3, times=None, seed=42)  # type: ignore[arg-type]
+    outcomes = _outcomes(operation, 200)
+    rng = random.Random(42)
+    assert outcomes == [rng.random() < 0.3 for _ in range(200)]
+    assert 0 < sum(outcomes) < 200
+    assert sim.faults.fired[site] == sum(outcomes)
+
+
+def test_faults_only_hit_their_site(sim: SimulatorBackend) -> None:
+    sim.faults.inject("copy", times=None)
+    assert _outcomes(_operation(sim, "allocate"), 3) == [False] * 3
+    assert _outcomes(_operation(sim, "copy"), 1) == [True]
+
+
+def test_allocation_fault_message_and_no_leak(sim: SimulatorBackend) -> None:
+    stream = sim.create_stream()
+    sim.faults.inject("allocate")
+    with pytest.raises(AllocationError, match=r"injected fault: allocating 80 bytes of device"):
+        sim.allocate((10,), F8, MemoryKind.DEVICE, stream)
+    assert sim.used == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"site": "free"}, {"site": "copy", "after": -1}, {"site": "copy", "times": 0}, {"site": "copy", "probability": 1.5}],
+)
+def test_bad_fault_rules_raise(sim: SimulatorBackend, kwargs: dict[str, Any]) -> None:
+    site = kwargs.pop("site")
+    with pytest.raises(ValueError):
+        sim.faults.inject(site, **kwargs)
+
+
+# -- managed memory ----------------------------------------------------------------------------
+def test_prefetch_is_ordered_and_advice_is_checked(sim: SimulatorBackend) -> None:
+    stream = sim.create_stream()
+    array = sim.allocate((16,), F8, MemoryKind.MANAGED, stream)
+    gate = gate_stream(stream)
+    sim.prefetch(array, 0, stream)
+    event = sim.record_event(stream)
+    assert not event.query()
+    gate.set()
+    event.synchronize()
+    for advice in ("preferred_location", "accessed_by", "read_mostly"):
+        sim.advise(array, advice, 0)
+    with pytest.raises(BackendError, match="unknown managed-memory advice"):
+        sim.advise(array, "fast_please", 0)  # type: ignore[arg-type]
+
+
+# -- context resets ----------------------------------------------------------------------------
+def test_set_allocator_resets_and_closes_streams(sim: SimulatorBackend) -> None:
+    stream = sim.create_stream()
+    sim.allocate((100,), F8, MemoryKind.DEVICE, stream)
+    sim.set_allocator("cupy")
+    assert sim.allocator == "cupy" and sim.resets == 1
+    assert sim.used == 0 and sim.memory_info().free == TOTAL
+    assert stream.closed
+    with pytest.raises(BackendError, match="closed by a context reset"):
+        sim.record_event(stream)
+    with pytest.raises(BackendError, match="closed by a context reset"):
+        sim.copy(np.ones(2), np.ones(2), stream)
+    sim.record_event(sim.create_stream()).synchronize()  # a new stream works
+
+
+def test_reset_closes_streams_after_their_queued_work(sim: SimulatorBackend) -> None:
+    stream = sim.create_stream()
+    gate = gate_stream(stream)
+    event = sim.record_event(stream)
+    sim.reset()
+    gate.set()
+    event.synchronize()  # work queued before the reset still completes
+    with pytest.raises(BackendError):
+        stream.enqueue(lambda: None)
+
+
+def test_unknown_allocator_resets_nothing(sim: SimulatorBackend) -> None:
+    stream = sim.create_stream()
+    sim.allocate((100,), F8, MemoryKind.DEVICE, stream)
+    with pytest.raises(UnknownAllocatorError, match="use one of default, cupy, cupy_async"):
+        sim.set_allocator("jemalloc")
+    assert sim.allocator == "default" and sim.resets == 0 and sim.used == 800
+    sim.record_event(stream).synchronize()
+
+
+def test_copies_refuse_read_only_and_non_contiguous_arrays(sim: SimulatorBackend) -> None:
+    stream = sim.create_stream()
+    device = sim.allocate((4, 6), F8, MemoryKind.DEVICE, stream)
+    read_only = np.zeros((4, 6))
+    read_only.flags.writeable = False
+    with pytest.raises(BackendError, match="read-only"):
+        sim.copy(device, read_only, stream)
+    with pytest.raises(BackendError, match="non-contiguous source"):
+        sim.copy(np.zeros((6, 4)).T, device, stream)
+
+
+def test_a_failing_work_item_does_not_stop_its_stream(sim: SimulatorBackend) -> None:
+    stream = sim.create_stream()
+
+    def boom() -> None:
+        raise RuntimeError("work failed")
+
+    stream.enqueue(boom)
+    event = sim.record_event(stream)
+    event.synchronize()  # would block forever if the worker had died
+    assert event.query()
+
+
+def test_an_unreferenced_stream_stops_its_worker() -> None:
+    import gc
+
+    stream = SimulatorBackend(total=TOTAL).create_stream()
+    name = f"aiocubie-sim-stream-{stream.id}"
+    (worker,) = [t for t in threading.enumerate() if t.name == name]
+    del stream
+    gc.collect()
+    worker.join(timeout=10)
+    assert not worker.is_alive()

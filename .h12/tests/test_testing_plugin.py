@@ -1,0 +1,144 @@
+"""aiocubie.testing, enabled as users enable it, in pytest sessions run by pytester.
+
+Each inner session has its own conftest with ``pytest_plugins = ["aiocubie.testing"]``; its
+tests run on the simulator under anyio (asyncio and trio) and pytest-asyncio.
+"""
+
+from __future__ import annotations
+
+import numpy  # noqa: F401  (imported here: pytester's inline runs drop modules they first import,
+import pytest  # and numpy cannot be imported twice in one process)
+
+import aiocubie.testing  # noqa: F401
+
+pytest_plugins = ["pytester"]
+
+CONFTEST = """
+import pytest
+
+pytest_plugins = ["aiocubie.testing"]
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request):
+    return request.param
+"""
+
+
+def _run(pytester: pytest.Pytester, tests: str) -> pytest.RunResult:
+    pytester.makeconftest(CONFTEST)
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    pytester.makepyfile(tests)
+    return pytester.runpytest("-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning")
+
+
+def test_anyio_manager_fixture_on_asyncio_and_trio(pytester: pytest.Pytester) -> None:
+    result = _run(
+        pytester,
+        """
+import numpy as np
+import pytest
+from aiocubie import ArrayRequest, MemoryManager, SimulatorBackend
+
+
+@pytest.mark.anyio
+async def test_defaults(aiocubie_manager, aiocubie_simulator):
+    assert isinstance(aiocubie_manager, MemoryManager) and aiocubie_manager.running
+    assert aiocubie_manager.backend is aiocubie_simulator
+    assert aiocubie_simulator.total == 64 << 20
+    owner = object()
+    aiocubie_manager.register(owner)
+    async with aiocubie_manager.request(owner, {"a": ArrayRequest((1024,), np.float32)}) as response:
+        assert aiocubie_simulator.used == 4096
+        assert response.chunks == 1
+    assert aiocubie_simulator.used == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.aiocubie(total=1 << 16, headroom=0.0, mode="active")
+async def test_marker_sets_total_and_options(aiocubie_manager, aiocubie_config):
+    assert aiocubie_manager.backend.total == 1 << 16
+    assert aiocubie_manager.options.headroom == 0.0
+    assert aiocubie_manager.active
+    assert aiocubie_config["total"] == 1 << 16
+    owner = object()
+    aiocubie_manager.register(owner)
+    response = await aiocubie_manager.request(owner, {"a": ArrayRequest((4, 10_000), np.float32, chunk_axis=1)})
+    assert response.chunks > 1  # 160 kB does not fit 64 KiB
+""",
+    )
+    result.assert_outcomes(passed=4)
+
+
+def test_faults_fixture_reaches_the_manager(pytester: pytest.Pytester) -> None:
+    result = _run(
+        pytester,
+        """
+import numpy as np
+import pytest
+from aiocubie import AllocationError, ArrayRequest
+
+
+@pytest.mark.anyio
+async def test_injected_allocation_failure(aiocubie_manager, aiocubie_faults):
+    aiocubie_faults.inject("allocate", after=1)
+    owner = object()
+    aiocubie_manager.register(owner)
+    request = {"a": ArrayRequest(8, np.float64), "b": ArrayRequest(8, np.float64)}
+    with pytest.raises(AllocationError, match="injected fault"):
+        await aiocubie_manager.request(owner, request)
+    assert aiocubie_faults.fired["allocate"] == 1
+    assert aiocubie_manager.backend.used == 0  # all or nothing: the first array was freed
+    async with aiocubie_manager.request(owner, request) as response:  # the rule fired once
+        assert set(response.arrays) == {"a", "b"}
+""",
+    )
+    result.assert_outcomes(passed=2)
+
+
+def test_factory_under_pytest_asyncio_and_anyio(pytester: pytest.Pytester) -> None:
+    pytest.importorskip("pytest_asyncio")
+    result = _run(
+        pytester,
+        """
+import numpy as np
+import pytest
+from aiocubie import ArrayRequest, InsufficientMemoryError
+
+
+@pytest.mark.asyncio
+async def test_factory_under_pytest_asyncio(aiocubie_manager_factory):
+    async with aiocubie_manager_factory(total=1 << 12, policy="fail", mode="active") as mgr:
+        assert mgr.backend.total == 1 << 12
+        owner = object()
+        mgr.register(owner)
+        with pytest.raises(InsufficientMemoryError):
+            await mgr.request(owner, {"a": ArrayRequest(4096, np.float32)})
+    assert not mgr.running
+
+
+@pytest.mark.anyio
+async def test_factory_under_anyio(aiocubie_manager_factory):
+    async with aiocubie_manager_factory(total=1 << 20, latency=0.001) as one, aiocubie_manager_factory() as two:
+        assert one.backend is not two.backend
+        assert (one.backend.total, one.backend.latency) == (1 << 20, 0.001)
+        one.backend.faults.inject("copy")
+        two.backend.faults.inject("copy")
+""",
+    )
+    result.assert_outcomes(passed=3)
+
+
+def test_marker_takes_keywords_only(pytester: pytest.Pytester) -> None:
+    result = _run(
+        pytester,
+        """
+import pytest
+
+@pytest.mark.aiocubie(1024)
+def test_positional(aiocubie_simulator):
+    pass
+""",
+    )
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*keyword settings only*"])

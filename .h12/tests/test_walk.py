@@ -1,0 +1,115 @@
+"""walk_chunks: every element of every input reaches the device and every output comes back.
+
+Runs on the simulator backend under asyncio and trio; the loop body plays the kernel, working
+on the device arrays (numpy arrays on the simulator) the chunk hands it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+import pytest
+
+from aiocubie import ArrayRequest, Chunk, InvalidRequestError, MemoryManager, SimulatorBackend, walk_chunks
+
+RUNS = 7
+SHAPES = {0: (RUNS, 3), 1: (2, RUNS, 3), -1: (2, 3, RUNS)}
+
+
+def _requests(axis: int) -> dict[str, ArrayRequest]:
+    shape = SHAPES[axis]
+    return {
+        "x": ArrayRequest(shape, np.float64, chunk_axis=axis),
+        "y": ArrayRequest(shape, np.float64, chunk_axis=axis),
+        "p": ArrayRequest((4,), np.float64, unchunkable=True),
+        "total": ArrayRequest((1,), np.float64, unchunkable=True, zero=True),
+    }
+
+
+def _total_for(requests: dict[str, ArrayRequest], max_chunk: int) -> int:
+    """Simulated memory that fits ``max_chunk`` runs (plus half a run, so rounding cannot bite)."""
+    per_run = sum(r.bytes_per_run for r in requests.values())
+    whole = sum(r.nbytes for r in requests.values() if r.unchunkable)
+    return whole + per_run * max_chunk + per_run // 2
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("max_chunk", range(1, RUNS + 1))
+async def test_every_element_round_trips(axis: int, max_chunk: int) -> None:
+    requests = _requests(axis)
+    x = np.arange(math.prod(SHAPES[axis]), dtype=np.float64).reshape(SHAPES[axis]) + 1
+    p = np.array([1.0, 2.0, 3.0, 4.5])
+    y = np.full_like(x, np.nan)
+    total = np.zeros(1)
+    solver = object()
+    sim = SimulatorBackend(_total_for(requests, max_chunk))
+    async with MemoryManager(sim, headroom=0.0) as mgr:
+        mgr.register(solver)
+        async with mgr.request(solver, requests) as response:
+            assert response.chunks == math.ceil(RUNS / max_chunk)
+            chunks: list[Chunk] = []
+            async for chunk in walk_chunks(mgr, solver, response, inputs={"x": x, "p": p}, outputs={"y": y, "total": total}):
+                run_axis = axis % x.ndim
+                assert chunk.device["x"].shape[run_axis] == chunk.length
+                np.testing.assert_array_equal(chunk.device["x"].get(), chunk.host["x"])
+                # The "kernel": y = 2x + sum(p); total += sum(x).
+                chunk.device["y"][...] = 2 * chunk.device["x"] + chunk.device["p"].sum()
+                chunk.device["total"][0] += chunk.device["x"].sum()
+                chunks.append(chunk)
+    assert [c.index for c in chunks] == list(range(response.chunks))
+    assert [(c.start, c.stop) for c in chunks] == list(response.chunk_ranges())
+    assert chunks[0].start == 0 and chunks[-1].stop == RUNS
+    np.testing.assert_array_equal(y, 2 * x + p.sum())
+    assert total[0] == x.sum()
+    assert sim.used == 0
+
+
+@pytest.mark.anyio
+async def test_uneven_last_chunk_is_trimmed() -> None:
+    requests = _requests(1)
+    async with MemoryManager(SimulatorBackend(_total_for(requests, 3)), headroom=0.0) as mgr:
+        solver = object()
+        mgr.register(solver)
+        x = np.ones(SHAPES[1])
+        async with mgr.request(solver, requests) as response:
+            lengths = [c.length async for c in walk_chunks(mgr, solver, response, inputs={"x": x})]
+    assert (response.chunks, response.chunk_length) == (3, 3)
+    assert lengths == [3, 3, 1]
+
+
+@pytest.mark.anyio
+async def test_breaking_out_skips_the_remaining_copies() -> None:
+    requests = _requests(0)
+    x = np.ones(SHAPES[0])
+    y = np.zeros(SHAPES[0])
+    async with MemoryManager(SimulatorBackend(_total_for(requests, 2)), headroom=0.0) as mgr:
+        solver = object()
+        mgr.register(solver)
+        async with mgr.request(solver, requests) as response:
+            walk = walk_chunks(mgr, solver, response, inputs={"x": x}, outputs={"y": y})
+            async with contextlib.aclosing(walk):
+                async for chunk in walk:
+                    chunk.device["y"][...] = 5
+                    break
+    np.testing.assert_array_equal(y, 0)  # the first chunk's body ran, but its copy-out did not
+
+
+@pytest.mark.anyio
+async def test_bad_host_arrays_are_refused() -> None:
+    requests = _requests(0)
+    async with MemoryManager(SimulatorBackend(1 << 20)) as mgr:
+        solver = object()
+        mgr.register(solver)
+        async with mgr.request(solver, requests) as response:
+            with pytest.raises(InvalidRequestError, match="no array 'z'"):
+                async for _ in walk_chunks(mgr, solver, response, inputs={"z": np.zeros(3)}):
+                    pass
+            with pytest.raises(InvalidRequestError, match=r"full-size"):
+                async for _ in walk_chunks(mgr, solver, response, outputs={"y": np.zeros((3, 3))}):
+                    pass
+            with pytest.raises(InvalidRequestError, match=r"float32"):
+                async for _ in walk_chunks(mgr, solver, response, inputs={"x": np.zeros(SHAPES[0], np.float32)}):
+                    pass

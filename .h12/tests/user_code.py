@@ -1,0 +1,129 @@
+"""What users do with the arrays they are handed, for each array type: the "user code" suite.
+
+Imported, like ``backend_contract``, by a module that supplies the ``contract`` fixture: it
+runs on the simulator in CI (numba kernels under numba's CUDA simulator) and unchanged on
+the GPU. Code here is written once for both: only the array type decides what it calls.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+from backend_contract import Contract, to_numpy
+from numba import cuda
+
+from aiocubie import ArrayRequest, MemoryManager, walk_chunks
+
+__all__ = [
+    "test_user_cupy_arithmetic_walk",
+    "test_user_numba_kernel_walk",
+    "test_user_reads_zeroed_arrays",
+    "test_user_torch_interop",
+]
+
+RUNS = 10_000
+
+
+def need_numba_mode(backend_name: str) -> None:
+    """Skip unless numba.cuda runs in the mode the backend needs (its simulator for ours)."""
+    from numba import config
+
+    if bool(config.ENABLE_CUDASIM) != (backend_name == "simulator"):
+        pytest.skip("numba.cuda was imported in the other mode than this backend needs")
+
+
+@cuda.jit
+def axpy(x: Any, y: Any) -> None:  # pragma: no cover - compiled by numba
+    # Module level: numba's simulator swaps the module-global ``cuda`` while a kernel runs.
+    for j in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
+        for i in range(x.shape[0]):
+            y[i, j] = 3.0 * x[i, j] - 1.0
+
+
+def _launch(kernel: Any, backend_name: str, size: int, stream: Any, *args: Any) -> None:
+    if backend_name == "simulator":
+        kernel[2, 32](*args)  # each simulated GPU thread is a Python thread: keep it small
+    else:
+        kernel[(size + 255) // 256, 256, stream](*args)
+
+
+class Solver:
+    """A user's component."""
+
+
+@pytest.mark.anyio
+async def test_user_reads_zeroed_arrays(contract: Contract) -> None:
+    async with MemoryManager(contract.backend) as mgr:
+        solver = Solver()
+        mgr.register(solver)
+        request = {
+            "d": ArrayRequest((16, 3), np.float64, zero=True),
+            "m": ArrayRequest((64,), np.int32, kind="managed", zero=True, unchunkable=True),
+        }
+        async with mgr.request(solver, request) as response:
+            for array in response.arrays.values():
+                assert not to_numpy(array).any()
+        assert mgr.stats().live_bytes == 0
+
+
+@pytest.mark.anyio
+async def test_user_cupy_arithmetic_walk(contract: Contract) -> None:
+    """y = 2x + 1 chunk by chunk with the array's own arithmetic, as CuPy users write it."""
+    if contract.array_type != "cupy":
+        pytest.skip("numba device arrays have no arithmetic (see test_array_type_behaviour)")
+    x = np.random.default_rng(0).standard_normal((4, RUNS))
+    y = np.full_like(x, np.nan)
+    async with MemoryManager(contract.backend) as mgr:
+        solver = Solver()
+        mgr.register(solver)
+        requests = {"x": ArrayRequest(x.shape, x.dtype, chunk_axis=1), "y": ArrayRequest(x.shape, x.dtype, chunk_axis=1)}
+        async with mgr.request(solver, requests) as response:
+            async for chunk in walk_chunks(mgr, solver, response, inputs={"x": x}, outputs={"y": y}):
+                chunk.device["y"][...] = 2 * chunk.device["x"] + 1
+                await mgr.sync_stream(solver)
+    np.testing.assert_allclose(y, 2 * x + 1)
+
+
+@pytest.mark.anyio
+async def test_user_numba_kernel_walk(contract: Contract) -> None:
+    """A numba kernel on the group's stream over every chunk, for either array type."""
+    need_numba_mode(contract.backend.name)
+    x = np.random.default_rng(1).standard_normal((3, 2_000))
+    y = np.full_like(x, np.nan)
+    async with MemoryManager(contract.backend) as mgr:
+        solver = Solver()
+        mgr.register(solver)
+        requests = {"x": ArrayRequest(x.shape, x.dtype, chunk_axis=1), "y": ArrayRequest(x.shape, x.dtype, chunk_axis=1)}
+        async with mgr.request(solver, requests) as response:
+            async for chunk in walk_chunks(mgr, solver, response, inputs={"x": x}, outputs={"y": y}):
+                _launch(axpy, contract.backend.name, chunk.length, response.stream, chunk.device["x"], chunk.device["y"])
+                await mgr.sync_stream(solver)
+    np.testing.assert_allclose(y, 3.0 * x - 1.0)
+
+
+@pytest.mark.anyio
+async def test_user_torch_interop(contract: Contract) -> None:
+    """torch sees the handed-out memory without a copy: DLPack for CuPy arrays, the CUDA array
+    interface for numba's."""
+    if "torch" not in sys.modules:
+        torch = pytest.importorskip("torch")
+    else:
+        torch = sys.modules["torch"]
+    async with MemoryManager(contract.backend) as mgr:
+        solver = Solver()
+        mgr.register(solver)
+        async with mgr.request(solver, {"a": ArrayRequest((1000,), np.float32, zero=True)}) as response:
+            array = response.arrays["a"]
+            if contract.array_type == "cupy":
+                tensor = torch.from_dlpack(array)
+            elif contract.backend.name == "cuda":
+                tensor = torch.as_tensor(array, device="cuda")
+            else:
+                pytest.skip("torch reads numba arrays through the CUDA array interface: GPU only")
+            tensor += 2  # torch writes the same memory
+            if tensor.is_cuda:
+                torch.cuda.synchronize()
+            assert np.array_equal(to_numpy(array), np.full(1000, 2, np.float32))
