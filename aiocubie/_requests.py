@@ -235,6 +235,36 @@ class ArrayRequest:
             object.__setattr__(self, "runs", runs)
             object.__setattr__(self, "bytes_per_run", per_run * self.dtype.itemsize)
 
+    @classmethod
+    def like(
+        cls,
+        array: Any,
+        *,
+        kind: MemoryKind | str = MemoryKind.DEVICE,
+        chunk_axis: int = 0,
+        unchunkable: bool = False,
+        zero: bool = False,
+    ) -> ArrayRequest:
+        """A request for an array of ``array``'s shape and dtype (numpy, CuPy, numba, torch...).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> ArrayRequest.like(np.zeros((8, 1000), np.float32), chunk_axis=1).nbytes
+        32000
+
+        Raises
+        ------
+        InvalidRequestError
+            If ``array`` has no ``shape`` and ``dtype``, or they are not valid for a request.
+        """
+        shape, dtype = getattr(array, "shape", None), getattr(array, "dtype", None)
+        if shape is None or dtype is None:
+            raise InvalidRequestError(
+                f"ArrayRequest.like needs an array with a shape and a dtype, got {type(array).__name__}"
+            )
+        return cls(shape, dtype, kind, chunk_axis, unchunkable, zero)
+
     def chunked_shape(self, chunk_length: int) -> tuple[int, ...]:
         """The shape this array has when the run axis is cut to ``chunk_length``."""
         if self.unchunkable:

@@ -457,3 +457,14 @@ def test_dtype_none_and_non_bool_flags_are_rejected() -> None:
     with pytest.raises(InvalidRequestError, match="1"):
         ArrayRequest((4,), "f4", zero=1)
     assert ArrayRequest((4,), "f4", zero=np.bool_(True)).zero is True
+
+
+def test_like_takes_shape_and_dtype_from_an_array() -> None:
+    host = np.zeros((8, 1000), np.float32)
+    request = ArrayRequest.like(host, chunk_axis=1, zero=True)
+    assert request == ArrayRequest((8, 1000), np.float32, chunk_axis=1, zero=True)
+    assert ArrayRequest.like(host, kind="pinned", unchunkable=True).kind.value == "pinned"
+    with pytest.raises(InvalidRequestError, match="shape and a dtype, got list"):
+        ArrayRequest.like([1.0, 2.0])
+    with pytest.raises(InvalidRequestError, match="not supported on the GPU"):
+        ArrayRequest.like(np.array(["text"]))
