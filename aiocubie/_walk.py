@@ -13,7 +13,7 @@ import collections
 import contextlib
 import math
 import weakref
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -147,8 +147,10 @@ async def walk_chunks(
     axes = response.chunk_axes
     depth = _depth(response, ins, outs, depth)
     if depth > 1:
-        async for chunk in _Overlapped(mgr, instance, response, ins, outs, depth).walk():
-            yield chunk
+        # closed with this generator, so that its cleanup runs when this one is closed
+        async with contextlib.aclosing(_Overlapped(mgr, instance, response, ins, outs, depth).walk()) as chunks:
+            async for chunk in chunks:
+                yield chunk
         return
     stream = mgr.get_stream(instance)
     whole_in = [label for label in ins if axes[label] is None]
@@ -381,7 +383,7 @@ class _Overlapped:
         # copies out not yet seen done: (chunk, event, [(staged view, host slice)])
         self.pending: collections.deque[tuple[int, Event, list[tuple[Any, Any]]]] = collections.deque()
 
-    async def walk(self) -> AsyncIterator[Chunk]:
+    async def walk(self) -> AsyncGenerator[Chunk, None]:
         response, backend, mgr, depth = self.response, self.backend, self.mgr, self.depth
         axes = response.chunk_axes
         whole_in = [label for label in self.ins if axes[label] is None]
