@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import math
+import os
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from types import MappingProxyType
@@ -37,8 +38,10 @@ __all__ = ["DEFAULT_DEPTH", "Chunk", "walk_chunks", "walk_requests"]
 #: and outputs are different arrays (benchmarks/README.md has the measurements).
 DEFAULT_DEPTH = 2
 
-#: Host staging copies at least this large run in a worker thread (numpy releases the GIL).
+#: Host staging copies at least this large run on worker threads (numpy releases the GIL), in
+#: slices of at least this size, on at most _COPY_THREADS threads at once.
 _THREADED_COPY = 1 << 20
+_COPY_THREADS = min(16, os.cpu_count() or 1)
 
 
 @attrs.frozen
@@ -146,45 +149,10 @@ async def walk_chunks(
     outs = _check(response, outputs or {}, "outputs")
     axes = response.chunk_axes
     depth = _depth(response, ins, outs, depth)
-    if depth > 1:
-        # closed with this generator, so that its cleanup runs when this one is closed
-        async with contextlib.aclosing(_Overlapped(mgr, instance, response, ins, outs, depth).walk()) as chunks:
-            async for chunk in chunks:
-                yield chunk
-        return
-    stream = mgr.get_stream(instance)
-    whole_in = [label for label in ins if axes[label] is None]
-    if whole_in:
-        await mgr.to_device(
-            instance, [np.ascontiguousarray(ins[label]) for label in whole_in], [response.arrays[label] for label in whole_in]
-        )
-    for index in range(response.chunks):
-        start, stop = response.chunk_bounds(index)
-        length = stop - start
-        device = {label: _trim(array, axes[label], length) for label, array in response.arrays.items()}
-        host = {label: array[response.chunk_slices(index, label)] for label, array in {**ins, **outs}.items()}
-        sources, targets = [], []
-        for label in ins:
-            axis = axes[label]
-            if axis is not None:
-                source, target = _copy_in_pair(host[label], response.arrays[label], device[label], axis)
-                sources.append(source)
-                targets.append(target)
-        if sources:
-            await mgr.to_device(instance, sources, targets)
-        yield Chunk(index, start, stop, MappingProxyType(device), MappingProxyType(host), stream)
-        chunked_out = [label for label in outs if axes[label] is not None]
-        if chunked_out:
-            staged = [_staging(response.arrays[label], device[label]) for label in chunked_out]
-            await mgr.from_device(instance, [source for source, _ in staged], [buffer for _, buffer in staged])
-            for label, (_, buffer) in zip(chunked_out, staged):
-                host[label][...] = _trim(buffer, axes[label], length)
-    whole_out = [label for label in outs if axes[label] is None]
-    if whole_out:
-        buffers = [np.empty_like(outs[label], order="C") for label in whole_out]
-        await mgr.from_device(instance, [response.arrays[label] for label in whole_out], buffers)
-        for label, buffer in zip(whole_out, buffers):
-            outs[label][...] = buffer
+    # closed with this generator, so that its cleanup runs when this one is closed
+    async with contextlib.aclosing(_Walk(mgr, instance, response, ins, outs, depth).walk()) as chunks:
+        async for chunk in chunks:
+            yield chunk
 
 
 def _check(response: ArrayResponse, arrays: Mapping[str, Any], role: str) -> dict[str, np.ndarray[Any, Any]]:
@@ -213,25 +181,6 @@ def _trim(array: Any, axis: int | None, length: int) -> Any:
     if axis is None or array.shape[axis] == length:
         return array
     return array[(slice(None),) * axis + (slice(0, length),)]
-
-
-def _copy_in_pair(host: np.ndarray[Any, Any], full: Any, trimmed: Any, axis: int) -> tuple[Any, Any]:
-    """Source and target to copy a chunk's host slice into its device array.
-
-    Device copies need contiguous arrays on both sides. A device array trimmed along any axis
-    but the first is not contiguous: the host slice is then padded to the full device shape.
-    """
-    if trimmed is full or _contiguous(trimmed):
-        return np.ascontiguousarray(host), trimmed
-    padded = np.zeros(full.shape, full.dtype)
-    _trim(padded, axis, host.shape[axis])[...] = host
-    return padded, full
-
-
-def _staging(full: Any, trimmed: Any) -> tuple[Any, np.ndarray[Any, Any]]:
-    """Device source and contiguous host buffer to copy a chunk's output out through."""
-    source = trimmed if trimmed is full or _contiguous(trimmed) else full
-    return source, np.empty(source.shape, source.dtype)
 
 
 def _contiguous(array: Any) -> bool:
@@ -336,17 +285,31 @@ def _view(buffer: np.ndarray[Any, Any], like: Any) -> np.ndarray[Any, Any]:
 
 
 async def _host_copy(dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> None:
-    """``dst[...] = src``; in a worker thread when it is large (numpy copies without the GIL)."""
-    if dst.nbytes >= _THREADED_COPY:
-        await anyio.to_thread.run_sync(np.copyto, dst, src)
-    else:
+    """``dst[...] = src``; when large, in slices on worker threads (numpy copies without the GIL:
+    one thread moves a few GB/s, far below a copy engine)."""
+    if dst.nbytes < _THREADED_COPY or not dst.ndim:
         np.copyto(dst, src)
+        return
+    parts = min(_COPY_THREADS, dst.shape[0], max(1, dst.nbytes // _THREADED_COPY))
+    if parts == 1:
+        await anyio.to_thread.run_sync(np.copyto, dst, src)
+        return
+    bounds = [dst.shape[0] * part // parts for part in range(parts + 1)]
+
+    async def part(lo: int, hi: int) -> None:
+        await anyio.to_thread.run_sync(np.copyto, dst[lo:hi], src[lo:hi])
+
+    async with anyio.create_task_group() as tg:
+        for lo, hi in zip(bounds, bounds[1:]):
+            tg.start_soon(part, lo, hi)
 
 
-class _Overlapped:
-    """One overlapped walk: its streams, events, staging buffers and the order between them.
+class _Walk:
+    """One walk: its streams, events, staging buffers and the order between them.
 
-    Chunk ``i`` uses buffer set ``k = i % depth``. Its copy in (on the in-stream) waits for
+    At depth 1 every copy is awaited before the walk goes on (the serial walk). Deeper,
+
+    chunk ``i`` uses buffer set ``k = i % depth``. Its copy in (on the in-stream) waits for
     the body of chunk ``i - depth`` (the last user of set ``k``) and, for arrays that are both
     input and output, for that chunk's copy out; the body of chunk ``i`` (on the group's
     stream) waits for its copy in and for the copy out of chunk ``i - depth``; its copy out
@@ -400,6 +363,8 @@ class _Overlapped:
                 while issued < min(response.chunks, index + depth):
                     await self._copy_in(issued)
                     issued += 1
+                if depth == 1:  # serial: the data is on the device when the body runs
+                    await self.loop.wait(self.in_done[index])
                 backend.wait_event(self.stream, self.in_done[index])
                 if index >= depth:
                     if self.chunked_out:
@@ -412,6 +377,8 @@ class _Overlapped:
                 yield self._chunk(index)
                 self.body_done[index] = backend.record_event(self.stream)
                 await self._copy_out(index)
+                if depth == 1:
+                    await self._settle(up_to=index)
                 for events in (self.in_done, self.body_done, self.out_done):
                     events.pop(index - depth - 1, None)
             await self._settle(up_to=response.chunks)
