@@ -10,9 +10,11 @@ never lets a copy outlive the buffers it uses.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import math
 import os
+import threading
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from types import MappingProxyType
@@ -285,23 +287,34 @@ def _view(buffer: np.ndarray[Any, Any], like: Any) -> np.ndarray[Any, Any]:
 
 
 async def _host_copy(dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> None:
-    """``dst[...] = src``; when large, in slices on worker threads (numpy copies without the GIL:
-    one thread moves a few GB/s, far below a copy engine)."""
+    """``dst[...] = src``; when large, on worker threads (numpy copies without the GIL: one thread
+    moves about 10 GB/s, 16 about 50 on an H100's host, against 45 GB/s per copy engine)."""
     if dst.nbytes < _THREADED_COPY or not dst.ndim:
         np.copyto(dst, src)
         return
+    await anyio.to_thread.run_sync(_parallel_copy, dst, src)  # one hop to the loop, not one per slice
+
+
+_copiers: concurrent.futures.ThreadPoolExecutor | None = None
+_copiers_lock = threading.Lock()
+
+
+def _parallel_copy(dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> None:
+    """Copy in slices along the first axis: this thread takes one, a shared pool the rest."""
+    global _copiers
     parts = min(_COPY_THREADS, dst.shape[0], max(1, dst.nbytes // _THREADED_COPY))
     if parts == 1:
-        await anyio.to_thread.run_sync(np.copyto, dst, src)
+        np.copyto(dst, src)
         return
+    with _copiers_lock:
+        if _copiers is None:
+            _copiers = concurrent.futures.ThreadPoolExecutor(_COPY_THREADS - 1, thread_name_prefix="aiocubie-copy")
+        pool = _copiers
     bounds = [dst.shape[0] * part // parts for part in range(parts + 1)]
-
-    async def part(lo: int, hi: int) -> None:
-        await anyio.to_thread.run_sync(np.copyto, dst[lo:hi], src[lo:hi])
-
-    async with anyio.create_task_group() as tg:
-        for lo, hi in zip(bounds, bounds[1:]):
-            tg.start_soon(part, lo, hi)
+    futures = [pool.submit(np.copyto, dst[lo:hi], src[lo:hi]) for lo, hi in zip(bounds[1:-1], bounds[2:])]
+    np.copyto(dst[: bounds[1]], src[: bounds[1]])
+    for future in futures:
+        future.result()
 
 
 class _Walk:

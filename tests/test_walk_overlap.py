@@ -249,7 +249,8 @@ async def test_depth_three_overlaps_in_place_arrays_too() -> None:
 
 
 def _idle(sim: SimulatorBackend) -> bool:
-    return all(s._progress.queued == s._progress.done for s in sim._streams)
+    # at most the item that completed the walk's last event may still be counting itself done
+    return all(s._progress.queued - s._progress.done <= 1 for s in sim._streams)
 
 
 async def _interrupted(
