@@ -48,7 +48,7 @@ from ._options import Options, Policy
 from ._stats import Percentiles, PinnedStats, Snapshot, UsageStats
 from ._walk import DEFAULT_DEPTH, Chunk, walk_chunks, walk_requests
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
 __all__ = [
     "ALLOCATORS",

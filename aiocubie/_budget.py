@@ -8,10 +8,10 @@ from __future__ import annotations
 import enum
 import math
 import numbers
-import warnings
 from collections.abc import Hashable, Iterable
 
-from ._errors import AiocubieWarning, BudgetError
+from ._errors import BudgetError, shown
+from ._errors import warn as warn_at_caller
 
 __all__ = ["Budget", "LimitMode", "MIN_AUTO_POOL", "group_available"]
 
@@ -21,6 +21,15 @@ MIN_AUTO_POOL = 0.05
 HIGH_USE_WARNING = 0.95
 # Float slack when summing proportions given as decimals (0.1 + 0.2 ...).
 _EPS = 1e-9
+
+
+def _tidy(value: float) -> float:
+    """``value`` without float noise: 1 - 0.9 is 0.09999999999999998 in floats; this gives 0.1.
+
+    Only noise goes (a change under 1e-15); a real fraction such as 1/3 is kept exact.
+    """
+    rounded = round(value, 12)
+    return rounded if abs(rounded - value) < 1e-15 else value
 
 
 class LimitMode(str, enum.Enum):
@@ -37,10 +46,15 @@ class LimitMode(str, enum.Enum):
 def check_proportion(proportion: object) -> float:
     """Return ``proportion`` as a float in (0, 1]; raise BudgetError otherwise."""
     if isinstance(proportion, bool) or not isinstance(proportion, numbers.Real):
-        raise BudgetError(f"proportion must be a number in (0, 1], got {proportion!r}")
-    value = float(proportion)
+        raise BudgetError(f"proportion must be a number in (0, 1], got {shown(proportion)}")
+    try:
+        value = float(proportion)
+    except (OverflowError, ValueError, TypeError):  # 10**400, Fraction(10**400, 3): no float holds it
+        value = math.nan
     if not (0.0 < value <= 1.0):  # also rejects NaN
-        raise BudgetError(f"proportion must be in (0, 1], got {proportion!r}")
+        raise BudgetError(
+            f"proportion must be in (0, 1] (a share of VRAM, e.g. 0.25), got {shown(proportion)}"
+        )
     return value
 
 
@@ -80,7 +94,8 @@ class Budget:
     @property
     def auto_pool_proportion(self) -> float:
         """Share of VRAM split among auto members (0 when there are none)."""
-        return max(0.0, 1.0 - self.manual_pool_proportion) if self._auto else 0.0
+        # rounded: 1 - 0.9 is 0.09999999999999998 in floats, and users read these numbers
+        return _tidy(max(0.0, 1.0 - self.manual_pool_proportion)) if self._auto else 0.0
 
     def is_manual(self, key: Hashable) -> bool:
         """True if ``key`` has a manual proportion."""
@@ -92,7 +107,7 @@ class Budget:
         self._check_known(key)
         if key in self._manual:
             return self._manual[key]
-        return self.auto_pool_proportion / len(self._auto)
+        return _tidy(self.auto_pool_proportion / len(self._auto))
 
     def cap(self, key: Hashable) -> int:
         """The bytes ``key`` may use: ``floor(proportion * total)``."""
@@ -173,7 +188,7 @@ class Budget:
             )
             if auto_members:
                 raise BudgetError(f"{message}, and {auto_members} auto member(s) need it")
-            warnings.warn(message, AiocubieWarning, stacklevel=3)
+            warn_at_caller(message)
 
 
 def group_available(
@@ -188,10 +203,8 @@ def group_available(
     if mode is LimitMode.PASSIVE:
         return max(0, free)
     if warn and group_cap > 0 and group_held > HIGH_USE_WARNING * group_cap:
-        warnings.warn(
+        warn_at_caller(
             f"stream group {group!r} holds {group_held} of its {group_cap} bytes "
-            f"({group_held / group_cap:.0%}): release arrays or raise its proportions",
-            AiocubieWarning,
-            stacklevel=2,
+            f"({group_held / group_cap:.0%}): release arrays or raise its proportions"
         )
     return max(0, min(group_cap - group_held, free))

@@ -1,26 +1,25 @@
 """The command line (``python -m aiocubie`` / ``aiocubie``): info, demo and bench.
 
 It picks the backend before anything imports numba.cuda, because numba's CUDA simulator is
-chosen by NUMBA_ENABLE_CUDASIM at that first import. It holds no library logic of its own.
+chosen by NUMBA_ENABLE_CUDASIM at that first import. It holds no library logic of its own, and
+prints aiocubie's errors as one line each (with ``--debug``, their tracebacks too).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import json
 import platform
-import subprocess
 import sys
-from collections.abc import Sequence
+import traceback
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ._backends import select_backend
-from ._errors import AiocubieError
+from ._errors import AiocubieError, ConfigurationError
 
 __all__ = ["main"]
-
-#: What ``aiocubie bench`` runs: the benchmark driver of a repository checkout.
-BENCH_SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "run"
 
 
 def _version(package: str) -> str:
@@ -43,6 +42,7 @@ def _info(args: argparse.Namespace) -> int:
             ("total memory", f"{memory.total / 2**20:,.1f} MiB"),
             ("free memory", f"{memory.free / 2**20:,.1f} MiB"),
             ("allocator", backend.allocator),
+            ("arrays", backend.array_type),
             ("aiocubie", aiocubie.__version__),
             ("python", platform.python_version()),
         ]
@@ -50,6 +50,8 @@ def _info(args: argparse.Namespace) -> int:
         backend.close()
     cupy = [p for p in ("cupy-cuda13x", "cupy-cuda12x", "cupy") if _version(p) != "not installed"]
     rows += [(p, _version(p)) for p in ("numpy", "numba", "numba-cuda", *(cupy or ["cupy"]), "anyio")]
+    if backend.name == "simulator":
+        rows.append(("note", "the demo runs its own simulator of --budget bytes (default 1 MiB), not this one"))
     width = max(len(key) for key, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
@@ -58,7 +60,12 @@ def _info(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     chosen, why = select_backend(args.backend)
-    from ._demo import run_demo  # imports numba.cuda: only after the backend is chosen
+    try:
+        from ._demo import run_demo  # imports numba.cuda: only after the backend is chosen
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"the demo runs numba kernels, and numba cannot be imported ({exc}): pip install 'aiocubie[numba]'"
+        ) from exc
 
     return run_demo(
         chosen, why, runs=args.runs, batches=args.batches, budget=args.budget, progress=args.progress
@@ -66,15 +73,24 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    script = BENCH_SCRIPT
-    if not script.is_file():
-        print(
-            f"no benchmarks here: {script} is missing. The benchmarks live in a checkout of the "
-            "aiocubie repository (git clone, then run `python -m aiocubie bench` from it).",
-            file=sys.stderr,
-        )
-        return 1
-    return subprocess.call([sys.executable, str(script), *args.bench_args], cwd=script.parent.parent)
+    from . import _bench as bench  # the scheduler-cost benchmark: no device library
+
+    rows = bench.main(quick=args.quick)
+    width = max(len(label) for label, *_ in rows)
+    print(f"{'path':<{width}}  {'us/request':>10}  {'x future':>8}  target")
+    for label, micros, times, target in rows:
+        goal = "" if target is None else f"<= {target:g}x {'met' if times <= target else 'NOT met'}"
+        print(f"{label:<{width}}  {micros:10.2f}  {times:8.2f}  {goal}")
+    print(
+        "(a zero-latency device: every microsecond is aiocubie's Python; device benchmarks: "
+        "benchmarks/run in a checkout)"
+    )
+    if args.out is not None:
+        records = [{"path": label, "us_per_request": micros, "x_future": times, "target": target}
+                   for label, micros, times, target in rows]
+        args.out.write_text(json.dumps({"quick": args.quick, "rows": records}, indent=2) + "\n")
+        print(f"wrote {args.out}")
+    return 0
 
 
 def _positive(text: str) -> int:
@@ -91,6 +107,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aiocubie", description="aiocubie: an async GPU memory allocation service."
     )
+    parser.add_argument("--version", action="version", version=f"aiocubie {_version('aiocubie')}")
+    parser.add_argument("--debug", action="store_true", help="print the traceback of an error too")
     commands = parser.add_subparsers(dest="command", required=True, metavar="{info,demo,bench}")
     backend = argparse.ArgumentParser(add_help=False)
     backend.add_argument(
@@ -109,24 +127,36 @@ def _parser() -> argparse.ArgumentParser:
         help="simulated device memory in bytes (simulator only; default 1 MiB)",
     )
     demo.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
-    commands.add_parser(
-        "bench", help="run benchmarks/run of a repository checkout (further arguments are passed on)"
+    bench = commands.add_parser(
+        "bench", help="the scheduler's cost per request on a zero-latency device, against a bare asyncio future"
     )
+    bench.add_argument("--quick", action="store_true", help="a smoke run of a second (noisy figures)")
+    bench.add_argument("--out", type=Path, default=None, metavar="FILE", help="also write the figures as JSON")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; return the exit status (2 for bad options, as argparse does)."""
-    parser = _parser()
-    # bench passes unknown options on to the benchmark driver; argparse's REMAINDER would
-    # refuse those that start with "--".
-    args, extra = parser.parse_known_args(argv)
-    if extra and args.command != "bench":
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    args.bench_args = extra
+    """Run the command line; return the exit status (1 for an aiocubie error, 2 for bad options)."""
+    args = _parser().parse_args(argv)
     command = {"info": _info, "demo": _demo, "bench": _bench}[args.command]
     try:
         return command(args)
-    except AiocubieError as exc:
-        print(f"aiocubie {args.command}: {exc}", file=sys.stderr)
+    except Exception as exc:
+        errors = list(_aiocubie_errors(exc))
+        if not errors:  # not ours: a bug, shown in full
+            raise
+        for error in errors:
+            print(f"aiocubie {args.command}: {error}", file=sys.stderr)
+        if args.debug:
+            traceback.print_exception(exc)
+        else:
+            print("(run with --debug for the traceback)", file=sys.stderr)
         return 1
+
+
+def _aiocubie_errors(exc: BaseException) -> Iterator[AiocubieError]:
+    """The AiocubieErrors in ``exc``, looking inside exception groups (anyio's task groups)."""
+    if isinstance(exc, AiocubieError):
+        yield exc
+    for inner in getattr(exc, "exceptions", ()):  # an ExceptionGroup, on any Python version
+        yield from _aiocubie_errors(inner)

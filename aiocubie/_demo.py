@@ -203,6 +203,7 @@ async def _pipeline(
         tg.start_soon(solve)
         tg.start_soon(reduce)
     out["scale"], out["weights"] = [scale], [weights]
+    snapshot = mgr.stats()  # of the pipeline alone, while the stages live (a collected one leaves the stats)
     # The loader's walk of one batch again, serial (depth 1) and overlapped, on the same data.
     loader.advance = lambda runs: None
     seconds = []
@@ -214,7 +215,7 @@ async def _pipeline(
         if not np.array_equal(features, out["features"][0]):
             raise AssertionError(f"the walk of depth {depth} gave other features than the pipeline's")
     out["walk_seconds"] = seconds
-    return out, mgr.stats()  # while the stages live: a collected instance's bytes leave the stats
+    return out, snapshot
 
 
 def check(out: dict[str, list[Any]], runs: int) -> tuple[int, list[str]]:

@@ -6,6 +6,10 @@ original as ``__cause__``; users only ever need to catch aiocubie's own types.
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
+
 __all__ = [
     "AiocubieError",
     "AiocubieWarning",
@@ -23,7 +27,25 @@ __all__ = [
     "RunLengthMismatchError",
     "UnchunkableTooLargeError",
     "UnknownAllocatorError",
+    "warn",
 ]
+
+
+def shown(value: object, limit: int = 60) -> str:
+    """``repr(value)`` for an error message, cut short when huge (``10**400`` has 401 digits).
+
+    A cut repr keeps its start and end and says how long it was, so the message still names the
+    value without burying what to do.
+    """
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a broken __repr__ must not hide the real error
+        return f"<{type(value).__name__} object>"
+    if len(text) <= limit:
+        return text
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{text[:12]}...{text[-6:]} (an integer of {len(text.lstrip('-'))} digits)"
+    return f"{text[: limit - 20]}...{text[-8:]} ({len(text)} characters)"
 
 
 class AiocubieError(Exception):
@@ -88,3 +110,19 @@ class ContextResetError(AiocubieError):
 
 class ManagerStateError(AiocubieError, RuntimeError):
     """The manager is not running (use ``async with MemoryManager() as mgr``) or has been closed."""
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+def warn(message: str, category: type[Warning] = AiocubieWarning) -> None:
+    """Warn, pointing at the caller's line: the first frame outside aiocubie.
+
+    (A batch planned in its group's task has no caller left on the stack; the warning then
+    points at the event loop.)
+    """
+    level, frame = 2, sys._getframe(1)  # stacklevel 2: the frame that called warn()
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        level += 1
+        frame = frame.f_back  # type: ignore[assignment]
+    warnings.warn(message, category, stacklevel=level)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import warnings
 import weakref
 from collections.abc import Callable, Generator, Mapping, Sequence
 from types import TracebackType
@@ -21,11 +20,12 @@ import anyio.abc
 import numpy as np
 
 from ._accounting import DeviceAccount
-from ._backends import Advice, Backend, MemoryInfo, create_backend, parse_array_type
+from ._backends import ALLOCATORS, Advice, Backend, MemoryInfo, create_backend, parse_array_type
 from ._budget import LimitMode
 from ._completion import Loop, wait_event
 from ._errors import (
-    AiocubieWarning,
+    AiocubieError,
+    AllocationError,
     BudgetError,
     ConfigurationError,
     ContextResetError,
@@ -34,12 +34,15 @@ from ._errors import (
     ManagerStateError,
     RegistrationError,
     ReleasedError,
+    UnknownAllocatorError,
+    shown,
+    warn,
 )
 from ._ledger import Allocation
 from ._options import Options, Policy
 from ._planner import plan_chunks
 from ._registry import Group, InvalidateHook, Member, ReadyHook, Registry
-from ._requests import ArrayRequest, ArrayResponse, MemoryKind, RequestSet, check_requests
+from ._requests import ArrayRequest, ArrayResponse, MemoryKind, RequestSet, check_device, check_requests
 from ._scheduler import GroupScheduler
 from ._stats import PinnedStats, Snapshot, Telemetry, UsageStats
 from ._tickets import Ticket
@@ -347,7 +350,12 @@ class MemoryManager:
         return self._account.budget.proportion(self._member(instance).key)
 
     def cap(self, instance: object) -> int:
-        """Bytes ``instance`` may use: proportion x total VRAM."""
+        """Bytes ``instance`` may use: proportion x total VRAM.
+
+        A batch is offered less than its group's caps: what the members hold is taken off (active
+        mode), then the headroom (``(1 - headroom) x``) and the allocator's granule. Planning
+        errors name the bytes offered.
+        """
         return self._account.budget.cap(self._member(instance).key)
 
     @property
@@ -513,6 +521,9 @@ class MemoryManager:
 
         Raises
         ------
+        InvalidRequestError
+            For a malformed mapping or arrays that disagree on the run length (requests that
+            could never be allocated are refused when their ArrayRequest is built).
         InsufficientMemoryError
             If the arrays do not fit whole in what the instance's group is offered.
         AllocationError
@@ -542,13 +553,23 @@ class MemoryManager:
         """Free the arrays of ``response``. Idempotent."""
         self._account.release(response)
 
-    def free(self, label: str) -> None:
-        """Free every array labelled ``label``, whichever instance holds it.
+    def free(self, label: str, instance: object | None = None) -> None:
+        """Free the arrays labelled ``label``: ``instance``'s only, or (None) every instance's.
 
-        Requests still in flight whose arrays are freed fail with :class:`ReleasedError`
-        (and the rest of their arrays are freed too).
+        Labels are not scoped: without ``instance`` this frees the ``label`` arrays of every
+        member. Requests still in flight whose arrays are freed fail with
+        :class:`ReleasedError` (and the rest of their arrays are freed too).
+
+        Raises
+        ------
+        RegistrationError
+            If ``instance`` is given and not registered.
         """
-        self._free_where(lambda a: a.label == label, f"free({label!r})")
+        if instance is None:
+            self._free_where(lambda a: a.label == label, f"free({label!r})")
+        else:
+            key = self._member(instance).key
+            self._free_where(lambda a: a.label == label and a.key == key, f"free({label!r}, instance)")
 
     def free_all(self) -> None:
         """Free every array the manager handed out (requests in flight fail with ReleasedError)."""
@@ -584,12 +605,14 @@ class MemoryManager:
         UnknownAllocatorError
             For an unknown or unavailable allocator (nothing is reset then).
         """
+        if not isinstance(name, str) or name not in ALLOCATORS:  # before the backend sees it
+            raise UnknownAllocatorError(
+                f"unknown allocator {shown(name)}: use one of {', '.join(map(repr, ALLOCATORS))}"
+            )
         self.backend.set_allocator(name)  # first: an unknown name must not warn of a reset
-        warnings.warn(
+        warn(
             f"set_allocator({name!r}) resets the device context: arrays and compiled kernels "
-            "from before are invalid",
-            AiocubieWarning,
-            stacklevel=2,
+            "from before are invalid"
         )
         self._reset(f"set_allocator({name!r})")
         self._account.forget_all()  # the context that held them is gone
@@ -625,26 +648,48 @@ class MemoryManager:
         With ``pool=True`` a pinned array comes from the backend's pinned staging pool (the
         walks' pool: exact sizes, reused) and goes back to it when the array and every view
         of it are collected; :meth:`release_pinned` unpins what the pool keeps.
+
+        Raises
+        ------
+        InvalidRequestError
+            For a bad shape, dtype or kind (as :class:`ArrayRequest` checks them), or a ``like``
+            of another shape or with values the dtype cannot hold (``1e308`` in int8).
+        AllocationError
+            If the host memory cannot be had.
         """
         request = ArrayRequest(shape, dtype, kind, unchunkable=True)
         if request.kind not in (MemoryKind.PINNED, MemoryKind.HOST):
             raise InvalidRequestError(f"host arrays are 'pinned' or 'host', not {request.kind.value!r}")
-        if pool and request.kind is MemoryKind.PINNED:
-            staging = self.backend.pinned_pool
-            buffer = staging.acquire(request.nbytes)
-            array = buffer[: request.nbytes].view(request.dtype).reshape(request.shape)
-            array.fill(0)
-            weakref.finalize(array, staging.release, buffer)
-        else:
-            array = self.backend.host_array(request.shape, request.dtype, request.kind)
-        if like is not None:
-            if np.shape(like) != request.shape:
-                raise InvalidRequestError(f"like has shape {np.shape(like)}, not {request.shape}")
+        if like is not None:  # checked before anything is allocated
             try:
-                array[...] = like
-            except (TypeError, ValueError) as exc:  # text or objects numpy cannot cast
+                like_shape = np.shape(like)
+            except (TypeError, ValueError) as exc:  # ragged lists
+                raise InvalidRequestError(f"like={shown(like)} is not an array numpy can read: {exc}") from None
+            if like_shape != request.shape:
+                raise InvalidRequestError(f"like has shape {like_shape}, not {request.shape}")
+        try:
+            if pool and request.kind is MemoryKind.PINNED:
+                staging = self.backend.pinned_pool
+                buffer = staging.acquire(request.nbytes)
+                array = buffer[: request.nbytes].view(request.dtype).reshape(request.shape)
+                array.fill(0)
+                weakref.finalize(array, staging.release, buffer)
+            else:
+                array = self.backend.host_array(request.shape, request.dtype, request.kind)
+        except AiocubieError:
+            raise
+        except MemoryError as exc:  # a backend that let numpy's through
+            raise AllocationError(
+                f"cannot allocate a {request.kind.value} host array of {request.nbytes} bytes "
+                f"({request.shape}, {request.dtype}): {exc}"
+            ) from exc
+        if like is not None:
+            try:
+                with np.errstate(over="raise", invalid="raise"):  # a value the dtype cannot hold is refused, not wrapped
+                    array[...] = like
+            except (TypeError, ValueError, OverflowError, FloatingPointError) as exc:  # text, objects, 1e308 into int8
                 raise InvalidRequestError(
-                    f"like={like!r} cannot be copied into a {request.dtype} host array: {exc}"
+                    f"like={shown(like)} cannot be copied into a {request.dtype} host array: {exc}"
                 ) from exc
         return array
 
@@ -657,16 +702,44 @@ class MemoryManager:
         return self.backend.pinned_pool.clear()
 
     async def to_device(self, instance: object, host_arrays: Sequence[Any], device_arrays: Sequence[Any]) -> None:
-        """Copy each host array into its device array on ``instance``'s stream; wait until done."""
-        await self._copy(instance, host_arrays, device_arrays)
+        """Copy each host array into its device array on ``instance``'s stream; wait until done.
+
+        Raises
+        ------
+        InvalidRequestError
+            Before anything is copied: unless both are lists (or tuples) of arrays, paired up.
+        BackendError
+            If a pair's shapes or dtypes differ, or the copy fails.
+        """
+        await self._copy(instance, host_arrays, device_arrays, ("host_arrays", "device_arrays"))
 
     async def from_device(self, instance: object, device_arrays: Sequence[Any], host_arrays: Sequence[Any]) -> None:
-        """Copy each device array into its host array on ``instance``'s stream; wait until done."""
-        await self._copy(instance, device_arrays, host_arrays)
+        """Copy each device array into its host array on ``instance``'s stream; wait until done.
 
-    async def _copy(self, instance: object, sources: Sequence[Any], targets: Sequence[Any]) -> None:
+        Raises
+        ------
+        InvalidRequestError
+            As :meth:`to_device`.
+        """
+        await self._copy(instance, device_arrays, host_arrays, ("device_arrays", "host_arrays"))
+
+    async def _copy(
+        self, instance: object, sources: Sequence[Any], targets: Sequence[Any], names: tuple[str, str] = ("sources", "targets")
+    ) -> None:
+        # what is not a list of arrays is refused before anything is queued (the backend checks each pair)
+        for given, name in ((sources, names[0]), (targets, names[1])):
+            if not isinstance(given, Sequence) or isinstance(given, (str, bytes)):
+                raise InvalidRequestError(
+                    f"{name} must be a list of arrays, got {shown(given)}: wrap a single array in a list"
+                )
+            for index, array in enumerate(given):
+                if not (hasattr(array, "shape") and hasattr(array, "dtype")):
+                    raise InvalidRequestError(
+                        f"{name}[{index}] is {shown(array)}, not an array: pass numpy arrays "
+                        "(np.asarray(x)) and the arrays of a response"
+                    )
         if len(sources) != len(targets):
-            raise InvalidRequestError(f"{len(sources)} sources but {len(targets)} targets: pair them up")
+            raise InvalidRequestError(f"{len(sources)} {names[0]} but {len(targets)} {names[1]}: pair them up")
         stream = self.get_stream(instance)
         for src, dst in zip(sources, targets):
             self.backend.copy(src, dst, stream)
@@ -687,7 +760,20 @@ class MemoryManager:
         await (self._loop.wait(event) if self._loop is not None else wait_event(event))
 
     def advise(self, array: Any, advice: Advice, device: int | None = 0) -> None:
-        """Give managed-memory ``advice`` (preferred_location, accessed_by, read_mostly)."""
+        """Give managed-memory ``advice`` (preferred_location, accessed_by, read_mostly).
+
+        Raises
+        ------
+        InvalidRequestError
+            For advice that is not a string, or a device that is not an int >= 0 or None (the CPU).
+        BackendError
+            For advice the backend does not know.
+        """
+        if not isinstance(advice, str):  # the backend names what it knows; it needs a str to look up
+            raise InvalidRequestError(
+                f"advice must be a string (preferred_location, accessed_by, read_mostly), got {shown(advice)}"
+            )
+        check_device(device)
         self.backend.advise(array, advice, device)
 
     # -- observability ---------------------------------------------------------------------

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
 from typing import Any
 
 import attrs
 
 from ._budget import LimitMode
-from ._errors import ConfigurationError
+from ._errors import ConfigurationError, shown
 
 __all__ = ["Options", "Policy"]
 
@@ -36,26 +37,42 @@ def _mode(value: Any) -> LimitMode:
     try:
         return LimitMode(value)
     except ValueError:
-        raise ConfigurationError(f"unknown limit mode {value!r}: use 'passive' or 'active'") from None
+        raise ConfigurationError(f"unknown limit mode {shown(value)}: use 'passive' or 'active'") from None
 
 
 def _policy(value: Any) -> Policy:
     try:
         return Policy(value)
     except ValueError:
-        raise ConfigurationError(f"unknown policy {value!r}: use 'chunk', 'wait' or 'fail'") from None
+        raise ConfigurationError(f"unknown policy {shown(value)}: use 'chunk', 'wait' or 'fail'") from None
+
+
+def _real(value: Any) -> float:
+    """``value`` as a float, NaN for anything that is not a real number a float can hold."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return math.nan
+    try:
+        return float(value)
+    except (OverflowError, ValueError, TypeError):  # 10**400 is real, but no float holds it
+        return math.nan
 
 
 def _headroom(value: Any) -> float:
-    if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0.0 <= value < 1.0):
-        raise ConfigurationError(f"headroom must be in [0, 1), got {value!r}")
-    return float(value)
+    number = _real(value)
+    if not 0.0 <= number < 1.0:  # NaN fails too
+        raise ConfigurationError(
+            f"headroom must be a fraction in [0, 1) of the memory kept back, got {shown(value)}"
+        )
+    return number
 
 
 def _seconds(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0.0 <= value < math.inf):
-        raise ConfigurationError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
-    return float(value)
+    number = _real(value)
+    if not 0.0 <= number < math.inf:  # NaN fails too
+        raise ConfigurationError(
+            f"{name} must be a finite number of seconds >= 0 (e.g. 0.002), got {shown(value)}"
+        )
+    return number
 
 
 def _batch_window(value: Any) -> float:
@@ -68,7 +85,7 @@ def _free_cache_seconds(value: Any) -> float:
 
 def _max_batch(value: Any) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ConfigurationError(f"max_batch must be a positive integer or None, got {value!r}")
+        raise ConfigurationError(f"max_batch must be a positive integer or None, got {shown(value)}")
     return value
 
 

@@ -7,15 +7,17 @@ the bytes offered; host kinds are chunked in lockstep but cost no VRAM.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 
-from ._errors import AiocubieWarning, InsufficientMemoryError, UnchunkableTooLargeError
+from ._errors import InsufficientMemoryError, UnchunkableTooLargeError, warn
 from ._requests import ArrayRequest, run_length
 
 __all__ = ["ChunkPlan", "offered_bytes", "plan_batch", "plan_chunks"]
+
+# What "offered" means, for error messages (a group's cap is more than it is offered).
+_OFFER = "what the group may use now, less the headroom and the allocator's granule"
 
 #: Above this many times the free memory, a request draws a warning (as cubie does).
 OVERSUBSCRIPTION_WARNING = 20
@@ -110,18 +112,20 @@ def plan_batch(
     fixed = sum(req.nbytes for req in vram if req.unchunkable)
     per_run = sum(req.bytes_per_run for req in vram)
     buffered = sum(req.bytes_per_run * req.buffers for req in vram)
-    return plan_chunks(runs, fixed, per_run, offered, buffered=buffered, free=free, stacklevel=3)
+    return plan_chunks(runs, fixed, per_run, offered, buffered=buffered, free=free)
+
+
+def warn_if_oversubscribed(full: int, free: int) -> None:
+    """Warn (at the caller's line) when a batch of ``full`` bytes is over 20x the ``free`` bytes."""
+    if full > OVERSUBSCRIPTION_WARNING * max(free, 1):
+        warn(
+            f"the batch asks for {full} bytes, more than {OVERSUBSCRIPTION_WARNING}x the "
+            f"{free} bytes free: it will be walked in many small chunks"
+        )
 
 
 def plan_chunks(
-    runs: int,
-    fixed: int,
-    per_run: int,
-    offered: int,
-    *,
-    buffered: int | None = None,
-    free: int | None = None,
-    stacklevel: int = 2,
+    runs: int, fixed: int, per_run: int, offered: int, *, buffered: int | None = None, free: int | None = None
 ) -> ChunkPlan:
     """Plan a batch from its totals (see :func:`plan_batch`, which computes them).
 
@@ -142,25 +146,18 @@ def plan_chunks(
         ``d`` buffers are used, and it is the plan with the fewest chunks that fits them.
     free : int, optional
         Free device memory, only for the 20x oversubscription warning.
-    stacklevel : int
-        Where the warning points, as for :func:`warnings.warn`.
     """
     if offered < 0:
         raise ValueError(f"offered must be >= 0 bytes, got {offered}")
     full = fixed + per_run * runs
-    if free is not None and full > OVERSUBSCRIPTION_WARNING * max(free, 1):
-        warnings.warn(
-            f"the batch asks for {full} bytes, more than {OVERSUBSCRIPTION_WARNING}x the "
-            f"{free} bytes free: it will be walked in many small chunks",
-            AiocubieWarning,
-            stacklevel=stacklevel,
-        )
+    if free is not None:
+        warn_if_oversubscribed(full, free)
     if full <= offered:
         return ChunkPlan(runs, 1, runs, offered, full, full)
     if fixed > offered:
         raise UnchunkableTooLargeError(
             f"the unchunkable arrays of the batch need {fixed} bytes but only {offered} are "
-            "offered: free memory, raise the group's proportion, or make them chunkable"
+            f"offered ({_OFFER}): free memory, raise the group's proportion, or make them chunkable"
         )
     step = per_run if buffered is None else max(buffered, per_run)
     max_chunk = (offered - fixed) // step
@@ -168,7 +165,7 @@ def plan_chunks(
         extra = f" ({step // max(per_run, 1)} chunk buffers each)" if step > per_run else ""
         raise InsufficientMemoryError(
             f"not even one run fits: one run needs {step} bytes{extra} beside {fixed} unchunkable, "
-            f"and {offered} are offered; free memory, raise the group's proportion"
+            f"and {offered} are offered ({_OFFER}); free memory or raise the group's proportion"
             + (", or ask for fewer buffers (a shallower walk)" if extra else "")
         )
     chunks = -(-runs // max_chunk)

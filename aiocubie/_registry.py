@@ -118,8 +118,8 @@ class Registry:
         """Record ``instance`` as a member of ``group`` (made if new), after :meth:`check_new`."""
         self.check_new(instance, group=group, name=name, invalidate_hook=invalidate_hook, ready_hook=ready_hook)
         key = id(instance)
-        self._names += 1
-        name = name or f"{type(instance).__name__}#{self._names}"
+        if name is None:
+            name = self._default_name(instance)
         try:
             finalizer: weakref.finalize | None = weakref.finalize(instance, self._dead.append, key)  # type: ignore[type-arg]
             keepalive = None
@@ -131,6 +131,15 @@ class Registry:
         self.members[key] = member
         self._join(member, self.ensure_group(group))
         return member
+
+    def _default_name(self, instance: object) -> str:
+        """``Type#n`` with the next ``n`` no member is called (an explicit name may be ``Type#n``)."""
+        taken = {member.name for member in self.members.values()}
+        while True:
+            self._names += 1
+            name = f"{type(instance).__name__}#{self._names}"
+            if name not in taken:
+                return name
 
     def check_new(
         self,

@@ -15,12 +15,22 @@ from typing import Any
 import attrs
 import numpy as np
 
-from ._errors import InvalidRequestError, RunLengthMismatchError
+from ._errors import InvalidRequestError, RunLengthMismatchError, shown
 
-__all__ = ["ArrayRequest", "ArrayResponse", "MemoryKind", "RequestSet", "check_requests", "run_length"]
+__all__ = [
+    "ArrayRequest",
+    "ArrayResponse",
+    "MemoryKind",
+    "RequestSet",
+    "check_device",
+    "check_requests",
+    "run_length",
+]
 
 #: Largest byte count one array may have (a signed 64-bit size, as CUDA and numpy use).
 MAX_NBYTES = 2**63 - 1
+#: Most dimensions an array may have: numpy's limit (64 since numpy 2, 32 before).
+MAX_NDIM = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
 
 
 class MemoryKind(str, enum.Enum):
@@ -55,6 +65,23 @@ class MemoryKind(str, enum.Enum):
             ) from None
 
 
+def check_device(device: Any, *, what: str = "device") -> int | None:
+    """Return ``device`` if it is a device ordinal (an int >= 0) or None (the CPU).
+
+    Raises
+    ------
+    InvalidRequestError
+        For anything else (a bool, a float, an array, a negative number).
+    """
+    if device is None:
+        return None
+    if isinstance(device, (bool, np.bool_)) or not isinstance(device, numbers.Integral) or device < 0:
+        raise InvalidRequestError(
+            f"{what} must be a device number (an int >= 0, e.g. 0) or None for the CPU, got {shown(device)}"
+        )
+    return int(device)
+
+
 def _shape(value: Any) -> tuple[int, ...]:
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         value = (value,)
@@ -62,16 +89,21 @@ def _shape(value: Any) -> tuple[int, ...]:
         dims = tuple(value)
     except TypeError:
         raise InvalidRequestError(
-            f"shape must be a tuple of non-negative integers, got {value!r}"
+            f"shape must be a tuple of non-negative integers, got {shown(value)}"
         ) from None
     for dim in dims:
         if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
             raise InvalidRequestError(
-                f"shape {value!r} holds {dim!r}, which is not an integer: "
+                f"shape {shown(value)} holds {shown(dim)}, which is not an integer: "
                 "pass whole numbers of elements"
             )
         if dim < 0:
-            raise InvalidRequestError(f"shape {value!r} holds the negative size {dim}")
+            raise InvalidRequestError(f"shape {shown(value)} holds the negative size {shown(dim)}")
+    if len(dims) > MAX_NDIM:
+        raise InvalidRequestError(
+            f"shape {shown(value)} has {len(dims)} dimensions, over the {MAX_NDIM} a numpy array may "
+            "have: reshape it to fewer"
+        )
     return tuple(int(d) for d in dims)
 
 
@@ -126,9 +158,18 @@ class ArrayRequest:
     Raises
     ------
     InvalidRequestError
-        For a negative or non-integer size, an unsupported dtype, an unknown kind, a chunk
-        axis out of range, an array larger than 2**63 - 1 bytes, or ``buffers`` that is not
-        a positive integer (or above 1 on an unchunkable array).
+        For a negative or non-integer size, more than 64 dimensions, an unsupported dtype, an
+        unknown kind, a chunk axis out of range, an array larger than 2**63 - 1 bytes, or one
+        numpy cannot index (its non-zero sizes times the item size over 2**63 - 1, as
+        ``(2**70, 0)``): a request that could never be allocated is refused here; or
+        ``buffers`` that is not a positive integer (or above 1 on an unchunkable array).
+
+    Notes
+    -----
+    A chunkable array whose run axis has length 0 (``ArrayRequest((0,), "f4")``) has no runs:
+    there is nothing to chunk. It takes no part in the run-length agreement of its request or
+    batch (like an unchunkable array), so it may be batched with requests of any run length;
+    it is allocated with its empty shape, and its chunk slices are empty.
 
     Examples
     --------
@@ -145,9 +186,11 @@ class ArrayRequest:
     buffers: int = attrs.field(default=1)
     #: Bytes of the full, unchunked array.
     nbytes: int = attrs.field(init=False, eq=False, repr=False)
-    #: Length of the run axis, or None for an unchunkable array.
+    #: Length of the run axis, or None for an unchunkable array. 0 (an empty run axis) means
+    #: the array has no runs: it is batched with requests of any run length (see Notes).
     runs: int | None = attrs.field(init=False, eq=False, repr=False)
-    #: Bytes one run of this array takes (0 for an unchunkable array).
+    #: Bytes one run of the batch adds for this array (0 for an unchunkable array, or one
+    #: whose run axis is empty).
     bytes_per_run: int = attrs.field(init=False, eq=False, repr=False)
     #: True when the array takes device memory (its kind is device or managed).
     uses_vram: bool = attrs.field(init=False, eq=False, repr=False)
@@ -181,8 +224,18 @@ class ArrayRequest:
         nbytes = math.prod(self.shape) * self.dtype.itemsize
         if nbytes > MAX_NBYTES:
             raise InvalidRequestError(
-                f"shape {self.shape} of {self.dtype} needs {nbytes} bytes, "
+                f"shape {shown(self.shape)} of {self.dtype} needs {shown(nbytes)} bytes, "
                 f"over the 2**63 - 1 a single array may have"
+            )
+        # numpy and CuPy index an array with signed 64-bit sizes and strides even when it is
+        # empty: (2**70, 0) has no bytes but cannot be made. They check the product of the
+        # non-zero sizes (each one included) times the item size.
+        extent = math.prod(max(d, 1) for d in self.shape) * self.dtype.itemsize
+        if extent > MAX_NBYTES:
+            raise InvalidRequestError(
+                f"shape {shown(self.shape)} of {self.dtype} cannot be indexed: its non-zero sizes "
+                f"times the {self.dtype.itemsize}-byte item come to {shown(extent)}, over the 2**63 - 1 "
+                "numpy allows even for an empty array; use smaller sizes"
             )
         # computed once: the planner reads them for every batch
         object.__setattr__(self, "nbytes", nbytes)
@@ -191,9 +244,41 @@ class ArrayRequest:
             object.__setattr__(self, "runs", None)
             object.__setattr__(self, "bytes_per_run", 0)
         else:
-            per_run = math.prod(s for i, s in enumerate(self.shape) if i != axis)
-            object.__setattr__(self, "runs", self.shape[axis])
+            runs = self.shape[axis]
+            # an empty run axis has no runs to chunk: it adds nothing per run of its batch
+            per_run = math.prod(s for i, s in enumerate(self.shape) if i != axis) if runs else 0
+            object.__setattr__(self, "runs", runs)
             object.__setattr__(self, "bytes_per_run", per_run * self.dtype.itemsize)
+
+    @classmethod
+    def like(
+        cls,
+        array: Any,
+        *,
+        kind: MemoryKind | str = MemoryKind.DEVICE,
+        chunk_axis: int = 0,
+        unchunkable: bool = False,
+        zero: bool = False,
+    ) -> ArrayRequest:
+        """A request for an array of ``array``'s shape and dtype (numpy, CuPy, numba, torch...).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> ArrayRequest.like(np.zeros((8, 1000), np.float32), chunk_axis=1).nbytes
+        32000
+
+        Raises
+        ------
+        InvalidRequestError
+            If ``array`` has no ``shape`` and ``dtype``, or they are not valid for a request.
+        """
+        shape, dtype = getattr(array, "shape", None), getattr(array, "dtype", None)
+        if shape is None or dtype is None:
+            raise InvalidRequestError(
+                f"ArrayRequest.like needs an array with a shape and a dtype, got {type(array).__name__}"
+            )
+        return cls(shape, dtype, kind, chunk_axis, unchunkable, zero)
 
     def chunked_shape(self, chunk_length: int) -> tuple[int, ...]:
         """The shape this array has when the run axis is cut to ``chunk_length``."""
@@ -207,6 +292,8 @@ class ArrayRequest:
 def run_length(batch: Iterable[tuple[str, ArrayRequest]]) -> int:
     """The run length the chunkable arrays of ``batch`` (label, request pairs) share (0: none).
 
+    Arrays with an empty run axis (0 runs) have nothing to chunk and agree with any length.
+
     Raises
     ------
     RunLengthMismatchError
@@ -215,7 +302,7 @@ def run_length(batch: Iterable[tuple[str, ArrayRequest]]) -> int:
     runs: int | None = None
     first = ""
     for label, request in batch:
-        if request.runs is None:
+        if not request.runs:  # unchunkable, or an empty run axis: nothing to agree on
             continue
         if runs is None:
             runs, first = request.runs, label
@@ -236,7 +323,8 @@ class RequestSet:
     arrays : dict
         Label -> :class:`ArrayRequest`.
     runs : int
-        The run length the chunkable arrays share (0 when none is chunkable).
+        The run length the chunkable arrays share (0 when none is chunkable, or all of them
+        have an empty run axis: such a request batches with any run length).
     fixed : int
         VRAM bytes of the unchunkable arrays.
     per_run : int
@@ -316,6 +404,8 @@ def check_requests(requests: Any) -> RequestSet:
                 fixed += request.nbytes
         else:
             axes[label] = request.chunk_axis
+            if not request.runs:  # an empty run axis: nothing to chunk, agrees with any length
+                continue
             if not first:
                 runs, first = request.runs, label
             elif request.runs != runs:

@@ -16,7 +16,6 @@ import contextvars
 import inspect
 import logging
 import time
-import warnings
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -27,9 +26,9 @@ import attrs
 from ._accounting import DeviceAccount
 from ._backends import Event
 from ._completion import Loop, Signal
-from ._errors import AiocubieError, AiocubieWarning, AllocationError, BackendError, InsufficientMemoryError, PlanningError
+from ._errors import AiocubieError, AllocationError, BackendError, InsufficientMemoryError, PlanningError
 from ._options import Options, Policy
-from ._planner import OVERSUBSCRIPTION_WARNING, ChunkPlan, plan_chunks
+from ._planner import ChunkPlan, plan_chunks, warn_if_oversubscribed
 from ._registry import Group, Member
 from ._requests import ArrayResponse, RequestSet
 from ._tickets import State, Ticket
@@ -338,13 +337,7 @@ class GroupScheduler:
             best = plan_chunks(runs, fixed, per_run, self._account.offered(members, free, as_if_empty=True), buffered=buffered)
             if plan is None or plan.planned_bytes < best.planned_bytes:
                 return None
-        if plan.full_bytes > OVERSUBSCRIPTION_WARNING * max(free, 1):
-            warnings.warn(
-                f"the batch asks for {plan.full_bytes} bytes, more than {OVERSUBSCRIPTION_WARNING}x the "
-                f"{free} bytes free: it will be walked in {plan.chunks} small chunks",
-                AiocubieWarning,
-                stacklevel=2,
-            )
+        warn_if_oversubscribed(plan.full_bytes, free)  # once per batch, at the caller's line
         return plan
 
     def _plan_against(self, runs: int, fixed: int, per_run: int, buffered: int, *, fresh: bool) -> tuple[ChunkPlan | None, int, int]:

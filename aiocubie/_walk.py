@@ -27,7 +27,7 @@ import numpy as np
 
 from ._backends import Event
 from ._completion import Loop
-from ._errors import AiocubieError, InvalidRequestError
+from ._errors import AiocubieError, InvalidRequestError, shown
 from ._requests import ArrayRequest, ArrayResponse
 
 if TYPE_CHECKING:
@@ -60,8 +60,9 @@ class Chunk:
         Label -> device array, trimmed along its run axis to this chunk's length (the last
         chunk may be shorter than the arrays); unchunkable arrays are whole.
     host : mapping
-        Label -> the matching slice (a view) of each full-size host array passed in. In an
-        overlapped walk, read inputs and write outputs through ``device``, not here.
+        Label -> the matching slice (a view) of each full-size host array passed in (the
+        output's, for a label that is both an input and an output). In an overlapped walk,
+        read inputs and write outputs through ``device``, not here.
     stream : object
         The stream to launch this chunk's work on (the group's stream): the chunk's inputs
         are ready on it, and its outputs are copied out after what is queued on it when the
@@ -128,9 +129,11 @@ async def walk_chunks(
     Raises
     ------
     InvalidRequestError
-        If a label is not in ``response.arrays``, a host array's shape or dtype does not
-        match the full array requested, or ``depth`` is more than a chunked input or output
-        has buffers.
+        Before anything is copied: if ``response`` is not an ArrayResponse, ``inputs`` or
+        ``outputs`` is not a mapping, a label is not in ``response.arrays``, a host array's
+        shape or dtype does not match the full array requested, or an output is not a
+        writable numpy array.
+        Also if ``depth`` is more than a chunked input or output has buffers.
     BackendError
         If a copy fails (all copies in flight are waited for first).
 
@@ -147,8 +150,12 @@ async def walk_chunks(
     ...     async for chunk in walk_chunks(mgr, solver, response, inputs={"x": x}, outputs={"y": y}):
     ...         kernel[blocks, threads, chunk.stream](chunk.device["x"], chunk.device["y"])
     """
-    ins = _check(response, inputs or {}, "inputs")
-    outs = _check(response, outputs or {}, "outputs")
+    if not isinstance(response, ArrayResponse):
+        raise InvalidRequestError(
+            f"walk_chunks walks an ArrayResponse (what `await mgr.request(...)` returns), got {shown(response)}"
+        )
+    ins = _check(response, {} if inputs is None else inputs, "inputs")
+    outs = _check(response, {} if outputs is None else outputs, "outputs")
     axes = response.chunk_axes
     depth = _depth(response, ins, outs, depth)
     # closed with this generator, so that its cleanup runs when this one is closed
@@ -157,22 +164,40 @@ async def walk_chunks(
             yield chunk
 
 
-def _check(response: ArrayResponse, arrays: Mapping[str, Any], role: str) -> dict[str, np.ndarray[Any, Any]]:
+def _check(response: ArrayResponse, arrays: Any, role: str) -> dict[str, np.ndarray[Any, Any]]:
+    """The host arrays of ``role`` checked against ``response``: every bad one is refused here,
+    before anything is copied."""
+    if not isinstance(arrays, Mapping):
+        raise InvalidRequestError(
+            f"{role} must be a mapping of label -> full-size host array, got {shown(arrays)}"
+        )
     checked = {}
     for label, host in arrays.items():
-        if label not in response.arrays:
+        if not isinstance(label, str) or label not in response.arrays:
             known = ", ".join(map(repr, response.arrays)) or "none"
-            raise InvalidRequestError(f"{role}[{label!r}]: the response has no array {label!r} (it has {known})")
-        host = np.asarray(host)
+            raise InvalidRequestError(f"{role}[{shown(label)}]: the response has no array {shown(label)} (it has {known})")
+        if role == "outputs" and not isinstance(host, np.ndarray):  # a copy of a list would be written, then lost
+            raise InvalidRequestError(
+                f"outputs[{label!r}] is a {type(host).__name__}: outputs are numpy arrays the walk writes into"
+            )
+        try:
+            host = np.asarray(host)
+        except (TypeError, ValueError) as exc:  # ragged lists, objects numpy cannot read
+            raise InvalidRequestError(f"{role}[{label!r}] is not an array numpy can read: {exc}") from None
         device = response.arrays[label]
         axis = response.chunk_axes[label]
         full = list(response.chunked_shapes[label])
-        if axis is not None:
+        if axis is not None and full[axis]:  # an empty run axis stays empty whatever the batch's runs
             full[axis] = response.runs
         if host.shape != tuple(full) or host.dtype != device.dtype:
             raise InvalidRequestError(
-                f"{role}[{label!r}] is {host.shape} {host.dtype}, but the request was for "
+                f"{role}[{label!r}] is {shown(host.shape)} {host.dtype}, but the request was for "
                 f"{tuple(full)} {device.dtype}: pass the full-size (unchunked) host array"
+            )
+        if role == "outputs" and not host.flags.writeable:
+            raise InvalidRequestError(
+                f"outputs[{label!r}] is read-only: the walk copies each chunk's results into it; "
+                "pass a writable array (np.empty_like(x), or x.copy())"
             )
         checked[label] = host
     return checked

@@ -1,6 +1,7 @@
 """pytest fixtures for testing code that uses aiocubie, on the simulator backend (no GPU needed).
 
-Enable with ``pytest_plugins = ["aiocubie.testing"]`` in your root conftest.py. It imports
+Installed with aiocubie, it loads in every pytest session (a ``pytest11`` entry point); an
+explicit ``pytest_plugins = ["aiocubie.testing"]`` does no harm. It imports
 pytest, so only test code may import it; it never imports numba.cuda.
 
 Fixtures

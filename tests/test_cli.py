@@ -6,6 +6,7 @@ which must not leak into this test process.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -82,19 +83,38 @@ def test_auto_follows_the_driver_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     assert os.environ["NUMBA_ENABLE_CUDASIM"] == "1"
 
 
-def test_bench_without_benchmarks_says_where_they_live(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setattr(_cli, "BENCH_SCRIPT", tmp_path / "benchmarks" / "run")
-    assert _cli.main(["bench"]) == 1
-    assert "no benchmarks here" in capsys.readouterr().err
+def test_bench_runs_from_the_package_and_writes_only_where_asked(tmp_path: Path) -> None:
+    # in a subprocess from an empty directory: nothing of the checkout is needed or written
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
+    result = subprocess.run(
+        [sys.executable, "-m", "aiocubie", "bench", "--quick", "--out", str(out)],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    for label in ("bare asyncio future round trip", "one request in a loop", "64 requesters, one group"):
+        assert label in result.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert {row["path"] for row in rows} >= {"one request in a loop", "64 requesters, 64 groups"}
+    assert all(row["us_per_request"] > 0 for row in rows)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json"]
 
 
-def test_bench_runs_the_script_with_this_python(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    script = tmp_path / "benchmarks" / "run"
-    script.parent.mkdir()
-    marker = tmp_path / "ran.txt"
-    script.write_text(f"import sys\nopen({str(marker)!r}, 'w').write(sys.executable + ' ' + ' '.join(sys.argv[1:]))\nsys.exit(3)\n")
-    monkeypatch.setattr(_cli, "BENCH_SCRIPT", script)
-    assert _cli.main(["bench", "--quick", "x"]) == 3
-    assert marker.read_text() == f"{sys.executable} --quick x"
+def test_bench_help_lists_its_options() -> None:
+    result = _run("bench", "--help")
+    assert result.returncode == 0
+    assert "--quick" in result.stdout and "--out" in result.stdout
+
+
+def test_version() -> None:
+    result = _run("--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"aiocubie {aiocubie.__version__}"
+
+
+def test_an_aiocubie_error_inside_a_task_group_is_one_line_without_traceback() -> None:
+    result = _run("demo", "--backend", "simulator", "--budget", "100", "--no-progress")
+    assert result.returncode == 1
+    assert "aiocubie demo: the unchunkable arrays of the batch need" in result.stderr
+    assert "Traceback" not in result.stderr and "ExceptionGroup" not in result.stderr
+    debug = _run("--debug", "demo", "--backend", "simulator", "--budget", "100", "--no-progress")
+    assert debug.returncode == 1 and "Traceback" in debug.stderr

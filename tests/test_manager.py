@@ -753,3 +753,24 @@ async def test_queued_requests_follow_their_instance_to_a_new_group(sim: Simulat
         assert result[0].chunks == 1 and result[0].stream is mgr.get_stream(mover)
         mgr.free_all()
     assert_all_released(mgr, sim)
+
+
+@pytest.mark.anyio
+async def test_free_a_label_of_one_instance_or_of_all() -> None:
+    sim = SimulatorBackend(1 << 20)
+    async with MemoryManager(sim, batch_window=0) as mgr:
+        a, b = Part(), Part()
+        mgr.register(a)
+        mgr.register(b)
+        request = {"x": ArrayRequest((100,), "float64"), "y": ArrayRequest((10,), "float64", unchunkable=True)}
+        await mgr.request(a, request)
+        await mgr.request(b, request)
+        assert sim.used == 2 * 880
+        mgr.free("x", instance=a)
+        assert sim.used == 880 + 80  # b's x and y, a's y
+        mgr.free("x")
+        assert sim.used == 2 * 80
+        with pytest.raises(RegistrationError):
+            mgr.free("y", instance=Part())
+        mgr.free_all()
+        assert sim.used == 0

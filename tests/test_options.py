@@ -94,3 +94,28 @@ def test_array_type_is_chosen_per_manager() -> None:
         MemoryManager(sim, array_type="cupy")
     assert MemoryManager(sim, array_type="numba").backend is sim
     sim.close()
+
+
+# issue 11 item 14: numbers no float holds are ConfigurationErrors naming them, not OverflowError
+@pytest.mark.parametrize("name", ["batch_window", "free_cache_seconds", "headroom"])
+@pytest.mark.parametrize("value", [10**400, -(10**400), 10**309])
+def test_numbers_no_float_holds_are_configuration_errors(name: str, value: int) -> None:
+    with pytest.raises(ConfigurationError, match=f"{name} must be") as info:
+        Options(**{name: value})
+    assert "digits" in str(info.value) and len(str(info.value)) < 200
+    sim = SimulatorBackend(1 << 20)
+    try:
+        with pytest.raises(ConfigurationError, match=f"{name} must be"):
+            MemoryManager(sim, **{name: value})
+    finally:
+        sim.close()
+
+
+def test_exact_numbers_that_fit_are_accepted() -> None:
+    from fractions import Fraction
+
+    import numpy as np
+
+    options = Options(batch_window=Fraction(1, 500), free_cache_seconds=np.float32(0.25), headroom=np.int64(0))
+    assert (options.batch_window, options.free_cache_seconds, options.headroom) == (0.002, 0.25, 0.0)
+    assert type(options.batch_window) is float and type(options.headroom) is float

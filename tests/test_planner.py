@@ -103,7 +103,7 @@ class TestPlanExamples:
         assert (plan.chunks, plan.chunk_length, plan.planned_bytes) == (2, 50, 50)
 
     def test_design_formula(self) -> None:
-        # DESIGN.md: ratio = chunkable / (offered - unchunkable), max_chunk = floor(runs / ratio),
+        # docs/architecture.md (chunk planning): ratio = chunkable / (offered - unchunkable), max_chunk = floor(runs / ratio),
         # chunks = ceil(runs / max_chunk), chunk_length = ceil(runs / chunks).
         batch = {
             "solver": {
@@ -509,10 +509,10 @@ def test_host_arrays_do_not_change_the_plan(data: st.DataObject) -> None:
 def test_run_length_mismatch_detected(data: st.DataObject) -> None:
     batch, runs, specs = data.draw(batches())
     chunkable = [(inst, l) for inst, a in batch.items() for l, r in a.items() if not r.unchunkable]
-    assume(len(chunkable) >= 2)  # a mismatch needs two chunkable arrays
+    assume(len(chunkable) >= 2 and runs)  # a mismatch needs two chunkable arrays with runs
     inst, label = data.draw(st.sampled_from(chunkable))
     old = batch[inst][label]
-    other = data.draw(st.integers(0, 70).filter(lambda n: n != runs))
+    other = data.draw(st.integers(1, 70).filter(lambda n: n != runs))  # 0 runs agree with any length
     shape = list(old.shape)
     shape[old.chunk_axis] = other
     batch[inst][label] = ArrayRequest(
@@ -523,6 +523,19 @@ def test_run_length_mismatch_detected(data: st.DataObject) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", AiocubieWarning)
             plan_batch(batch, offered)
+
+
+# issue 11 item 16: a zero-length run axis batched with a 1,000-run request
+def test_an_empty_run_axis_is_planned_with_any_run_length() -> None:
+    empty = {"z": req((0, 10**6), "float64")}  # no runs, though one run would be 8 MB
+    thousand = {"k": req((1000,), "float32")}
+    plan = plan_batch({"a": empty, "b": thousand}, 4000)
+    assert (plan.runs, plan.chunks, plan.chunk_length, plan.full_bytes) == (1000, 1, 1000, 4000)
+    assert plan_batch({"b": thousand, "a": empty}, 4000) == plan
+    chunked = plan_batch({"a": empty, "b": thousand}, 1000)  # the empty array costs nothing per run
+    assert (chunked.chunks, chunked.chunk_length, chunked.planned_bytes) == (4, 250, 1000)
+    alone = plan_batch({"a": empty}, 0)
+    assert (alone.runs, alone.chunks, alone.chunk_length, alone.full_bytes) == (0, 1, 0, 0)
 
 
 def test_order_of_instances_does_not_matter() -> None:

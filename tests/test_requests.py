@@ -16,6 +16,7 @@ from aiocubie._requests import (
     ArrayResponse,
     MemoryKind,
     check_requests,
+    run_length,
 )
 
 FAST = settings(max_examples=200, deadline=None)
@@ -256,21 +257,44 @@ class TestSize:
         with pytest.raises(InvalidRequestError):
             ArrayRequest(shape=(2**40, 2**40), dtype="int8", unchunkable=True)
 
-    def test_zero_dim_cancels_overflow(self) -> None:
-        assert ArrayRequest(shape=(2**70, 0), dtype="f8").nbytes == 0
+    def test_zero_dim_with_a_small_extent_is_empty(self) -> None:
+        assert ArrayRequest(shape=(2**40, 0), dtype="f8").nbytes == 0
+
+    # issue 11 item 15: empty, yet numpy cannot make them (sizes and strides are int64)
+    @pytest.mark.parametrize("shape", [(2**70, 0), (0, 2**64), (0, 2**63 - 1), (2**62, 0, 4)])
+    def test_an_empty_array_numpy_cannot_index_is_refused(self, shape: tuple[int, ...]) -> None:
+        with pytest.raises(InvalidRequestError, match="cannot be indexed") as info:
+            ArrayRequest(shape=shape, dtype="f4")
+        assert str(shape) in str(info.value)
+        with pytest.raises(ValueError):  # what numpy would have said at allocation
+            np.empty(shape, "f4")
+
+    def test_more_dimensions_than_numpy_allows_are_refused(self) -> None:
+        from aiocubie._requests import MAX_NDIM  # numpy's limit: 64 since numpy 2, 32 before
+
+        assert ArrayRequest((1,) * MAX_NDIM, "f4", unchunkable=True).shape == (1,) * MAX_NDIM
+        with pytest.raises(InvalidRequestError, match=f"{MAX_NDIM + 1} dimensions, over the {MAX_NDIM}"):
+            ArrayRequest((1,) * (MAX_NDIM + 1), "f4", unchunkable=True)
+        np.empty((1,) * MAX_NDIM, "f4")  # numpy agrees
+        with pytest.raises(ValueError):
+            np.empty((1,) * (MAX_NDIM + 1), "f4")
 
     @FAST
     @given(
-        shape=st.lists(st.integers(0, 2**40), min_size=1, max_size=4),
+        shape=st.lists(st.one_of(st.integers(0, 2**40), st.integers(2**60, 2**66)), min_size=1, max_size=4),
         dtype=st.sampled_from(["i1", "f2", "f4", "f8", "c16"]),
     )
-    def test_overflow_iff_over_max(self, shape: list[int], dtype: str) -> None:
-        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-        if nbytes > 2**63 - 1:
+    def test_refused_iff_numpy_could_not_make_it(self, shape: list[int], dtype: str) -> None:
+        itemsize = np.dtype(dtype).itemsize
+        nbytes = math.prod(shape) * itemsize
+        extent = math.prod(max(d, 1) for d in shape) * itemsize
+        if extent > 2**63 - 1:
             with pytest.raises(InvalidRequestError):
                 ArrayRequest(shape=tuple(shape), dtype=dtype)
         else:
             assert ArrayRequest(shape=tuple(shape), dtype=dtype).nbytes == nbytes
+            if nbytes == 0:
+                np.empty(shape, dtype)  # numpy makes what is accepted (nothing to allocate)
 
 
 # -- check_requests --------------------------------------------------------------------------
@@ -296,6 +320,26 @@ class TestCheckRequests:
     def test_run_length_mismatch_found_at_once(self) -> None:
         with pytest.raises(RunLengthMismatchError, match="'a' has 5 runs .* 'b' has 6"):
             check_requests({"a": ArrayRequest((5,), "f4"), "b": ArrayRequest((6,), "f4")})
+
+    # issue 11 item 16: an empty run axis has no runs, so it agrees with any run length
+    def test_an_empty_run_axis_agrees_with_any_run_length(self) -> None:
+        empty = ArrayRequest((0, 7), "f8", chunk_axis=0)
+        assert (empty.runs, empty.bytes_per_run, empty.nbytes) == (0, 0, 0)
+        out = check_requests({"z": empty, "k": ArrayRequest((1000,), "f4"), "y": ArrayRequest((3, 0), "f4", chunk_axis=1)})
+        assert (out.runs, out.fixed, out.per_run) == (1000, 0, 4)
+        assert out.chunk_axes == {"z": 0, "k": 0, "y": 1}
+        assert out.chunked_shapes(300) == {"z": (0, 7), "k": (300,), "y": (3, 0)}
+        assert run_length([("z", empty), ("k", ArrayRequest((1000,), "f4"))]) == 1000
+        assert run_length([("k", ArrayRequest((1000,), "f4")), ("z", empty)]) == 1000
+
+    def test_only_empty_run_axes_make_a_request_of_no_runs(self) -> None:
+        out = check_requests({"z": ArrayRequest((0,), "f4"), "p": ArrayRequest((4,), "f8", unchunkable=True)})
+        assert (out.runs, out.fixed, out.per_run) == (0, 32, 0)
+        assert out.chunked_shapes(0) == {"z": (0,), "p": (4,)}
+
+    def test_non_empty_run_axes_must_still_agree_around_an_empty_one(self) -> None:
+        with pytest.raises(RunLengthMismatchError, match="'a' has 5 runs .* 'b' has 6"):
+            check_requests({"z": ArrayRequest((0,), "f4"), "a": ArrayRequest((5,), "f4"), "b": ArrayRequest((6,), "f4")})
 
     @pytest.mark.parametrize("bad", [[("a", 1)], None, "abc", 3, (ArrayRequest(shape=1, dtype="f4"),)])
     def test_not_a_mapping(self, bad: object) -> None:
@@ -413,3 +457,14 @@ def test_dtype_none_and_non_bool_flags_are_rejected() -> None:
     with pytest.raises(InvalidRequestError, match="1"):
         ArrayRequest((4,), "f4", zero=1)
     assert ArrayRequest((4,), "f4", zero=np.bool_(True)).zero is True
+
+
+def test_like_takes_shape_and_dtype_from_an_array() -> None:
+    host = np.zeros((8, 1000), np.float32)
+    request = ArrayRequest.like(host, chunk_axis=1, zero=True)
+    assert request == ArrayRequest((8, 1000), np.float32, chunk_axis=1, zero=True)
+    assert ArrayRequest.like(host, kind="pinned", unchunkable=True).kind.value == "pinned"
+    with pytest.raises(InvalidRequestError, match="shape and a dtype, got list"):
+        ArrayRequest.like([1.0, 2.0])
+    with pytest.raises(InvalidRequestError, match="not supported on the GPU"):
+        ArrayRequest.like(np.array(["text"]))

@@ -15,7 +15,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aiocubie import AllocationError, BackendError, MemoryKind, SimulatorBackend, UnknownAllocatorError
+from aiocubie import (
+    AllocationError,
+    BackendError,
+    ConfigurationError,
+    InvalidRequestError,
+    MemoryKind,
+    SimulatorBackend,
+    UnknownAllocatorError,
+)
 from aiocubie._backends._simarrays import host_data
 
 F8 = np.dtype("float64")
@@ -75,8 +83,104 @@ def test_reserved_memory_and_bad_settings() -> None:
     sim = SimulatorBackend(total=1000, reserved=400)
     assert sim.memory_info().free == 600
     for kwargs in ({"total": 0}, {"reserved": -1}, {"total": 10, "reserved": 11}, {"latency": -1.0}, {"granule": -1}):
-        with pytest.raises(ValueError, match="bad simulator settings"):
-            SimulatorBackend(**kwargs)
+        with pytest.raises(ConfigurationError) as info:  # a ValueError too, as it always was
+            SimulatorBackend(**kwargs)  # type: ignore[arg-type]
+        name, value = next((k, v) for k, v in kwargs.items() if k != "total" or len(kwargs) == 1)
+        assert f"{name} must be" in str(info.value) and repr(value) in str(info.value)
+
+
+# issue 11 item 17: the simulator's own API refuses bad settings with aiocubie's errors
+@pytest.mark.parametrize(
+    "kwargs, named",
+    [
+        ({"total": "1GB"}, "'1GB'"),
+        ({"total": -1}, "-1"),
+        ({"total": 1.5e9}, "1500000000.0"),
+        ({"total": True}, "True"),
+        ({"total": 10**400}, "an integer of 401 digits"),
+        ({"latency": "fast"}, "'fast'"),
+        ({"latency": float("nan")}, "nan"),
+        ({"latency": float("inf")}, "inf"),
+        ({"granule": 0.5}, "0.5"),
+        ({"reserved": None}, "None"),
+        ({"array_type": "torch"}, "'torch'"),
+    ],
+)
+def test_bad_settings_are_configuration_errors(kwargs: dict[str, object], named: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        SimulatorBackend(**kwargs)  # type: ignore[arg-type]
+    assert named in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (("alloc",), "'alloc'"),
+        ((None,), "None"),
+        ((["copy"],), "['copy']"),
+        (("copy",), None),
+    ],
+)
+def test_unknown_fault_sites_are_configuration_errors(sim: SimulatorBackend, args: tuple[object, ...], named: str | None) -> None:
+    if named is None:
+        sim.faults.inject(*args)  # type: ignore[arg-type]
+        return
+    with pytest.raises(ConfigurationError, match="unknown fault site") as info:
+        sim.faults.inject(*args)  # type: ignore[arg-type]
+    assert named in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "rule, named",
+    [
+        ({"after": -1}, "after must be"),
+        ({"after": "2"}, "after must be"),
+        ({"after": 1.5}, "after must be"),
+        ({"times": 0}, "times must be"),
+        ({"times": "forever"}, "times must be"),
+        ({"probability": 1.5}, "probability must be"),
+        ({"probability": float("nan")}, "probability must be"),
+        ({"probability": "0.5"}, "probability must be"),
+        ({"seed": "x"}, "seed must be"),
+        ({"seed": 1.5}, "seed must be"),
+    ],
+)
+def test_bad_fault_rules_are_configuration_errors_and_inject_nothing(sim: SimulatorBackend, rule: dict[str, object], named: str) -> None:
+    with pytest.raises(ConfigurationError, match=named):
+        sim.faults.inject("allocate", **rule)  # type: ignore[arg-type]
+    sim.allocate((4,), np.dtype("f4"), MemoryKind.DEVICE, sim.create_stream())  # nothing was injected
+    assert sim.faults.fired["allocate"] == 0
+
+
+@pytest.mark.parametrize("nbytes", ["1", 1.5, None, -1, TOTAL + 1])
+def test_bad_occupy_is_a_configuration_error(sim: SimulatorBackend, nbytes: object) -> None:
+    with pytest.raises(ConfigurationError, match="cannot occupy"):
+        sim.occupy(nbytes)  # type: ignore[arg-type]
+    assert sim.memory_info().free == TOTAL
+
+
+# issue 11 item 15: the host running out of memory is an AllocationError, not numpy's MemoryError
+@pytest.mark.parametrize("kind", [MemoryKind.HOST, MemoryKind.PINNED])
+def test_host_memory_exhaustion_is_an_allocation_error(kind: MemoryKind) -> None:
+    sim = SimulatorBackend(total=1 << 50)
+    try:
+        with pytest.raises(AllocationError, match="out of host memory"):
+            sim.host_array((2**45,), np.dtype("u1"), kind)
+        with pytest.raises(AllocationError, match="out of host memory"):
+            sim.allocate((2**45,), np.dtype("u1"), kind, sim.create_stream())
+        assert sim.used == 0
+    finally:
+        sim.close()
+
+
+@pytest.mark.parametrize("device", [np.array([1, 2]), -1, 1.0, True, "0"])
+def test_advice_and_prefetch_refuse_a_bad_device(sim: SimulatorBackend, device: object) -> None:
+    array = sim.allocate((4,), np.dtype("f4"), MemoryKind.MANAGED, sim.create_stream())
+    with pytest.raises(InvalidRequestError, match="device must be"):
+        sim.advise(array, "read_mostly", device)  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequestError, match="device must be"):
+        sim.prefetch(array, device, sim.create_stream())  # type: ignore[arg-type]
+    sim.free(array)
 
 
 def test_allocation_out_of_memory_says_what_was_asked(sim: SimulatorBackend) -> None:

@@ -142,3 +142,23 @@ def test_positional(aiocubie_simulator):
     )
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*keyword settings only*"])
+
+
+def test_the_plugin_loads_from_its_entry_point_without_pytest_plugins(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(
+        "import pytest\n\n@pytest.fixture\ndef anyio_backend():\n    return 'asyncio'\n"
+    )  # no pytest_plugins line: the pytest11 entry point loads aiocubie.testing
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    pytester.makepyfile(
+        """
+import pytest
+
+
+@pytest.mark.anyio
+@pytest.mark.aiocubie(total=1 << 16)
+async def test_fixture_present(aiocubie_manager):
+    assert aiocubie_manager.backend.total == 1 << 16
+"""
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning")
+    result.assert_outcomes(passed=1)

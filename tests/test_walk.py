@@ -113,3 +113,75 @@ async def test_bad_host_arrays_are_refused() -> None:
             with pytest.raises(InvalidRequestError, match=r"float32"):
                 async for _ in walk_chunks(mgr, solver, response, inputs={"x": np.zeros(SHAPES[0], np.float32)}):
                     pass
+
+
+# issue 11 item 17: bad arguments are InvalidRequestErrors before anything is copied
+@pytest.mark.anyio
+async def test_bad_walk_arguments_are_refused_before_any_copy() -> None:
+    requests = _requests(0)
+    sim = SimulatorBackend(1 << 20)
+    async with MemoryManager(sim) as mgr:
+        solver = object()
+        mgr.register(solver)
+        async with mgr.request(solver, requests) as response:
+            read_only = np.zeros(SHAPES[0])
+            read_only.flags.writeable = False
+            x = np.ones(SHAPES[0])
+            cases = [
+                ({"inputs": {"x": x}, "outputs": {"y": read_only}}, "read-only"),
+                ({"inputs": [1, 2]}, r"inputs must be a mapping .* got \[1, 2\]"),
+                ({"inputs": x}, "inputs must be a mapping"),
+                ({"outputs": "y"}, "outputs must be a mapping .* got 'y'"),
+                ({"outputs": {"y": np.zeros(SHAPES[0]).tolist()}}, "outputs are numpy arrays"),
+                ({"inputs": {"x": [[1.0], [1.0, 2.0]]}}, "not an array numpy can read"),
+                ({"inputs": {("x",): x}}, r"no array \('x',\)"),
+            ]
+            for kwargs, message in cases:
+                copies = sim.faults.fired["copy"]
+                sim.faults.inject("copy", times=None)  # any copy attempted would fail differently
+                try:
+                    with pytest.raises(InvalidRequestError, match=message):
+                        async for _ in walk_chunks(mgr, solver, response, **kwargs):
+                            pass
+                finally:
+                    sim.faults.clear()
+                assert sim.faults.fired["copy"] == copies
+            with pytest.raises(InvalidRequestError, match="walks an ArrayResponse"):
+                async for _ in walk_chunks(mgr, solver, {"x": x}):  # type: ignore[arg-type]
+                    pass
+
+
+# issue 11 item 16: an empty run axis is walked along with a 1,000-run batch-mate
+@pytest.mark.anyio
+async def test_an_empty_run_axis_batched_with_a_thousand_runs_is_served_and_walked() -> None:
+    sim = SimulatorBackend(2 << 10)  # fits 250 of the thousand runs after headroom: 5 chunks
+    async with MemoryManager(sim, batch_window=5.0) as mgr:
+        empty_owner, owner = object(), object()
+        mgr.register(empty_owner)
+        mgr.register(owner)
+        outcomes: dict[str, object] = {}
+
+        async def ask(name: str, instance: object, requests: dict[str, ArrayRequest]) -> None:
+            outcomes[name] = await mgr.request(instance, requests)
+
+        import anyio
+
+        async with anyio.create_task_group() as tasks:  # both asked: one batch, closed at once
+            tasks.start_soon(ask, "empty", empty_owner, {"z": ArrayRequest((0, 3), "f8"), "p": ArrayRequest((2,), "f8", unchunkable=True)})
+            tasks.start_soon(ask, "full", owner, {"k": ArrayRequest((1000,), "f4")})
+        empty, full = outcomes["empty"], outcomes["full"]
+        assert isinstance(empty, type(full))
+        assert (empty.chunks, empty.chunk_length, empty.runs) == (full.chunks, full.chunk_length, 1000)  # type: ignore[attr-defined]
+        assert full.chunks > 1  # type: ignore[attr-defined]
+        assert empty.chunked_shapes == {"z": (0, 3), "p": (2,)}  # type: ignore[attr-defined]
+        z_in, z_out = np.zeros((0, 3)), np.zeros((0, 3))
+        p = np.array([1.0, 2.0])
+        seen = []
+        async for chunk in walk_chunks(mgr, empty_owner, empty, inputs={"z": z_in, "p": p}, outputs={"z": z_out}):  # type: ignore[arg-type]
+            assert chunk.device["z"].shape == (0, 3) and chunk.host["z"].shape == (0, 3)
+            np.testing.assert_array_equal(chunk.device["p"].get(), p)
+            seen.append((chunk.start, chunk.stop))
+        assert seen == list(full.chunk_ranges())  # type: ignore[attr-defined]  # in lockstep with its batch-mate
+        mgr.release(empty)  # type: ignore[arg-type]
+        mgr.release(full)  # type: ignore[arg-type]
+    assert sim.used == 0

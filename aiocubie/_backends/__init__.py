@@ -10,9 +10,9 @@ import sys
 from contextlib import AbstractContextManager
 from typing import Any
 
-from .._errors import ConfigurationError, UnknownAllocatorError
+from .._errors import ConfigurationError, UnknownAllocatorError, warn
 from ._base import ALLOCATORS, ARRAY_TYPES, Advice, Backend, Event, MemoryInfo, parse_array_type
-from ._simulator import Engines, Faults, SimStream, SimulatorBackend, TimelineEntry
+from ._simulator import DEFAULT_TOTAL, Engines, Faults, SimStream, SimulatorBackend, TimelineEntry
 from ._staging import PinnedPool
 
 __all__ = [
@@ -107,6 +107,8 @@ def create_backend(name: str = "auto", *, allocator: str | None = None, array_ty
         usable, why = gpu_status()
         name = "cuda" if usable else "simulator"
         log.info("aiocubie backend: %s (%s)", name, why)
+        if not usable:
+            _warn_simulator_fallback(why)
     if name == "simulator":
         backend: Backend = SimulatorBackend(array_type=array_type)
     else:
@@ -119,6 +121,21 @@ def create_backend(name: str = "auto", *, allocator: str | None = None, array_ty
     if allocator is not None:
         backend.set_allocator(allocator)
     return backend
+
+
+_fallback_warned = False
+
+
+def _warn_simulator_fallback(why: str) -> None:
+    """Say once per process that "auto" found no GPU and fell back to the simulator."""
+    global _fallback_warned
+    if not _fallback_warned:
+        _fallback_warned = True
+        warn(
+            f"no usable GPU ({why}): backend 'auto' uses the simulator, a CPU model of an "
+            f"{DEFAULT_TOTAL >> 30} GiB device; pass backend='simulator' to choose it "
+            "(no warning), or backend='cuda' to require a GPU"
+        )
 
 
 def select_backend(name: str = "auto") -> tuple[str, str]:

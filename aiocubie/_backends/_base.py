@@ -15,7 +15,7 @@ from typing import Any, Literal
 import attrs
 import numpy as np
 
-from .._errors import ConfigurationError
+from .._errors import ConfigurationError, shown
 from .._requests import MemoryKind
 from ._staging import PinnedPool
 
@@ -43,9 +43,9 @@ def parse_array_type(array_type: str | None) -> str:
     """
     if array_type is None:
         return DEFAULT_ARRAY_TYPE
-    if array_type not in ARRAY_TYPES:
+    if not isinstance(array_type, str) or array_type not in ARRAY_TYPES:
         raise ConfigurationError(
-            f"unknown array type {array_type!r}: use one of {', '.join(map(repr, ARRAY_TYPES))} "
+            f"unknown array type {shown(array_type)}: use one of {', '.join(map(repr, ARRAY_TYPES))} "
             f"('cupy' needs CuPy: pip install 'aiocubie[cuda12]' or 'aiocubie[cuda13]')"
         )
     return array_type

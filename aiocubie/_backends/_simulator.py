@@ -12,9 +12,11 @@ as on a GPU. It imports neither numba.cuda nor cupy (numba's simulator only for 
 from __future__ import annotations
 
 import collections
+import importlib.util
 import itertools
 import logging
 import math
+import numbers
 import queue
 import random
 import threading
@@ -26,8 +28,15 @@ from typing import Any, Literal
 import attrs
 import numpy as np
 
-from .._errors import AllocationError, BackendError, InvalidRequestError, UnknownAllocatorError
-from .._requests import MemoryKind
+from .._errors import (
+    AllocationError,
+    BackendError,
+    ConfigurationError,
+    InvalidRequestError,
+    UnknownAllocatorError,
+    shown,
+)
+from .._requests import MAX_NBYTES, MemoryKind, check_device
 from ._base import ALLOCATORS, Advice, Backend, Event, MemoryInfo, parse_array_type
 from ._simarrays import host_data, sim_array
 
@@ -77,16 +86,26 @@ class Faults:
             Chance that an eligible operation fails (1.0: always).
         seed : int, optional
             Seed for the random draws, for reproducible tests.
+
+        Raises
+        ------
+        ConfigurationError
+            For an unknown site or a bad count, probability or seed (nothing is injected).
         """
-        if site not in self._rules:
-            raise ValueError(f"unknown fault site {site!r}: use one of {', '.join(_FAULT_SITES)}")
-        if after < 0 or (times is not None and times < 1) or not 0.0 <= probability <= 1.0:
-            raise ValueError(
-                f"bad fault rule: after={after} (>= 0), times={times} (>= 1 or None), "
-                f"probability={probability} (in [0, 1])"
-            )
+        if not isinstance(site, str) or site not in self._rules:
+            raise ConfigurationError(f"unknown fault site {shown(site)}: use one of {', '.join(map(repr, _FAULT_SITES))}")
+        if not _count(after, 0):
+            raise ConfigurationError(f"after must be an int >= 0 (operations to let through first), got {shown(after)}")
+        if times is not None and not _count(times, 1):
+            raise ConfigurationError(f"times must be an int >= 1 or None (forever), got {shown(times)}")
+        if not 0.0 <= _real(probability) <= 1.0:
+            raise ConfigurationError(f"probability must be a number in [0, 1], got {shown(probability)}")
+        if seed is not None and not _count(seed, -(2**63)):
+            raise ConfigurationError(f"seed must be an int or None, got {shown(seed)}")
+        rng = random.Random(None if seed is None else int(seed))  # numpy ints are not seeds
+        rule = _Rule(int(after), None if times is None else int(times), float(probability), rng)
         with self._lock:
-            self._rules[site].append(_Rule(after, times, probability, random.Random(seed)))
+            self._rules[site].append(rule)
 
     def clear(self) -> None:
         """Remove every rule."""
@@ -105,6 +124,21 @@ class Faults:
                     self.fired[site] += 1
                     return True
             return False
+
+
+def _count(value: Any, least: int) -> bool:
+    """True if ``value`` is an int (not a bool) of at least ``least``."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)) and int(value) >= least
+
+
+def _real(value: Any) -> float:
+    """``value`` as a float; NaN for a bool or anything that is not a real number a float holds."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        return math.nan
+    try:
+        return float(value)
+    except (OverflowError, ValueError, TypeError):
+        return math.nan
 
 
 class _Rule:
@@ -145,7 +179,7 @@ class Engines:
 
     def __attrs_post_init__(self) -> None:
         if not (self.h2d_bandwidth > 0 and self.d2h_bandwidth > 0 and self.copy_latency >= 0 and self.kernel_latency >= 0):
-            raise ValueError(f"bad engine model {self}: bandwidths must be > 0 bytes/s and latencies >= 0 s")
+            raise ConfigurationError(f"bad engine model {self}: bandwidths must be > 0 bytes/s and latencies >= 0 s")
 
 
 @attrs.frozen
@@ -179,6 +213,10 @@ class _Progress:
     def __init__(self) -> None:
         self.queued = self.done = 0
         self.lock = threading.Lock()
+
+
+#: Device memory of a simulator made without a ``total`` (8 GiB).
+DEFAULT_TOTAL = 8 << 30
 
 
 class SimStream:
@@ -256,6 +294,18 @@ def _work(work_queue: queue.SimpleQueue[Callable[[], None] | None], latency: flo
                 progress.done += 1
 
 
+def _host_memory(shape: tuple[int, ...], dtype: np.dtype[Any], kind: MemoryKind) -> np.ndarray[Any, Any]:
+    """Uninitialised numpy memory for an array; the host running out is an AllocationError."""
+    try:
+        return np.empty(shape, dtype)
+    except MemoryError as exc:  # numpy's: the host has not that much memory
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        raise AllocationError(
+            f"out of host memory: cannot hold {nbytes} bytes of {MemoryKind(kind).value} memory "
+            f"({shape}, {dtype}) in this simulator's process; ask for less"
+        ) from exc
+
+
 class SimEvent(Event):
     """An event on a :class:`SimStream`: done once the worker reaches it."""
 
@@ -301,6 +351,12 @@ class SimulatorBackend(Backend):
         Bytes taken by "other processes" at the start (see :meth:`occupy`).
     engines : Engines, optional
         Bandwidths and latencies of the copy engines and kernels (default: instant).
+
+    Raises
+    ------
+    ConfigurationError
+        For a setting of the wrong type or out of range (``SimulatorBackend("1GB")``,
+        ``SimulatorBackend(-1)``), or an unknown array type.
     array_type : {"cupy", "numba"}, optional
         What device-side arrays model: ``cupy.ndarray`` (the default) or numba's
         ``DeviceNDArray`` (see :data:`ARRAY_TYPES`).
@@ -318,7 +374,7 @@ class SimulatorBackend(Backend):
 
     def __init__(
         self,
-        total: int = 8 << 30,
+        total: int = DEFAULT_TOTAL,
         *,
         latency: float = 0.0,
         granule: int = 0,
@@ -331,13 +387,29 @@ class SimulatorBackend(Backend):
         self.timeline: collections.deque[TimelineEntry] = collections.deque(maxlen=TIMELINE_LENGTH)
         self._copy_engines = {"h2d": threading.Lock(), "d2h": threading.Lock()}
         self._pinned: weakref.WeakValueDictionary[int, np.ndarray[Any, Any]] = weakref.WeakValueDictionary()
-        if total <= 0 or reserved < 0 or reserved > total or latency < 0 or granule < 0:
-            raise ValueError(
-                f"bad simulator settings: total={total} (> 0), reserved={reserved} "
-                f"(0..total), latency={latency} (>= 0), granule={granule} (>= 0)"
+        if not isinstance(self.engines, Engines):
+            raise ConfigurationError(f"engines must be an aiocubie.Engines, got {shown(self.engines)}")
+        if self.array_type == "numba" and importlib.util.find_spec("numba") is None:  # found, not imported
+            raise ConfigurationError(
+                "array_type='numba' hands out numba's device arrays, and numba is not installed: "
+                "pip install 'aiocubie[numba]', or use array_type='cupy'"
             )
+        if not _count(total, 1) or total > MAX_NBYTES:
+            raise ConfigurationError(
+                f"total must be the device's memory in bytes, an int from 1 to 2**63 - 1 (e.g. 8 << 30), "
+                f"got {shown(total)}"
+            )
+        if not _count(reserved, 0) or reserved > total:
+            raise ConfigurationError(
+                f"reserved must be an int of bytes in 0..total ({total}), got {shown(reserved)}"
+            )
+        if not _count(granule, 0) or granule > total:
+            raise ConfigurationError(f"granule must be an int of bytes in 0..total ({total}), got {shown(granule)}")
+        if not 0.0 <= _real(latency) < math.inf:
+            raise ConfigurationError(f"latency must be a finite number of seconds >= 0, got {shown(latency)}")
+        total, reserved, granule = int(total), int(reserved), int(granule)
         self.total = total
-        self.latency = latency
+        self.latency = float(latency)
         self.granule = granule
         self.allocator = "default"
         self.device_name = f"aiocubie simulator ({total:,} bytes)"
@@ -356,8 +428,11 @@ class SimulatorBackend(Backend):
 
     def occupy(self, nbytes: int) -> None:
         """Pretend another process took (positive) or released (negative) ``nbytes``."""
-        if not 0 <= self._reserved + nbytes <= self.total - self._used:
-            raise ValueError(f"cannot occupy {nbytes} bytes: {self.memory_info()}")
+        if not _count(nbytes, -self._reserved) or self._reserved + nbytes > self.total - self._used:
+            raise ConfigurationError(
+                f"cannot occupy {shown(nbytes)} bytes: pass an int from {-self._reserved} to "
+                f"{self.total - self._used - self._reserved} ({self.memory_info()})"
+            )
         self._reserved += nbytes
 
     def memory_info(self) -> MemoryInfo:
@@ -374,7 +449,7 @@ class SimulatorBackend(Backend):
                     f"out of memory: asked for {nbytes} bytes of {kind.value} memory "
                     f"({shape}, {dtype}) with {free} of {self.total} free"
                 )
-        data = np.empty(shape, dtype)
+        data = _host_memory(shape, dtype, kind)
         array = data if kind in (MemoryKind.HOST, MemoryKind.PINNED) else sim_array(data, self.array_type, stream)
         if kind is MemoryKind.PINNED:
             self._pinned[id(data)] = data
@@ -396,7 +471,8 @@ class SimulatorBackend(Backend):
     def host_array(self, shape: tuple[int, ...], dtype: np.dtype[Any], kind: MemoryKind) -> np.ndarray[Any, Any]:
         if MemoryKind(kind) not in (MemoryKind.PINNED, MemoryKind.HOST):
             raise InvalidRequestError(f"host arrays are 'pinned' or 'host', not {MemoryKind(kind).value!r}")
-        array: np.ndarray[Any, Any] = np.zeros(shape, dtype)
+        array = _host_memory(shape, dtype, kind)
+        array.fill(0)
         if MemoryKind(kind) is MemoryKind.PINNED:
             self._pinned[id(array)] = array
         return array
@@ -447,7 +523,7 @@ class SimulatorBackend(Backend):
         stream.enqueue(run)
 
     def copy(self, src: Any, dst: Any, stream: SimStream, *, tag: object = None) -> None:
-        if getattr(src, "shape", None) != getattr(dst, "shape", None) or src.dtype != dst.dtype:
+        if getattr(src, "shape", None) != getattr(dst, "shape", None) or getattr(src, "dtype", None) != getattr(dst, "dtype", None):
             raise BackendError(
                 f"cannot copy {getattr(src, 'shape', '?')} {getattr(src, 'dtype', '?')} into "
                 f"{getattr(dst, 'shape', '?')} {getattr(dst, 'dtype', '?')}: shapes and dtypes must match"
@@ -489,18 +565,20 @@ class SimulatorBackend(Backend):
         stream.enqueue(run)
 
     def prefetch(self, array: Any, device: int | None, stream: SimStream) -> None:
+        check_device(device)  # as the driver refuses a bad location
         if self.faults.check("prefetch"):
             raise BackendError(f"injected fault: prefetching {array.nbytes} bytes on {stream}")
         stream.enqueue(lambda: None)  # ordered like real work; data never moves on a CPU
 
     def advise(self, array: Any, advice: Advice, device: int | None) -> None:
-        if advice not in ("preferred_location", "accessed_by", "read_mostly"):
-            raise BackendError(f"unknown managed-memory advice {advice!r}")
+        if not isinstance(advice, str) or advice not in ("preferred_location", "accessed_by", "read_mostly"):
+            raise BackendError(f"unknown managed-memory advice {shown(advice)}")
+        check_device(device)
 
     # -- context ----------------------------------------------------------------------------
     def set_allocator(self, name: str) -> None:
-        if name not in ALLOCATORS:
-            raise UnknownAllocatorError(f"unknown allocator {name!r}: use one of {', '.join(ALLOCATORS)}")
+        if not isinstance(name, str) or name not in ALLOCATORS:
+            raise UnknownAllocatorError(f"unknown allocator {shown(name)}: use one of {', '.join(ALLOCATORS)}")
         self.reset()
         self.allocator = name
 

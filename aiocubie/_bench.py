@@ -1,0 +1,173 @@
+"""The scheduler's own cost, measurable from an installed wheel: ``aiocubie bench``.
+
+Requests on a zero-latency device (its events are done when recorded), so what is measured is
+aiocubie's Python: submitting, batching, planning, building responses, bookkeeping and
+resolving. Each figure is the time per request of a loop that requests one 1 MiB array and
+releases it, divided by a bare asyncio future round trip timed in the same run. It imports no
+device library. ``benchmarks/run`` (in a checkout) runs this and the device benchmarks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+
+from ._backends import Backend, Event, MemoryInfo
+from ._errors import AllocationError
+from ._manager import MemoryManager
+from ._requests import ArrayRequest, MemoryKind
+
+__all__ = ["TARGETS", "InstantBackend", "main", "measure", "report"]
+
+#: Per-request cost targets, in x a bare asyncio future round trip.
+TARGETS = {"one request in a loop": 2.5, "64 requesters, one group": 2.0, "64 requesters, 64 groups": 3.0}
+
+REQUEST = {"a": ArrayRequest((1 << 18,), np.float32)}  # 1 MiB
+
+
+class _Owner:
+    """A registered component."""
+
+
+class DoneEvent(Event):
+    """An event the device has already reached."""
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def add_done_callback(self, callback: Callable[[], None]) -> None:
+        callback()
+
+
+class InstantBackend(Backend):
+    """A device of ``total`` bytes that finishes work as it is queued; arrays are numpy's."""
+
+    name = "instant"
+    allocator = "default"
+    array_type = "numpy"  # plain numpy arrays: nothing to model
+    granule = 0
+    device_name = "zero-latency in-process device"
+
+    def __init__(self, total: int = 8 << 30) -> None:
+        self.total = total
+        self.used = 0
+
+    def memory_info(self) -> MemoryInfo:
+        return MemoryInfo(self.total - self.used, self.total)
+
+    def create_stream(self) -> Any:
+        return object()
+
+    def allocate(self, shape: tuple[int, ...], dtype: np.dtype[Any], kind: MemoryKind, stream: Any) -> Any:
+        array = np.empty(shape, dtype)
+        if kind.uses_vram:
+            if array.nbytes > self.total - self.used:
+                raise AllocationError(f"out of memory: {array.nbytes} bytes asked, {self.total - self.used} free")
+            self.used += array.nbytes
+        return array
+
+    def zero(self, array: Any, stream: Any) -> None:
+        array.fill(0)
+
+    def free(self, array: Any) -> None:
+        self.used -= array.nbytes  # the benchmark frees device arrays only
+
+    def nbytes(self, array: Any) -> int:
+        return int(array.nbytes)
+
+    def record_event(self, stream: Any) -> Event:
+        return DoneEvent()
+
+    def wait_event(self, stream: Any, event: Event) -> None:
+        pass
+
+    def is_pinned(self, array: Any) -> bool:
+        return False
+
+    def copy(self, src: Any, dst: Any, stream: Any, *, tag: object = None) -> None:
+        np.copyto(dst, src)
+
+    def host_array(self, shape: tuple[int, ...], dtype: np.dtype[Any], kind: MemoryKind) -> np.ndarray[Any, Any]:
+        return np.zeros(shape, dtype)
+
+    def prefetch(self, array: Any, device: int | None, stream: Any) -> None:
+        pass
+
+    def advise(self, array: Any, advice: Any, device: int | None) -> None:
+        pass
+
+    def set_allocator(self, name: str) -> None:
+        pass
+
+    def reset(self) -> None:
+        self.used = 0
+
+
+async def per_request(body: Callable[[int], Awaitable[None]], count: int, repeats: int) -> float:
+    """Median over ``repeats`` of the seconds per request of ``body(count)``."""
+    await body(max(1, count // 10))  # warm up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        await body(count)
+        times.append((time.perf_counter() - start) / count)
+    return statistics.median(times)
+
+
+async def future_round_trip(count: int) -> None:
+    loop = asyncio.get_running_loop()
+    for _ in range(count):
+        future = loop.create_future()
+        loop.call_soon(future.set_result, None)
+        await future
+
+
+async def measure(count: int, repeats: int) -> dict[str, float]:
+    """Seconds per request of each path, and of the bare future, in this loop."""
+    results = {"bare asyncio future round trip": await per_request(future_round_trip, count, repeats)}
+
+    async with MemoryManager(InstantBackend()) as mgr:
+        owner = _Owner()
+        mgr.register(owner, stream_group="solo")
+
+        async def single(n: int) -> None:
+            for _ in range(n):
+                mgr.release(await mgr.request(owner, REQUEST))
+
+        results["one request in a loop"] = await per_request(single, count, repeats)
+
+    for label, groups in (("64 requesters, one group", False), ("64 requesters, 64 groups", True)):
+        async with MemoryManager(InstantBackend()) as mgr:
+            owners = [_Owner() for _ in range(64)]
+            for i, owner in enumerate(owners):
+                mgr.register(owner, stream_group=f"g{i}" if groups else "batch")
+
+            async def requester(owner: _Owner, rounds: int) -> None:
+                for _ in range(rounds):
+                    mgr.release(await mgr.request(owner, REQUEST))
+
+            async def everyone(n: int) -> None:
+                await asyncio.gather(*(requester(owner, max(1, n // 64)) for owner in owners))
+
+            results[label] = await per_request(everyone, count, repeats)
+    return results
+
+
+def report(results: dict[str, float]) -> list[tuple[str, float, float, float | None]]:
+    """Rows of (path, us per request, x bare future, target) for ``measure``'s results."""
+    base = results["bare asyncio future round trip"]
+    return [(label, seconds * 1e6, seconds / base, TARGETS.get(label)) for label, seconds in results.items()]
+
+
+def main(quick: bool = False) -> list[tuple[str, float, float, float | None]]:
+    """Measure (a smoke run if ``quick``) and return :func:`report`'s rows."""
+    count, repeats = (640, 3) if quick else (6400, 7)
+    return report(asyncio.run(measure(count, repeats)))

@@ -1,0 +1,35 @@
+"""Choosing a backend: "auto" says, once, when it falls back to the simulator."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from aiocubie import AiocubieWarning, SimulatorBackend, _backends, create_backend
+
+
+def test_auto_without_a_gpu_warns_once_and_explicit_simulator_never(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_backends, "gpu_status", lambda: (False, "no GPU in this test"))
+    monkeypatch.setattr(_backends, "_fallback_warned", False)
+    with pytest.warns(AiocubieWarning, match=r"no usable GPU \(no GPU in this test\).*8 GiB.*backend='simulator'") as record:
+        first = create_backend("auto")
+    assert isinstance(first, SimulatorBackend)
+    assert record[0].filename == __file__  # points at the caller
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        create_backend("auto").close()  # once per process
+        create_backend("simulator").close()
+    first.close()
+
+
+def test_numba_arrays_without_numba_say_which_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from aiocubie import ConfigurationError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "numba" else real(name, *a))
+    with pytest.raises(ConfigurationError, match=r"aiocubie\[numba\]"):
+        SimulatorBackend(1 << 20, array_type="numba")
+    SimulatorBackend(1 << 20, array_type="cupy").close()  # the CuPy model needs neither numba nor CuPy
