@@ -10,10 +10,12 @@ from __future__ import annotations
 from ._backends import (
     ALLOCATORS,
     Backend,
+    Engines,
     Event,
     Faults,
     MemoryInfo,
     SimulatorBackend,
+    TimelineEntry,
     create_backend,
     current_cupy_stream,
     gpu_status,
@@ -43,13 +45,14 @@ from ._planner import ChunkPlan, offered_bytes, plan_batch
 from ._recorder import Recorder
 from ._requests import ArrayRequest, ArrayResponse, MemoryKind
 from ._options import Options, Policy
-from ._stats import Percentiles, Snapshot, UsageStats
-from ._walk import Chunk, walk_chunks
+from ._stats import Percentiles, PinnedStats, Snapshot, UsageStats
+from ._walk import DEFAULT_DEPTH, Chunk, walk_chunks, walk_requests
 
 __version__ = "0.2.0.dev0"
 
 __all__ = [
     "ALLOCATORS",
+    "DEFAULT_DEPTH",
     "MIN_AUTO_POOL",
     "AiocubieError",
     "AiocubieWarning",
@@ -63,6 +66,7 @@ __all__ = [
     "ChunkPlan",
     "ConfigurationError",
     "ContextResetError",
+    "Engines",
     "Event",
     "Faults",
     "InsufficientMemoryError",
@@ -75,6 +79,7 @@ __all__ = [
     "Options",
     "PendingRequest",
     "Percentiles",
+    "PinnedStats",
     "PlanningError",
     "Policy",
     "Recorder",
@@ -83,6 +88,7 @@ __all__ = [
     "RunLengthMismatchError",
     "SimulatorBackend",
     "Snapshot",
+    "TimelineEntry",
     "UnchunkableTooLargeError",
     "UnknownAllocatorError",
     "UsageStats",
@@ -93,5 +99,6 @@ __all__ = [
     "offered_bytes",
     "plan_batch",
     "select_backend",
+    "walk_requests",
     "walk_chunks",
 ]

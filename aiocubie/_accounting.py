@@ -123,17 +123,19 @@ class DeviceAccount:
                 whole = chunk_length >= requests.runs
                 for label, request in requests.arrays.items():
                     if whole:
-                        shape, nbytes = request.shape, request.nbytes
+                        shape, nbytes, copies = request.shape, request.nbytes, 1
                     else:
                         shape = request.chunked_shape(chunk_length)
                         nbytes = math.prod(shape) * request.dtype.itemsize
-                    array = backend.allocate(shape, request.dtype, request.kind, stream)
+                        copies = min(request.buffers, plan.chunks)  # a walk's chunk buffers
                     if not request.uses_vram:
                         nbytes = 0
-                    allocs.append(Allocation(array, label, key, group, request.kind, nbytes))
-                    vram += nbytes
-                    if request.zero:
-                        backend.zero(array, stream)
+                    for _ in range(copies):
+                        array = backend.allocate(shape, request.dtype, request.kind, stream)
+                        allocs.append(Allocation(array, label, key, group, request.kind, nbytes))
+                        vram += nbytes
+                        if request.zero:
+                            backend.zero(array, stream)
                 totals.append(vram)
             event = backend.record_event(stream)
         except BaseException:
@@ -151,14 +153,22 @@ class DeviceAccount:
         self, requests: RequestSet, allocations: list[Allocation], plan: ChunkPlan, stream: Any, vram: int = 0
     ) -> ArrayResponse:
         """The response for ``allocations`` (``vram`` bytes together), entered in the ledger."""
+        arrays: dict[str, Any] = {}
+        buffers: dict[str, tuple[Any, ...]] = {}
+        for a in allocations:
+            if a.label not in arrays:
+                arrays[a.label] = a.array
+            else:  # the chunk buffers of a label: arrays[label] is the first
+                buffers[a.label] = (*buffers.get(a.label, (arrays[a.label],)), a.array)
         response = ArrayResponse(
-            arrays={a.label: a.array for a in allocations},
+            arrays=arrays,
             chunks=plan.chunks,
             chunk_length=plan.chunk_length,
             runs=plan.runs,
             chunked_shapes=requests.chunked_shapes(plan.chunk_length),
             chunk_axes=requests.chunk_axes,
             stream=stream,
+            buffers=buffers,
         )
         if allocations:
             self.ledger.add(response, allocations, vram)

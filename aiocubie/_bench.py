@@ -86,7 +86,13 @@ class InstantBackend(Backend):
     def record_event(self, stream: Any) -> Event:
         return DoneEvent()
 
-    def copy(self, src: Any, dst: Any, stream: Any) -> None:
+    def wait_event(self, stream: Any, event: Event) -> None:
+        pass
+
+    def is_pinned(self, array: Any) -> bool:
+        return False
+
+    def copy(self, src: Any, dst: Any, stream: Any, *, tag: object = None) -> None:
         np.copyto(dst, src)
 
     def host_array(self, shape: tuple[int, ...], dtype: np.dtype[Any], kind: MemoryKind) -> np.ndarray[Any, Any]:

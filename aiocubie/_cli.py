@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ._backends import select_backend
-from ._errors import AiocubieError
+from ._errors import AiocubieError, ConfigurationError
 
 __all__ = ["main"]
 
@@ -60,7 +60,12 @@ def _info(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     chosen, why = select_backend(args.backend)
-    from ._demo import run_demo  # imports numba.cuda: only after the backend is chosen
+    try:
+        from ._demo import run_demo  # imports numba.cuda: only after the backend is chosen
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"the demo runs numba kernels, and numba cannot be imported ({exc}): pip install 'aiocubie[numba]'"
+        ) from exc
 
     return run_demo(
         chosen, why, runs=args.runs, batches=args.batches, budget=args.budget, progress=args.progress

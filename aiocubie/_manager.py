@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Generator, Mapping, Sequence
 from functools import partial
 from threading import get_ident
@@ -46,7 +47,7 @@ from ._planner import plan_chunks
 from ._registry import Group, InvalidateHook, Member, ReadyHook, Registry, await_hook, call_hook
 from ._requests import ArrayRequest, ArrayResponse, MemoryKind, RequestSet, check_device, check_requests
 from ._scheduler import GroupScheduler
-from ._stats import Snapshot, Telemetry, UsageStats
+from ._stats import PinnedStats, Snapshot, Telemetry, UsageStats
 from ._tickets import Ticket
 
 __all__ = ["MemoryManager", "PendingRequest", "default_manager"]
@@ -758,8 +759,14 @@ class MemoryManager:
         dtype: Any,
         kind: MemoryKind | str = "pinned",
         like: np.ndarray[Any, Any] | None = None,
+        *,
+        pool: bool = False,
     ) -> np.ndarray[Any, Any]:
         """A C-contiguous host array, ``pinned`` or ``host``: zeros, or a copy of ``like``.
+
+        With ``pool=True`` a pinned array comes from the backend's pinned staging pool (the
+        walks' pool: exact sizes, reused) and goes back to it when the array and every view
+        of it are collected; :meth:`release_pinned` unpins what the pool keeps.
 
         Raises
         ------
@@ -780,7 +787,14 @@ class MemoryManager:
             if like_shape != request.shape:
                 raise InvalidRequestError(f"like has shape {like_shape}, not {request.shape}")
         try:
-            array = self.backend.host_array(request.shape, request.dtype, request.kind)
+            if pool and request.kind is MemoryKind.PINNED:
+                staging = self.backend.pinned_pool
+                buffer = staging.acquire(request.nbytes)
+                array = buffer[: request.nbytes].view(request.dtype).reshape(request.shape)
+                array.fill(0)
+                weakref.finalize(array, staging.release, buffer)
+            else:
+                array = self.backend.host_array(request.shape, request.dtype, request.kind)
         except AiocubieError:
             raise
         except MemoryError as exc:  # a backend that let numpy's through
@@ -797,6 +811,14 @@ class MemoryManager:
                     f"like={shown(like)} cannot be copied into a {request.dtype} host array: {exc}"
                 ) from exc
         return array
+
+    def release_pinned(self) -> int:
+        """Unpin the free buffers of the pinned staging pool; return the bytes released.
+
+        Buffers in use (by a walk, or a ``create_host_array(pool=True)`` array still alive)
+        stay; they are kept for reuse when given back.
+        """
+        return self.backend.pinned_pool.clear()
 
     async def to_device(self, instance: object, host_arrays: Sequence[Any], device_arrays: Sequence[Any]) -> None:
         """Copy each host array into its device array on ``instance``'s stream; wait until done.
@@ -895,7 +917,9 @@ class MemoryManager:
             live, peak = ledger.live_by_key.get(key, 0), ledger.peak_by_key.get(key, 0)
             cap = budget.cap(key) if active and key is not None else None
             instances[name] = UsageStats.of(counters, live, max(peak, counters.peak_bytes), cap)
-        return Snapshot(Snapshot.now(), info.free, info.total, ledger.live, ledger.peak, groups, instances)
+        pool = self.backend.pinned_pool
+        pinned = PinnedStats(pool.held, pool.in_use, pool.peak_in_use, pool.pinned)
+        return Snapshot(Snapshot.now(), info.free, info.total, ledger.live, ledger.peak, groups, instances, pinned)
 
     # -- wiring ----------------------------------------------------------------------------
     def _scheduler_of(self, name: str) -> GroupScheduler | None:

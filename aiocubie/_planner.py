@@ -79,7 +79,9 @@ def plan_batch(
     If the whole batch fits, the plan has one chunk. Otherwise the chunk count is the smallest
     whose chunks fit: ``max_chunk = (offered - unchunkable) // bytes_per_run`` runs,
     ``chunks = ceil(runs / max_chunk)``, ``chunk_length = ceil(runs / chunks)``. Integer
-    arithmetic throughout, so a plan is never larger than its budget.
+    arithmetic throughout, so a plan is never larger than its budget. A chunked plan budgets
+    every chunk buffer an array asks for (``ArrayRequest(buffers=d)``, for a walk of depth
+    ``d``): ``bytes_per_run`` then counts each array ``d`` times.
 
     Parameters
     ----------
@@ -109,7 +111,8 @@ def plan_batch(
     vram = [req for _, req in items if req.uses_vram]
     fixed = sum(req.nbytes for req in vram if req.unchunkable)
     per_run = sum(req.bytes_per_run for req in vram)
-    return plan_chunks(runs, fixed, per_run, offered, free=free)
+    buffered = sum(req.bytes_per_run * req.buffers for req in vram)
+    return plan_chunks(runs, fixed, per_run, offered, buffered=buffered, free=free)
 
 
 def warn_if_oversubscribed(full: int, free: int) -> None:
@@ -121,7 +124,9 @@ def warn_if_oversubscribed(full: int, free: int) -> None:
         )
 
 
-def plan_chunks(runs: int, fixed: int, per_run: int, offered: int, *, free: int | None = None) -> ChunkPlan:
+def plan_chunks(
+    runs: int, fixed: int, per_run: int, offered: int, *, buffered: int | None = None, free: int | None = None
+) -> ChunkPlan:
     """Plan a batch from its totals (see :func:`plan_batch`, which computes them).
 
     Parameters
@@ -134,6 +139,11 @@ def plan_chunks(runs: int, fixed: int, per_run: int, offered: int, *, free: int 
         VRAM bytes of one run of the chunkable arrays.
     offered : int
         Bytes the batch may take.
+    buffered : int, optional
+        VRAM bytes of one run with every chunk buffer (default ``per_run``): what a
+        chunked plan budgets per run. When every chunkable array asks for ``d`` buffers
+        (``buffered = d * per_run``), a chunked plan has more than ``d`` chunks, so all
+        ``d`` buffers are used, and it is the plan with the fewest chunks that fits them.
     free : int, optional
         Free device memory, only for the 20x oversubscription warning.
     """
@@ -149,12 +159,15 @@ def plan_chunks(runs: int, fixed: int, per_run: int, offered: int, *, free: int 
             f"the unchunkable arrays of the batch need {fixed} bytes but only {offered} are "
             f"offered ({_OFFER}): free memory, raise the group's proportion, or make them chunkable"
         )
-    max_chunk = (offered - fixed) // per_run
+    step = per_run if buffered is None else max(buffered, per_run)
+    max_chunk = (offered - fixed) // step
     if max_chunk < 1:
+        extra = f" ({step // max(per_run, 1)} chunk buffers each)" if step > per_run else ""
         raise InsufficientMemoryError(
-            f"not even one run fits: one run needs {per_run} bytes beside {fixed} unchunkable, "
+            f"not even one run fits: one run needs {step} bytes{extra} beside {fixed} unchunkable, "
             f"and {offered} are offered ({_OFFER}); free memory or raise the group's proportion"
+            + (", or ask for fewer buffers (a shallower walk)" if extra else "")
         )
     chunks = -(-runs // max_chunk)
     chunk_length = -(-runs // chunks)
-    return ChunkPlan(runs, chunks, chunk_length, offered, fixed + per_run * chunk_length, full)
+    return ChunkPlan(runs, chunks, chunk_length, offered, fixed + step * chunk_length, full)

@@ -150,6 +150,10 @@ class ArrayRequest:
         Keep the full shape whatever the plan (parameters, lookup tables).
     zero : bool
         Fill with zeros on the group's stream before the request resolves.
+    buffers : int
+        Chunk buffers of this array to allocate when the batch is chunked (1 by default): an
+        overlapped walk of depth ``d`` needs ``d`` (see :func:`walk_requests`). The plan
+        budgets every buffer; a batch that fits whole gets one.
 
     Raises
     ------
@@ -157,7 +161,8 @@ class ArrayRequest:
         For a negative or non-integer size, more than 64 dimensions, an unsupported dtype, an
         unknown kind, a chunk axis out of range, an array larger than 2**63 - 1 bytes, or one
         numpy cannot index (its non-zero sizes times the item size over 2**63 - 1, as
-        ``(2**70, 0)``): a request that could never be allocated is refused here.
+        ``(2**70, 0)``): a request that could never be allocated is refused here; or
+        ``buffers`` that is not a positive integer (or above 1 on an unchunkable array).
 
     Notes
     -----
@@ -178,6 +183,7 @@ class ArrayRequest:
     chunk_axis: int = attrs.field(default=0)
     unchunkable: bool = attrs.field(default=False, converter=_flag)
     zero: bool = attrs.field(default=False, converter=_flag)
+    buffers: int = attrs.field(default=1)
     #: Bytes of the full, unchunked array.
     nbytes: int = attrs.field(init=False, eq=False, repr=False)
     #: Length of the run axis, or None for an unchunkable array. 0 (an empty run axis) means
@@ -194,6 +200,15 @@ class ArrayRequest:
         if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
             raise InvalidRequestError(f"chunk_axis must be an integer, got {axis!r}")
         ndim = len(self.shape)
+        buffers = self.buffers
+        if isinstance(buffers, bool) or not isinstance(buffers, numbers.Integral) or buffers < 1:
+            raise InvalidRequestError(f"buffers must be a positive integer, got {buffers!r}")
+        if self.unchunkable and buffers != 1:
+            raise InvalidRequestError(
+                f"buffers={buffers} asks for chunk buffers of an unchunkable array: it is never "
+                "chunked, so it has one; drop buffers or make the array chunkable"
+            )
+        object.__setattr__(self, "buffers", int(buffers))
         if not self.unchunkable:
             if ndim == 0:
                 raise InvalidRequestError(
@@ -234,6 +249,36 @@ class ArrayRequest:
             per_run = math.prod(s for i, s in enumerate(self.shape) if i != axis) if runs else 0
             object.__setattr__(self, "runs", runs)
             object.__setattr__(self, "bytes_per_run", per_run * self.dtype.itemsize)
+
+    @classmethod
+    def like(
+        cls,
+        array: Any,
+        *,
+        kind: MemoryKind | str = MemoryKind.DEVICE,
+        chunk_axis: int = 0,
+        unchunkable: bool = False,
+        zero: bool = False,
+    ) -> ArrayRequest:
+        """A request for an array of ``array``'s shape and dtype (numpy, CuPy, numba, torch...).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> ArrayRequest.like(np.zeros((8, 1000), np.float32), chunk_axis=1).nbytes
+        32000
+
+        Raises
+        ------
+        InvalidRequestError
+            If ``array`` has no ``shape`` and ``dtype``, or they are not valid for a request.
+        """
+        shape, dtype = getattr(array, "shape", None), getattr(array, "dtype", None)
+        if shape is None or dtype is None:
+            raise InvalidRequestError(
+                f"ArrayRequest.like needs an array with a shape and a dtype, got {type(array).__name__}"
+            )
+        return cls(shape, dtype, kind, chunk_axis, unchunkable, zero)
 
     def chunked_shape(self, chunk_length: int) -> tuple[int, ...]:
         """The shape this array has when the run axis is cut to ``chunk_length``."""
@@ -284,13 +329,16 @@ class RequestSet:
         VRAM bytes of the unchunkable arrays.
     per_run : int
         VRAM bytes one run of the chunkable arrays takes.
+    buffered : int
+        VRAM bytes one run takes with every chunk buffer (``per_run`` when no array asks
+        for more than one): what a chunked plan budgets.
     chunk_axes : dict
         Label -> run axis (None for unchunkable arrays).
     shapes : dict
         Label -> full (unchunked) shape.
     """
 
-    __slots__ = ("arrays", "runs", "fixed", "per_run", "chunk_axes", "shapes")
+    __slots__ = ("arrays", "runs", "fixed", "per_run", "chunk_axes", "shapes", "buffered")
 
     def __init__(
         self,
@@ -300,8 +348,10 @@ class RequestSet:
         per_run: int,
         chunk_axes: dict[str, int | None] | None = None,
         shapes: dict[str, tuple[int, ...]] | None = None,
+        buffered: int | None = None,
     ) -> None:
         self.arrays = arrays
+        self.buffered = per_run if buffered is None else buffered
         self.runs = runs
         self.fixed = fixed
         self.per_run = per_run
@@ -337,7 +387,7 @@ def check_requests(requests: Any) -> RequestSet:
     arrays: dict[str, ArrayRequest] = {}
     axes: dict[str, int | None] = {}
     shapes: dict[str, tuple[int, ...]] = {}
-    fixed = per_run = runs = 0
+    fixed = per_run = runs = buffered = 0
     first = ""
     for label, request in requests.items():
         if not isinstance(label, str) or not label:
@@ -362,7 +412,8 @@ def check_requests(requests: Any) -> RequestSet:
                 run_length([(first, arrays[first]), (label, request)])  # raises, saying why
             if request.uses_vram:
                 per_run += request.bytes_per_run
-    return RequestSet(arrays, runs, fixed, per_run, axes, shapes)
+                buffered += request.bytes_per_run * request.buffers
+    return RequestSet(arrays, runs, fixed, per_run, axes, shapes, buffered)
 
 
 @attrs.frozen(eq=False)
@@ -390,6 +441,9 @@ class ArrayResponse:
         Label -> run axis of each array (None for unchunkable arrays).
     stream : object
         The stream group's stream the arrays were allocated on.
+    buffers : dict
+        Label -> every chunk buffer of an array that got more than one (``arrays[label]`` is
+        the first); see :meth:`buffer_count`.
     """
 
     arrays: dict[str, Any]
@@ -399,6 +453,17 @@ class ArrayResponse:
     chunked_shapes: dict[str, tuple[int, ...]]
     chunk_axes: dict[str, int | None]
     stream: Any
+    buffers: dict[str, tuple[Any, ...]] = attrs.field(factory=dict)
+
+    def buffer_count(self, label: str) -> int:
+        """How many chunk buffers ``label`` has (1 unless it asked for more and was chunked)."""
+        found = self.buffers.get(label)
+        return 1 if found is None else len(found)
+
+    def buffer(self, label: str, index: int) -> Any:
+        """Chunk buffer ``index`` of ``label``, counted modulo :meth:`buffer_count`."""
+        found = self.buffers.get(label)
+        return self.arrays[label] if found is None else found[index % len(found)]
 
     def chunk_bounds(self, index: int) -> tuple[int, int]:
         """Return ``(start, stop)`` in runs of chunk ``index``.

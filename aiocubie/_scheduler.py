@@ -325,25 +325,26 @@ class GroupScheduler:
         """
         if len(batch) == 1:
             requests = batch[0].requests
-            runs, fixed, per_run = requests.runs, requests.fixed, requests.per_run
+            runs, fixed, per_run, buffered = requests.runs, requests.fixed, requests.per_run, requests.buffered
         else:
-            runs = fixed = per_run = 0
+            runs = fixed = per_run = buffered = 0
             for ticket in batch:
                 requests = ticket.requests
                 runs = runs or requests.runs
                 fixed += requests.fixed
                 per_run += requests.per_run
+                buffered += requests.buffered
         members = self.group.members
-        plan, offered, free = self._plan_against(runs, fixed, per_run, fresh=False)
+        plan, offered, free = self._plan_against(runs, fixed, per_run, buffered, fresh=False)
         # About to chunk or fail, or to take over half of what the cached reading says is
         # free (where another process's allocation since would bite): read the device again.
         if plan is None or plan.chunks > 1 or 2 * plan.planned_bytes > free:
-            plan, offered, free = self._plan_against(runs, fixed, per_run, fresh=True)
+            plan, offered, free = self._plan_against(runs, fixed, per_run, buffered, fresh=True)
         options = self.options
         if plan is None and options.active and options.policy is not Policy.WAIT:
             self._check_under_cap(members)
         if options.policy is Policy.CHUNK or not options.active:
-            plan = plan or plan_chunks(runs, fixed, per_run, offered)  # raises why it cannot fit
+            plan = plan or plan_chunks(runs, fixed, per_run, offered, buffered=buffered)  # raises why it cannot fit
         elif plan is None or plan.chunks > 1:
             if options.policy is Policy.FAIL:
                 raise InsufficientMemoryError(
@@ -351,7 +352,7 @@ class GroupScheduler:
                     f"{self.name!r} is offered {offered}; release memory, or use policy 'chunk' or 'wait'"
                 )
             # policy wait: take the best plan there could be (raises if even that cannot fit)
-            best = plan_chunks(runs, fixed, per_run, self._account.offered(members, free, as_if_empty=True))
+            best = plan_chunks(runs, fixed, per_run, self._account.offered(members, free, as_if_empty=True), buffered=buffered)
             if plan is None or plan.planned_bytes < best.planned_bytes:
                 return None
         warn_if_oversubscribed(plan.full_bytes, free)  # once per batch, at the caller's line
@@ -367,11 +368,11 @@ class GroupScheduler:
                 "pool or moved groups since): it starts no new batch until it is back under; release arrays"
             )
 
-    def _plan_against(self, runs: int, fixed: int, per_run: int, *, fresh: bool) -> tuple[ChunkPlan | None, int, int]:
+    def _plan_against(self, runs: int, fixed: int, per_run: int, buffered: int, *, fresh: bool) -> tuple[ChunkPlan | None, int, int]:
         free = self._account.free_memory(fresh=fresh)
         offered = self._account.offered(self.group.members, free)
         try:
-            return plan_chunks(runs, fixed, per_run, offered), offered, free
+            return plan_chunks(runs, fixed, per_run, offered, buffered=buffered), offered, free
         except PlanningError:
             return None, offered, free
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 import attrs
 import numpy as np
 
-__all__ = ["Counters", "Percentiles", "Snapshot", "Telemetry", "UsageStats"]
+__all__ = ["Counters", "Percentiles", "PinnedStats", "Snapshot", "Telemetry", "UsageStats"]
 
 #: Latency samples kept per group and instance (the most recent ones).
 SAMPLES = 4096
@@ -149,6 +149,21 @@ class UsageStats:
 
 
 @attrs.frozen
+class PinnedStats:
+    """Page-locked host memory of the backend's staging pool (walks, ``create_host_array(pool=True)``).
+
+    ``held``: bytes pinned and kept (in use or free for reuse); ``in_use``: bytes asked for
+    by the buffers handed out now; ``peak_in_use``: the most asked for at once, against which
+    to read ``held``; ``pinned``: buffers pinned so far (reuse pins none).
+    """
+
+    held: int = 0
+    in_use: int = 0
+    peak_in_use: int = 0
+    pinned: int = 0
+
+
+@attrs.frozen
 class Snapshot:
     """Everything :meth:`MemoryManager.stats` reports at one moment.
 
@@ -162,6 +177,8 @@ class Snapshot:
         VRAM held through the manager, now and at its highest.
     groups, instances : dict
         Name -> :class:`UsageStats`.
+    pinned : PinnedStats
+        The pinned staging pool: bytes held against bytes needed.
     """
 
     time: float
@@ -171,6 +188,7 @@ class Snapshot:
     peak_bytes: int
     groups: dict[str, UsageStats]
     instances: dict[str, UsageStats]
+    pinned: PinnedStats = PinnedStats()
 
     @staticmethod
     def now() -> float:

@@ -1,25 +1,49 @@
 """Walk a response chunk by chunk: copy each chunk's inputs in and its outputs out.
 
-It does the index arithmetic of the chunk plan for the user and moves data only through
-``mgr.to_device`` / ``mgr.from_device`` (so any backend works); it never launches kernels.
+It does the index arithmetic of the chunk plan for the user. At depth 1 it moves data through
+``mgr.to_device`` / ``mgr.from_device`` and waits for each copy (the serial walk); deeper, it
+overlaps: copies run on two copy streams, ordered by events against the group's stream, and
+pageable host data is staged through the backend's pinned pool. It never launches kernels and
+never lets a copy outlive the buffers it uses.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+import collections
+import concurrent.futures
+import contextlib
+import math
+import os
+import threading
+import weakref
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+import anyio
+import anyio.to_thread
 import attrs
 import numpy as np
 
-from ._errors import InvalidRequestError, shown
-from ._requests import ArrayResponse
+from ._backends import Event
+from ._completion import Loop
+from ._errors import AiocubieError, InvalidRequestError, shown
+from ._requests import ArrayRequest, ArrayResponse
 
 if TYPE_CHECKING:
     from ._manager import MemoryManager
 
-__all__ = ["Chunk", "walk_chunks"]
+__all__ = ["DEFAULT_DEPTH", "Chunk", "walk_chunks", "walk_requests"]
+
+#: Chunk buffers (pipeline depth) :func:`walk_requests` asks for by default: 2 overlaps the
+#: next chunk's copy in and the last chunk's copy out with this chunk's work whenever inputs
+#: and outputs are different arrays (benchmarks/README.md has the measurements).
+DEFAULT_DEPTH = 2
+
+#: Host staging copies at least this large run on worker threads (numpy releases the GIL), in
+#: slices of at least this size, on at most _COPY_THREADS threads at once.
+_THREADED_COPY = 1 << 20
+_COPY_THREADS = min(16, os.cpu_count() or 1)
 
 
 @attrs.frozen
@@ -37,7 +61,12 @@ class Chunk:
         chunk may be shorter than the arrays); unchunkable arrays are whole.
     host : mapping
         Label -> the matching slice (a view) of each full-size host array passed in (the
-        output's, for a label that is both an input and an output).
+        output's, for a label that is both an input and an output). In an overlapped walk,
+        read inputs and write outputs through ``device``, not here.
+    stream : object
+        The stream to launch this chunk's work on (the group's stream): the chunk's inputs
+        are ready on it, and its outputs are copied out after what is queued on it when the
+        body returns.
     """
 
     index: int
@@ -45,6 +74,7 @@ class Chunk:
     stop: int
     device: Mapping[str, Any]
     host: Mapping[str, np.ndarray[Any, Any]]
+    stream: Any = None
 
     @property
     def length(self) -> int:
@@ -59,14 +89,23 @@ async def walk_chunks(
     *,
     inputs: Mapping[str, np.ndarray[Any, Any]] | None = None,
     outputs: Mapping[str, np.ndarray[Any, Any]] | None = None,
+    depth: int | None = None,
 ) -> AsyncIterator[Chunk]:
     """Yield the chunks of ``response`` with their data in place.
 
     Before each chunk is yielded, the chunk's slice of every input host array is copied to
     its device array; after the loop body, every output device array is copied back into its
     slice of the host array. Unchunkable inputs are copied once before the first chunk and
-    unchunkable outputs once after the last. Copies run on ``instance``'s stream and are
-    awaited, so the body can launch kernels on the same stream at once.
+    unchunkable outputs once after the last.
+
+    At depth 1 (the serial walk) copies run on ``instance``'s stream and are awaited, so the
+    body may even read the device arrays from the host. At depth ``d > 1`` the walk
+    overlaps: chunk ``i`` uses chunk buffer ``i % d`` of each array, the inputs of the next
+    ``d - 1`` chunks copy in and the outputs of earlier chunks copy out on copy streams while
+    the body's work for chunk ``i`` runs. The body must then queue its work on
+    ``chunk.stream`` (the group's stream) and not wait for it: the walk orders the copies
+    after it with events. Pinned host arrays are copied directly; pageable ones pass through
+    page-locked buffers of the backend's pinned pool.
 
     Parameters
     ----------
@@ -78,6 +117,9 @@ async def walk_chunks(
         What ``await mgr.request(instance, ...)`` returned.
     inputs, outputs : mapping, optional
         Label -> full-size (unchunked) host array of that label's request.
+    depth : int, optional
+        Chunk buffers to rotate through (1: serial). Default: as many as every chunked input
+        and output has in ``response`` (see :func:`walk_requests`), capped at the chunk count.
 
     Yields
     ------
@@ -91,18 +133,22 @@ async def walk_chunks(
         ``outputs`` is not a mapping, a label is not in ``response.arrays``, a host array's
         shape or dtype does not match the full array requested, or an output is not a
         writable numpy array.
+        Also if ``depth`` is more than a chunked input or output has buffers.
+    BackendError
+        If a copy fails (all copies in flight are waited for first).
 
     Notes
     -----
-    Leaving the loop early (``break``, an exception) skips the copy-out of that chunk and of
-    the unchunkable outputs. Wrap the walk in ``contextlib.aclosing`` when you may break out
-    of it, so it is closed at once.
+    Leaving the loop early (``break``, an exception, a cancellation) skips the copy-out of
+    that chunk and of the unchunkable outputs; an overlapped walk first waits (shielded from
+    cancellation) for the copies it queued, then gives its staging buffers back. Wrap the
+    walk in ``contextlib.aclosing`` when you may break out of it, so it is closed at once.
 
     Examples
     --------
-    >>> async with mgr.request(solver, requests) as response:      # doctest: +SKIP
+    >>> async with mgr.request(solver, walk_requests(requests)) as response:   # doctest: +SKIP
     ...     async for chunk in walk_chunks(mgr, solver, response, inputs={"x": x}, outputs={"y": y}):
-    ...         kernel[blocks, threads, response.stream](chunk.device["x"], chunk.device["y"])
+    ...         kernel[blocks, threads, chunk.stream](chunk.device["x"], chunk.device["y"])
     """
     if not isinstance(response, ArrayResponse):
         raise InvalidRequestError(
@@ -111,38 +157,11 @@ async def walk_chunks(
     ins = _check(response, {} if inputs is None else inputs, "inputs")
     outs = _check(response, {} if outputs is None else outputs, "outputs")
     axes = response.chunk_axes
-    whole_in = [label for label in ins if axes[label] is None]
-    if whole_in:
-        await mgr.to_device(
-            instance, [np.ascontiguousarray(ins[label]) for label in whole_in], [response.arrays[label] for label in whole_in]
-        )
-    for index in range(response.chunks):
-        start, stop = response.chunk_bounds(index)
-        length = stop - start
-        device = {label: _trim(array, axes[label], length) for label, array in response.arrays.items()}
-        host = {label: array[response.chunk_slices(index, label)] for label, array in {**ins, **outs}.items()}
-        sources, targets = [], []
-        for label in ins:
-            axis = axes[label]
-            if axis is not None:  # from the input's own slice: an output may share its label
-                source, target = _copy_in_pair(ins[label][response.chunk_slices(index, label)], response.arrays[label], device[label], axis)
-                sources.append(source)
-                targets.append(target)
-        if sources:
-            await mgr.to_device(instance, sources, targets)
-        yield Chunk(index, start, stop, MappingProxyType(device), MappingProxyType(host))
-        chunked_out = [label for label in outs if axes[label] is not None]
-        if chunked_out:
-            staged = [_staging(response.arrays[label], device[label]) for label in chunked_out]
-            await mgr.from_device(instance, [source for source, _ in staged], [buffer for _, buffer in staged])
-            for label, (_, buffer) in zip(chunked_out, staged):
-                host[label][...] = _trim(buffer, axes[label], length)
-    whole_out = [label for label in outs if axes[label] is None]
-    if whole_out:
-        buffers = [np.empty_like(outs[label], order="C") for label in whole_out]
-        await mgr.from_device(instance, [response.arrays[label] for label in whole_out], buffers)
-        for label, buffer in zip(whole_out, buffers):
-            outs[label][...] = buffer
+    depth = _depth(response, ins, outs, depth)
+    # closed with this generator, so that its cleanup runs when this one is closed
+    async with contextlib.aclosing(_Walk(mgr, instance, response, ins, outs, depth).walk()) as chunks:
+        async for chunk in chunks:
+            yield chunk
 
 
 def _check(response: ArrayResponse, arrays: Any, role: str) -> dict[str, np.ndarray[Any, Any]]:
@@ -191,25 +210,317 @@ def _trim(array: Any, axis: int | None, length: int) -> Any:
     return array[(slice(None),) * axis + (slice(0, length),)]
 
 
-def _copy_in_pair(host: np.ndarray[Any, Any], full: Any, trimmed: Any, axis: int) -> tuple[Any, Any]:
-    """Source and target to copy a chunk's host slice into its device array.
-
-    Device copies need contiguous arrays on both sides. A device array trimmed along any axis
-    but the first is not contiguous: the host slice is then padded to the full device shape.
-    """
-    if trimmed is full or _contiguous(trimmed):
-        return np.ascontiguousarray(host), trimmed
-    padded = np.zeros(full.shape, full.dtype)
-    _trim(padded, axis, host.shape[axis])[...] = host
-    return padded, full
-
-
-def _staging(full: Any, trimmed: Any) -> tuple[Any, np.ndarray[Any, Any]]:
-    """Device source and contiguous host buffer to copy a chunk's output out through."""
-    source = trimmed if trimmed is full or _contiguous(trimmed) else full
-    return source, np.empty(source.shape, source.dtype)
-
-
 def _contiguous(array: Any) -> bool:
     flags = array.flags  # numpy's flagsobj and numba's dict both take this key
     return bool(flags["C_CONTIGUOUS"])
+
+
+def walk_requests(
+    requests: Mapping[str, ArrayRequest],
+    depth: int = DEFAULT_DEPTH,
+    *,
+    labels: Iterable[str] | None = None,
+) -> dict[str, ArrayRequest]:
+    """``requests`` made ready for a walk of ``depth``: ``depth`` chunk buffers per chunkable array.
+
+    The plan then budgets every buffer (a batch that fits whole still gets one of each), and
+    :func:`walk_chunks` rotates through them, overlapping copies with the body's work.
+
+    Parameters
+    ----------
+    requests : mapping
+        Label -> :class:`ArrayRequest`, as for ``mgr.request``.
+    depth : int
+        Chunk buffers per array (1: the serial walk, no extra memory).
+    labels : iterable of str, optional
+        Only these arrays (the walk's chunked inputs and outputs); default: every chunkable
+        array. Scratch arrays that only the body touches need one buffer.
+
+    Returns
+    -------
+    dict
+        The same requests, chunkable ones with ``buffers=depth``.
+
+    Raises
+    ------
+    InvalidRequestError
+        If ``depth`` is not a positive integer or a label is not in ``requests``.
+
+    Examples
+    --------
+    >>> reqs = walk_requests({"x": ArrayRequest((8, 1000), "f4", chunk_axis=1)}, depth=3)
+    >>> reqs["x"].buffers
+    3
+    """
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise InvalidRequestError(f"depth must be a positive integer (1: serial), got {depth!r}")
+    chosen = set(requests) if labels is None else set(labels)
+    unknown = chosen - set(requests)
+    if unknown:
+        raise InvalidRequestError(f"labels {sorted(unknown)} are not among the requests ({', '.join(map(repr, requests))})")
+    return {
+        label: attrs.evolve(request, buffers=depth) if label in chosen and not request.unchunkable else request
+        for label, request in requests.items()
+    }
+
+
+def _depth(
+    response: ArrayResponse,
+    ins: Mapping[str, Any],
+    outs: Mapping[str, Any],
+    depth: int | None,
+) -> int:
+    """The depth a walk runs at: what was asked (or what the buffers allow), at most the chunks."""
+    chunked = [label for label in (*ins, *outs) if response.chunk_axes[label] is not None]
+    if depth is None:
+        depth = min((response.buffer_count(label) for label in chunked), default=1)
+    elif isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise InvalidRequestError(f"depth must be a positive integer (1: serial), got {depth!r}")
+    depth = min(depth, max(response.chunks, 1))
+    short = [label for label in chunked if response.buffer_count(label) < depth]
+    if depth > 1 and short:
+        raise InvalidRequestError(
+            f"a walk of depth {depth} needs {depth} chunk buffers of each chunked input and output, "
+            f"but {', '.join(f'{label!r} has {response.buffer_count(label)}' for label in short)}: "
+            f"request them with walk_requests(requests, depth={depth}) (or ArrayRequest(buffers={depth})), "
+            "or walk at a smaller depth"
+        )
+    return depth
+
+
+#: The two copy streams (in, out) of each group stream, made on first use and kept while it lives.
+_copy_streams: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = weakref.WeakKeyDictionary()
+
+
+def _copy_streams_of(backend: Any, stream: Any) -> tuple[Any, Any]:
+    try:
+        found = _copy_streams.get(stream)
+    except TypeError:  # a stream that cannot be weakly referenced: make them each time
+        found = None
+    if found is None:
+        found = (backend.create_stream(), backend.create_stream())
+        with contextlib.suppress(TypeError):
+            _copy_streams[stream] = found
+    return found
+
+
+def _view(buffer: np.ndarray[Any, Any], like: Any) -> np.ndarray[Any, Any]:
+    """The first bytes of pool ``buffer`` as a C-contiguous array shaped and typed like ``like``."""
+    dtype = np.dtype(like.dtype)
+    view: np.ndarray[Any, Any] = buffer[: math.prod(like.shape) * dtype.itemsize].view(dtype).reshape(like.shape)
+    return view
+
+
+async def _host_copy(dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> None:
+    """``dst[...] = src``; when large, on worker threads (numpy copies without the GIL: one thread
+    moves about 10 GB/s, 16 about 50 on an H100's host, against 45 GB/s per copy engine)."""
+    if dst.nbytes < _THREADED_COPY or not dst.ndim:
+        np.copyto(dst, src)
+        return
+    await anyio.to_thread.run_sync(_parallel_copy, dst, src)  # one hop to the loop, not one per slice
+
+
+_copiers: concurrent.futures.ThreadPoolExecutor | None = None
+_copiers_lock = threading.Lock()
+
+
+def _parallel_copy(dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> None:
+    """Copy in slices along the first axis: this thread takes one, a shared pool the rest."""
+    global _copiers
+    parts = min(_COPY_THREADS, dst.shape[0], max(1, dst.nbytes // _THREADED_COPY))
+    if parts == 1:
+        np.copyto(dst, src)
+        return
+    with _copiers_lock:
+        if _copiers is None:
+            _copiers = concurrent.futures.ThreadPoolExecutor(_COPY_THREADS - 1, thread_name_prefix="aiocubie-copy")
+        pool = _copiers
+    bounds = [dst.shape[0] * part // parts for part in range(parts + 1)]
+    futures = [pool.submit(np.copyto, dst[lo:hi], src[lo:hi]) for lo, hi in zip(bounds[1:-1], bounds[2:])]
+    np.copyto(dst[: bounds[1]], src[: bounds[1]])
+    for future in futures:
+        future.result()
+
+
+class _Walk:
+    """One walk: its streams, events, staging buffers and the order between them.
+
+    At depth 1 every copy is awaited before the walk goes on (the serial walk). Deeper,
+
+    chunk ``i`` uses buffer set ``k = i % depth``. Its copy in (on the in-stream) waits for
+    the body of chunk ``i - depth`` (the last user of set ``k``) and, for arrays that are both
+    input and output, for that chunk's copy out; the body of chunk ``i`` (on the group's
+    stream) waits for its copy in and for the copy out of chunk ``i - depth``; its copy out
+    (on the out-stream) waits for its body. Staging buffers rotate the same way.
+    """
+
+    def __init__(
+        self,
+        mgr: MemoryManager,
+        instance: object,
+        response: ArrayResponse,
+        ins: dict[str, np.ndarray[Any, Any]],
+        outs: dict[str, np.ndarray[Any, Any]],
+        depth: int,
+    ) -> None:
+        self.mgr, self.instance, self.response, self.depth = mgr, instance, response, depth
+        self.backend = backend = mgr.backend
+        self.ins, self.outs = ins, outs
+        self.stream = mgr.get_stream(instance)
+        self.cin, self.cout = _copy_streams_of(backend, self.stream)
+        axes = response.chunk_axes
+        self.chunked_in = [label for label in ins if axes[label] is not None]
+        self.chunked_out = [label for label in outs if axes[label] is not None]
+        self.in_place = bool(set(self.chunked_in) & set(self.chunked_out))
+        self.pinned = {label: backend.is_pinned(array) for label, array in {**ins, **outs}.items()}
+        self.loop = Loop()
+        self.pool = backend.pinned_pool
+        self.staging: list[np.ndarray[Any, Any]] = []  # pool buffers this walk holds
+        self.slots_in: list[dict[str, np.ndarray[Any, Any]]] = [{} for _ in range(depth)]
+        self.slots_out: list[dict[str, np.ndarray[Any, Any]]] = [{} for _ in range(depth)]
+        self.in_done: dict[int, Event] = {}
+        self.body_done: dict[int, Event] = {}
+        self.out_done: dict[int, Event] = {}
+        # copies out not yet seen done: (chunk, event, [(staged view, host slice)])
+        self.pending: collections.deque[tuple[int, Event, list[tuple[Any, Any]]]] = collections.deque()
+
+    async def walk(self) -> AsyncGenerator[Chunk, None]:
+        response, backend, mgr, depth = self.response, self.backend, self.mgr, self.depth
+        axes = response.chunk_axes
+        whole_in = [label for label in self.ins if axes[label] is None]
+        finished = False
+        try:
+            if whole_in:
+                await mgr.to_device(
+                    self.instance,
+                    [np.ascontiguousarray(self.ins[label]) for label in whole_in],
+                    [response.arrays[label] for label in whole_in],
+                )
+            issued = 0
+            for index in range(response.chunks):
+                while issued < min(response.chunks, index + depth):
+                    await self._copy_in(issued)
+                    issued += 1
+                if depth == 1:  # serial: the data is on the device when the body runs
+                    await self.loop.wait(self.in_done[index])
+                backend.wait_event(self.stream, self.in_done[index])
+                if index >= depth:
+                    if self.chunked_out:
+                        backend.wait_event(self.stream, self.out_done[index - depth])
+                    # keep the host at most `depth` chunks ahead of the device
+                    await self.loop.wait(self.body_done[index - depth])
+                else:
+                    await self.loop.checkpoint()
+                await self._settle(ready_only=True)
+                yield self._chunk(index)
+                self.body_done[index] = backend.record_event(self.stream)
+                await self._copy_out(index)
+                if depth == 1:
+                    await self._settle(up_to=index)
+                for events in (self.in_done, self.body_done, self.out_done):
+                    events.pop(index - depth - 1, None)
+            await self._settle(up_to=response.chunks)
+            whole_out = [label for label in self.outs if axes[label] is None]
+            if whole_out:
+                buffers = [np.empty_like(self.outs[label], order="C") for label in whole_out]
+                await mgr.from_device(self.instance, [response.arrays[label] for label in whole_out], buffers)
+                for label, buffer in zip(whole_out, buffers):
+                    self.outs[label][...] = buffer
+            finished = True
+        finally:
+            if not finished:
+                await self._quiesce()
+            for buffer in self.staging:
+                self.pool.release(buffer)
+            self.staging.clear()
+
+    def _chunk(self, index: int) -> Chunk:
+        response = self.response
+        start, stop = response.chunk_bounds(index)
+        axes, slot = response.chunk_axes, index % self.depth
+        device = {label: _trim(response.buffer(label, slot), axes[label], stop - start) for label in response.arrays}
+        host = {label: array[response.chunk_slices(index, label)] for label, array in {**self.ins, **self.outs}.items()}
+        return Chunk(index, start, stop, MappingProxyType(device), MappingProxyType(host), self.stream)
+
+    def _staging(self, slots: list[dict[str, np.ndarray[Any, Any]]], index: int, label: str, nbytes: int) -> tuple[np.ndarray[Any, Any], bool]:
+        """The staging buffer of ``label`` for chunk ``index``, and whether it was used before."""
+        slot = slots[index % self.depth]
+        buffer = slot.get(label)
+        if buffer is not None:
+            return buffer, True
+        buffer = slot[label] = self.pool.acquire(nbytes)
+        self.staging.append(buffer)
+        return buffer, False
+
+    async def _copy_in(self, index: int) -> None:
+        response, backend, depth, cin = self.response, self.backend, self.depth, self.cin
+        if index >= depth:
+            backend.wait_event(cin, self.body_done[index - depth])
+            if self.in_place:
+                backend.wait_event(cin, self.out_done[index - depth])
+        start, stop = response.chunk_bounds(index)
+        length = stop - start
+        for label in self.chunked_in:
+            axis = response.chunk_axes[label]
+            full = response.buffer(label, index % depth)
+            trimmed = _trim(full, axis, length)
+            target = trimmed if trimmed is full or _contiguous(trimmed) else full
+            host = self.ins[label][response.chunk_slices(index, label)]
+            if target is trimmed and self.pinned[label] and host.flags.c_contiguous:
+                source: Any = host  # page-locked already: straight to the copy engine
+            else:
+                buffer, used = self._staging(self.slots_in, index, label, full.nbytes)
+                if used:  # its last reader was the copy in of chunk index - depth
+                    await self.loop.wait(self.in_done[index - depth])
+                source = _view(buffer, target)
+                await _host_copy(_trim(source, axis, length), host)
+            backend.copy(source, target, cin, tag=("in", index, label))
+        self.in_done[index] = backend.record_event(cin)
+
+    async def _copy_out(self, index: int) -> None:
+        response, backend, depth, cout = self.response, self.backend, self.depth, self.cout
+        backend.wait_event(cout, self.body_done[index])
+        start, stop = response.chunk_bounds(index)
+        length = stop - start
+        unpack: list[tuple[Any, Any]] = []
+        for label in self.chunked_out:
+            axis = response.chunk_axes[label]
+            full = response.buffer(label, index % depth)
+            trimmed = _trim(full, axis, length)
+            source = trimmed if trimmed is full or _contiguous(trimmed) else full
+            host = self.outs[label][response.chunk_slices(index, label)]
+            if source is trimmed and self.pinned[label] and host.flags.c_contiguous:
+                target: Any = host
+            else:
+                buffer, used = self._staging(self.slots_out, index, label, full.nbytes)
+                if used:  # chunk index - depth's data must be in its host array first
+                    await self._settle(up_to=index - depth)
+                target = _view(buffer, source)
+                unpack.append((_trim(target, axis, length), host))
+            backend.copy(source, target, cout, tag=("out", index, label))
+        event = self.out_done[index] = backend.record_event(cout)
+        self.pending.append((index, event, unpack))
+
+    async def _settle(self, *, up_to: int = -1, ready_only: bool = False) -> None:
+        """Move staged outputs to their host arrays: those of chunks up to ``up_to`` (waiting
+        for their copies), or with ``ready_only`` those whose copies are done already."""
+        pending = self.pending
+        while pending and (pending[0][0] <= up_to or (ready_only and pending[0][1].query())):
+            _, event, unpack = pending[0]
+            await self.loop.wait(event)
+            for staged, host in unpack:
+                await _host_copy(host, staged)
+            pending.popleft()
+
+    async def _quiesce(self) -> None:
+        """Wait, shielded from cancellation, until every stream of the walk is idle."""
+        with anyio.CancelScope(shield=True):
+            for stream in (self.cin, self.cout, self.stream):
+                try:
+                    event = self.backend.record_event(stream)
+                except AiocubieError:  # cannot record: block on the stream instead
+                    synchronize = getattr(stream, "synchronize", None)
+                    if synchronize is not None:
+                        synchronize()
+                    continue
+                await self.loop.wait(event)

@@ -161,7 +161,60 @@ class CudaDevice:
             bench.close()
             self.backend.event_mechanism = mechanism  # bridge.Bench switches it per sample
 
+    def walk_kit(self) -> CudaWalkKit:
+        """Raw copies and a timed kernel for bench_walk."""
+        return CudaWalkKit(self.backend)
+
     def close(self) -> None:
         """Free the raw pool and the backend's pools."""
         self.pool.free_all_blocks()
         self.backend.close()
+
+
+@cuda.jit
+def _spin_copy(x: Any, y: Any, ns: int) -> None:  # pragma: no cover - runs on the GPU
+    # y = x, after spinning about ``ns`` nanoseconds: a kernel of a chosen length.
+    slept = 0
+    while slept < ns:
+        cuda.nanosleep(1000)
+        slept += 1000
+    start = cuda.grid(1)
+    step = cuda.gridsize(1)
+    for i in range(start, x.size, step):
+        y[i] = x[i]
+
+
+class CudaWalkKit:
+    """What bench_walk needs of the GPU: raw CuPy copies, pinned host arrays, a timed kernel."""
+
+    def __init__(self, backend: CudaBackend) -> None:
+        self.backend = backend
+        self.streams = (cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True))
+
+    def raw_copies(self, host_in: Any, host_out: Any, both: bool = True) -> float:
+        """Seconds for raw CuPy ``cudaMemcpyAsync`` of ``host_in`` in and (``both``: at once,
+        on a second stream) of a device array out to ``host_out``."""
+        dev_in = cupy.empty(host_in.shape, host_in.dtype)
+        dev_out = cupy.zeros(host_out.shape, host_out.dtype)
+        s1, s2 = self.streams
+        cupy.cuda.Device().synchronize()
+        start = time.perf_counter()
+        cupy.cuda.runtime.memcpyAsync(dev_in.data.ptr, host_in.ctypes.data, host_in.nbytes, 4, s1.ptr)
+        if both:
+            cupy.cuda.runtime.memcpyAsync(host_out.ctypes.data, dev_out.data.ptr, host_out.nbytes, 4, s2.ptr)
+        s1.synchronize()
+        s2.synchronize()
+        return time.perf_counter() - start
+
+    def pinned(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        return self.backend.host_array(shape, dtype, "pinned")
+
+    def kernel(self, stream: Any, x: Any, y: Any, seconds: float) -> None:
+        # numba arrays viewed without a sync: numba would otherwise synchronize the legacy
+        # stream a CuPy array reports, stalling the host behind every copy in flight
+        x = cuda.as_cuda_array(x.reshape(-1), sync=False)
+        y = cuda.as_cuda_array(y.reshape(-1), sync=False)
+        _spin_copy[264, 256, stream](x, y, int(seconds * 1e9))
+
+    def close(self) -> None:
+        pass

@@ -77,6 +77,54 @@ class SimDevice:
         """Device facts for the report."""
         return {"device": self.backend.device_name, "stream_latency_s": self.backend.latency}
 
+    def walk_kit(self) -> SimWalkKit:
+        """A simulator with copy engines, for bench_walk."""
+        return SimWalkKit()
+
     def close(self) -> None:
         """Stop the simulated streams."""
+        self.backend.close()
+
+
+class SimWalkKit:
+    """What bench_walk needs of the simulator: engines with a bandwidth, raw copies, a timed kernel.
+
+    The simulator's own walk benchmark is a model check (sizes and bandwidths are small); the
+    targets are for the GPU.
+    """
+
+    bandwidth = 400e6  # bytes/s per copy engine
+
+    def __init__(self) -> None:
+        from aiocubie import Engines
+
+        self.backend = SimulatorBackend(1 << 30, engines=Engines(h2d_bandwidth=self.bandwidth, d2h_bandwidth=self.bandwidth))
+
+    def raw_copies(self, host_in: np.ndarray[Any, Any], host_out: np.ndarray[Any, Any], both: bool = True) -> float:
+        """Seconds to copy ``host_in`` in and (with ``both``, at once) a device array out to ``host_out``."""
+        backend, kind = self.backend, MemoryKind.DEVICE
+        dev_in = backend.allocate(host_in.shape, host_in.dtype, kind, None)
+        dev_out = backend.allocate(host_out.shape, host_out.dtype, kind, None)
+        s1, s2 = backend.create_stream(), backend.create_stream()
+        start = time.perf_counter()
+        backend.copy(host_in, dev_in, s1)
+        if both:
+            backend.copy(dev_out, host_out, s2)
+        backend.record_event(s1).synchronize()
+        backend.record_event(s2).synchronize()
+        elapsed = time.perf_counter() - start
+        backend.free(dev_in)
+        backend.free(dev_out)
+        return elapsed
+
+    def pinned(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray[Any, Any]:
+        return self.backend.host_array(shape, np.dtype(dtype), MemoryKind.PINNED)
+
+    def kernel(self, stream: Any, x: Any, y: Any, seconds: float) -> None:
+        from aiocubie._backends._simarrays import host_data
+
+        src, dst = host_data(x), host_data(y)
+        self.backend.launch(stream, lambda: np.copyto(dst, src), duration=seconds)
+
+    def close(self) -> None:
         self.backend.close()

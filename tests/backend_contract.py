@@ -30,7 +30,9 @@ __all__ = [
     "test_copy_rejects_mismatches",
     "test_cuda_array_interface_v3_with_stream",
     "test_event_callbacks_and_queries",
+    "test_a_stream_waits_for_another_streams_event",
     "test_host_array",
+    "test_pinned_host_memory_is_known",
     "test_managed_prefetch_and_advice",
     "test_protocol_attributes",
     "test_unknown_names_are_clear_errors",
@@ -175,6 +177,42 @@ def test_event_callbacks_and_queries(contract: Contract) -> None:
     assert event.query() and fired == [1]
     event.add_done_callback(callback)  # already complete: at once, on this thread
     assert fired == [1, 1]
+
+
+def test_a_stream_waits_for_another_streams_event(contract: Contract) -> None:
+    # copy in on one stream, device-to-device on a second that waits for the first's event,
+    # copy out on a third that waits for the second's: the data must arrive whole
+    backend = contract.backend
+    first, second, third = backend.create_stream(), backend.create_stream(), backend.create_stream()
+    shape, dtype = (1 << 20,), np.dtype(np.float32)
+    src = backend.host_array(shape, dtype, MemoryKind.PINNED)
+    src[...] = rng.standard_normal(shape)
+    a = backend.allocate(shape, dtype, MemoryKind.DEVICE, first)
+    b = backend.allocate(shape, dtype, MemoryKind.DEVICE, first)
+    _sync(backend, first)
+    dst = backend.host_array(shape, dtype, MemoryKind.PINNED)
+    backend.copy(src, a, first)
+    backend.wait_event(second, backend.record_event(first))
+    backend.copy(a, b, second)
+    backend.wait_event(third, backend.record_event(second))
+    backend.copy(b, dst, third)
+    _sync(backend, third)
+    assert np.array_equal(dst, src)
+    backend.wait_event(third, backend.record_event(third))  # an event already reached: no wait
+
+
+def test_pinned_host_memory_is_known(contract: Contract) -> None:
+    backend = contract.backend
+    pinned = backend.host_array((64, 3), np.dtype(np.float64), MemoryKind.PINNED)
+    assert backend.is_pinned(pinned) and backend.is_pinned(pinned[5:9])
+    assert not backend.is_pinned(backend.host_array((64, 3), np.dtype(np.float64), MemoryKind.HOST))
+    assert not backend.is_pinned(np.zeros(10))
+    pool = backend.pinned_pool
+    buffer = pool.acquire(1000)
+    assert buffer.nbytes >= 1000 and backend.is_pinned(buffer)
+    pool.release(buffer)
+    assert pool.acquire(900) is buffer  # reused, not pinned again
+    pool.release(buffer)
 
 
 def test_host_array(contract: Contract) -> None:

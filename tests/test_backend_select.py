@@ -21,3 +21,15 @@ def test_auto_without_a_gpu_warns_once_and_explicit_simulator_never(monkeypatch:
         create_backend("auto").close()  # once per process
         create_backend("simulator").close()
     first.close()
+
+
+def test_numba_arrays_without_numba_say_which_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from aiocubie import ConfigurationError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "numba" else real(name, *a))
+    with pytest.raises(ConfigurationError, match=r"aiocubie\[numba\]"):
+        SimulatorBackend(1 << 20, array_type="numba")
+    SimulatorBackend(1 << 20, array_type="cupy").close()  # the CuPy model needs neither numba nor CuPy

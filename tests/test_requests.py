@@ -270,9 +270,14 @@ class TestSize:
             np.empty(shape, "f4")
 
     def test_more_dimensions_than_numpy_allows_are_refused(self) -> None:
-        assert ArrayRequest((1,) * 64, "f4", unchunkable=True).shape == (1,) * 64
-        with pytest.raises(InvalidRequestError, match="65 dimensions, over the 64"):
-            ArrayRequest((1,) * 65, "f4", unchunkable=True)
+        from aiocubie._requests import MAX_NDIM  # numpy's limit: 64 since numpy 2, 32 before
+
+        assert ArrayRequest((1,) * MAX_NDIM, "f4", unchunkable=True).shape == (1,) * MAX_NDIM
+        with pytest.raises(InvalidRequestError, match=f"{MAX_NDIM + 1} dimensions, over the {MAX_NDIM}"):
+            ArrayRequest((1,) * (MAX_NDIM + 1), "f4", unchunkable=True)
+        np.empty((1,) * MAX_NDIM, "f4")  # numpy agrees
+        with pytest.raises(ValueError):
+            np.empty((1,) * (MAX_NDIM + 1), "f4")
 
     @FAST
     @given(
@@ -452,3 +457,14 @@ def test_dtype_none_and_non_bool_flags_are_rejected() -> None:
     with pytest.raises(InvalidRequestError, match="1"):
         ArrayRequest((4,), "f4", zero=1)
     assert ArrayRequest((4,), "f4", zero=np.bool_(True)).zero is True
+
+
+def test_like_takes_shape_and_dtype_from_an_array() -> None:
+    host = np.zeros((8, 1000), np.float32)
+    request = ArrayRequest.like(host, chunk_axis=1, zero=True)
+    assert request == ArrayRequest((8, 1000), np.float32, chunk_axis=1, zero=True)
+    assert ArrayRequest.like(host, kind="pinned", unchunkable=True).kind.value == "pinned"
+    with pytest.raises(InvalidRequestError, match="shape and a dtype, got list"):
+        ArrayRequest.like([1.0, 2.0])
+    with pytest.raises(InvalidRequestError, match="not supported on the GPU"):
+        ArrayRequest.like(np.array(["text"]))

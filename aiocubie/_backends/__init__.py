@@ -12,17 +12,21 @@ from typing import Any
 
 from .._errors import ConfigurationError, UnknownAllocatorError, warn
 from ._base import ALLOCATORS, ARRAY_TYPES, Advice, Backend, Event, MemoryInfo, parse_array_type
-from ._simulator import DEFAULT_TOTAL, Faults, SimStream, SimulatorBackend
+from ._simulator import DEFAULT_TOTAL, Engines, Faults, SimStream, SimulatorBackend, TimelineEntry
+from ._staging import PinnedPool
 
 __all__ = [
     "ALLOCATORS",
     "ARRAY_TYPES",
     "Advice",
     "Backend",
+    "Engines",
     "Event",
     "Faults",
     "MemoryInfo",
+    "PinnedPool",
     "SimulatorBackend",
+    "TimelineEntry",
     "create_backend",
     "current_cupy_stream",
     "gpu_status",

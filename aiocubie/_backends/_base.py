@@ -17,6 +17,7 @@ import numpy as np
 
 from .._errors import ConfigurationError, shown
 from .._requests import MemoryKind
+from ._staging import PinnedPool
 
 __all__ = ["ALLOCATORS", "ARRAY_TYPES", "Advice", "Backend", "Event", "MemoryInfo", "parse_array_type"]
 
@@ -148,14 +149,47 @@ class Backend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def copy(self, src: Any, dst: Any, stream: Any) -> None:
+    def copy(self, src: Any, dst: Any, stream: Any, *, tag: object = None) -> None:
         """Queue a copy from ``src`` to ``dst`` (host->device or device->host) on ``stream``.
+
+        ``tag`` names the copy for a backend that keeps a timeline (the simulator's);
+        others ignore it.
 
         Raises
         ------
         BackendError
             On mismatched shapes or dtypes, or a failed copy.
         """
+
+    @abc.abstractmethod
+    def wait_event(self, stream: Any, event: Event) -> None:
+        """Make work queued on ``stream`` from now on wait until ``event`` completes.
+
+        The host does not wait. ``event`` is one this backend recorded, on any stream; what
+        is recorded on it later does not change what ``stream`` waits for.
+
+        Raises
+        ------
+        BackendError
+            If the wait cannot be queued.
+        """
+
+    @abc.abstractmethod
+    def is_pinned(self, array: Any) -> bool:
+        """True if host ``array`` (or the array it views) is page-locked, so copies from and
+        to it can run asynchronously on a copy engine."""
+
+    @property
+    def pinned_pool(self) -> PinnedPool:
+        """The backend's pool of page-locked staging buffers (made on first use)."""
+        pool: PinnedPool | None = self.__dict__.get("_pinned_pool")
+        if pool is None:
+            pool = self.__dict__["_pinned_pool"] = PinnedPool(self._allocate_pinned)
+        return pool
+
+    def _allocate_pinned(self, nbytes: int) -> np.ndarray[Any, Any]:
+        array: np.ndarray[Any, Any] = self.allocate((nbytes,), np.dtype(np.uint8), MemoryKind.PINNED, None)
+        return array
 
     @abc.abstractmethod
     def host_array(self, shape: tuple[int, ...], dtype: np.dtype[Any], kind: MemoryKind) -> np.ndarray[Any, Any]:

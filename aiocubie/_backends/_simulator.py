@@ -2,17 +2,21 @@
 
 It models total and free memory, stream order (one worker thread per stream runs queued work
 in order, each item taking ``latency`` seconds), events that complete only after the work
-queued before them, and faults injected on demand. Device-side kinds (device, managed, mapped)
+queued before them, the engines (a compute engine per stream, one copy engine per direction,
+each with a bandwidth and a per-operation latency, logged on a timeline) and faults injected
+on demand. Device-side kinds (device, managed, mapped)
 are handed out as the chosen array type's model (``_simarrays``), host kinds as numpy arrays,
 as on a GPU. It imports neither numba.cuda nor cupy (numba's simulator only for numba arrays).
 """
 
 from __future__ import annotations
 
+import collections
+import importlib.util
 import itertools
+import logging
 import math
 import numbers
-import logging
 import queue
 import random
 import threading
@@ -21,6 +25,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Literal
 
+import attrs
 import numpy as np
 
 from .._errors import (
@@ -35,7 +40,7 @@ from .._requests import MAX_NBYTES, MemoryKind, check_device
 from ._base import ALLOCATORS, Advice, Backend, Event, MemoryInfo, parse_array_type
 from ._simarrays import host_data, sim_array
 
-__all__ = ["Faults", "SimulatorBackend", "SimEvent", "SimStream"]
+__all__ = ["Engines", "Faults", "SimulatorBackend", "SimEvent", "SimStream", "TimelineEntry"]
 
 log = logging.getLogger("aiocubie")
 
@@ -149,6 +154,55 @@ class _Rule:
         if self.times is not None:
             self.times -= 1
         return True
+
+
+@attrs.frozen
+class Engines:
+    """How long the simulated engines take (see :class:`SimulatorBackend`).
+
+    Parameters
+    ----------
+    h2d_bandwidth, d2h_bandwidth : float
+        Bytes per second of the host-to-device and device-to-host copy engines (``inf``:
+        copies take no time). Each direction has one engine: copies in one direction run
+        one at a time, whatever their stream; the two directions run at once.
+    copy_latency : float
+        Seconds each copy holds its engine before moving data.
+    kernel_latency : float
+        Seconds each :meth:`SimulatorBackend.launch` takes beyond its own ``duration``.
+    """
+
+    h2d_bandwidth: float = math.inf
+    d2h_bandwidth: float = math.inf
+    copy_latency: float = 0.0
+    kernel_latency: float = 0.0
+
+    def __attrs_post_init__(self) -> None:
+        if not (self.h2d_bandwidth > 0 and self.d2h_bandwidth > 0 and self.copy_latency >= 0 and self.kernel_latency >= 0):
+            raise ConfigurationError(f"bad engine model {self}: bandwidths must be > 0 bytes/s and latencies >= 0 s")
+
+
+@attrs.frozen
+class TimelineEntry:
+    """One operation an engine ran: ``start`` and ``end`` are ``time.perf_counter()`` readings.
+
+    ``engine`` is ``"h2d"``, ``"d2h"`` or ``"compute:<stream id>"``; ``op`` is ``"copy"`` or
+    ``"kernel"``; ``tag`` is what the caller passed (walks pass ``("in" or "out", chunk, label)``).
+    """
+
+    engine: str
+    op: str
+    start: float
+    end: float
+    tag: object
+
+    def overlaps(self, other: TimelineEntry) -> bool:
+        """True if the two operations ran at the same time for a while."""
+        return self.start < other.end and other.start < self.end
+
+
+#: Timeline entries a simulator keeps (the most recent ones).
+TIMELINE_LENGTH = 1 << 16
 
 
 class _Progress:
@@ -295,6 +349,8 @@ class SimulatorBackend(Backend):
         Bytes the planner keeps free (as a GPU allocator's rounding would need).
     reserved : int
         Bytes taken by "other processes" at the start (see :meth:`occupy`).
+    engines : Engines, optional
+        Bandwidths and latencies of the copy engines and kernels (default: instant).
 
     Raises
     ------
@@ -309,6 +365,9 @@ class SimulatorBackend(Backend):
     ----------
     faults : Faults
         Inject allocation, event, copy and prefetch failures.
+    timeline : collections.deque of TimelineEntry
+        The copies and kernels the engines ran, in the order they ended (the most recent
+        ``TIMELINE_LENGTH``).
     """
 
     name = "simulator"
@@ -321,8 +380,20 @@ class SimulatorBackend(Backend):
         granule: int = 0,
         reserved: int = 0,
         array_type: str | None = None,
+        engines: Engines | None = None,
     ) -> None:
         self.array_type = parse_array_type(array_type)
+        self.engines = Engines() if engines is None else engines
+        self.timeline: collections.deque[TimelineEntry] = collections.deque(maxlen=TIMELINE_LENGTH)
+        self._copy_engines = {"h2d": threading.Lock(), "d2h": threading.Lock()}
+        self._pinned: weakref.WeakValueDictionary[int, np.ndarray[Any, Any]] = weakref.WeakValueDictionary()
+        if not isinstance(self.engines, Engines):
+            raise ConfigurationError(f"engines must be an aiocubie.Engines, got {shown(self.engines)}")
+        if self.array_type == "numba" and importlib.util.find_spec("numba") is None:  # found, not imported
+            raise ConfigurationError(
+                "array_type='numba' hands out numba's device arrays, and numba is not installed: "
+                "pip install 'aiocubie[numba]', or use array_type='cupy'"
+            )
         if not _count(total, 1) or total > MAX_NBYTES:
             raise ConfigurationError(
                 f"total must be the device's memory in bytes, an int from 1 to 2**63 - 1 (e.g. 8 << 30), "
@@ -380,6 +451,8 @@ class SimulatorBackend(Backend):
                 )
         data = _host_memory(shape, dtype, kind)
         array = data if kind in (MemoryKind.HOST, MemoryKind.PINNED) else sim_array(data, self.array_type, stream)
+        if kind is MemoryKind.PINNED:
+            self._pinned[id(data)] = data
         if kind.uses_vram:
             self._used += nbytes
             self._live[id(array)] = nbytes
@@ -400,7 +473,17 @@ class SimulatorBackend(Backend):
             raise InvalidRequestError(f"host arrays are 'pinned' or 'host', not {MemoryKind(kind).value!r}")
         array = _host_memory(shape, dtype, kind)
         array.fill(0)
+        if MemoryKind(kind) is MemoryKind.PINNED:
+            self._pinned[id(array)] = array
         return array
+
+    def is_pinned(self, array: Any) -> bool:
+        """True for host arrays made ``pinned`` here, and views of them."""
+        while isinstance(array, np.ndarray):
+            if self._pinned.get(id(array)) is array:
+                return True
+            array = array.base
+        return False
 
     # -- streams, events, copies ----------------------------------------------------------
     def create_stream(self) -> SimStream:
@@ -415,12 +498,37 @@ class SimulatorBackend(Backend):
         stream.enqueue(event.complete)
         return event
 
-    def copy(self, src: Any, dst: Any, stream: SimStream) -> None:
+    def wait_event(self, stream: SimStream, event: Event) -> None:
+        if not event.query():
+            stream.enqueue(event.synchronize)
+
+    def launch(self, stream: SimStream, work: Callable[[], None] | None = None, *, duration: float = 0.0, tag: object = None) -> None:
+        """Queue a kernel on ``stream``: ``work()`` runs on the stream's compute engine in order.
+
+        The kernel takes ``duration`` seconds plus the engines' ``kernel_latency``, and is
+        logged on :attr:`timeline` with ``tag``. A test's or demo's stand-in for a GPU launch.
+        """
+        cost = duration + self.engines.kernel_latency
+        engine = f"compute:{stream.id}"
+        timeline = self.timeline
+
+        def run() -> None:
+            start = time.perf_counter()
+            if cost:
+                time.sleep(cost)
+            if work is not None:
+                work()
+            timeline.append(TimelineEntry(engine, "kernel", start, time.perf_counter(), tag))
+
+        stream.enqueue(run)
+
+    def copy(self, src: Any, dst: Any, stream: SimStream, *, tag: object = None) -> None:
         if getattr(src, "shape", None) != getattr(dst, "shape", None) or getattr(src, "dtype", None) != getattr(dst, "dtype", None):
             raise BackendError(
                 f"cannot copy {getattr(src, 'shape', '?')} {getattr(src, 'dtype', '?')} into "
                 f"{getattr(dst, 'shape', '?')} {getattr(dst, 'dtype', '?')}: shapes and dtypes must match"
             )
+        source, target = src, dst
         try:
             src, dst = host_data(src), host_data(dst)
         except TypeError as exc:
@@ -435,7 +543,26 @@ class SimulatorBackend(Backend):
             )
         if self.faults.check("copy"):
             raise BackendError(f"injected fault: copying {src.nbytes} bytes on {stream}")
-        stream.enqueue(lambda: np.copyto(dst, src))
+        src_host, dst_host = isinstance(source, np.ndarray), isinstance(target, np.ndarray)
+        direction = "h2d" if src_host and not dst_host else "d2h" if dst_host and not src_host else None
+        engines = self.engines
+        bandwidth = engines.h2d_bandwidth if direction == "h2d" else engines.d2h_bandwidth
+        cost = engines.copy_latency + src.nbytes / bandwidth if direction else 0.0
+        if direction is None:  # device to device or host to host: the stream's own engine
+            stream.enqueue(lambda: np.copyto(dst, src))
+            return
+        lock, timeline = self._copy_engines[direction], self.timeline
+
+        def run() -> None:
+            with lock:  # one engine per direction
+                start = time.perf_counter()
+                if cost:
+                    time.sleep(cost)
+                np.copyto(dst, src)
+                end = time.perf_counter()
+            timeline.append(TimelineEntry(direction, "copy", start, end, tag))
+
+        stream.enqueue(run)
 
     def prefetch(self, array: Any, device: int | None, stream: SimStream) -> None:
         check_device(device)  # as the driver refuses a bad location

@@ -39,6 +39,7 @@ _ADVICE = {
     "read_mostly": binding.CUmem_advise.CU_MEM_ADVISE_SET_READ_MOSTLY,
 }
 _IS_MANAGED = binding.CUpointer_attribute.CU_POINTER_ATTRIBUTE_IS_MANAGED
+_MEMORY_TYPE = binding.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE
 
 
 def cuda_usable() -> tuple[bool, str]:
@@ -271,7 +272,20 @@ class CudaBackend(Backend):
                 waiter = self._waiters[key] = StreamWaiter(context, f"aiocubie-events-{key:#x}")
             return waiter
 
-    def copy(self, src: Any, dst: Any, stream: Any) -> None:
+    def wait_event(self, stream: Any, event: Any) -> None:
+        """``cuStreamWaitEvent``: ``stream`` waits on the GPU, the host does not."""
+        result = binding.cuStreamWaitEvent(binding.CUstream(stream_ptr(stream)), event.handle, 0)
+        if result[0] != binding.CUresult.CUDA_SUCCESS:
+            check(result, f"making {stream!r} wait for an event")
+
+    def is_pinned(self, array: Any) -> bool:
+        """Whether the driver knows ``array``'s memory as page-locked host memory."""
+        if not isinstance(array, np.ndarray) or not array.nbytes:
+            return False
+        err, kind = binding.cuPointerGetAttribute(_MEMORY_TYPE, array.ctypes.data)
+        return err == binding.CUresult.CUDA_SUCCESS and int(kind) == int(binding.CUmemorytype.CU_MEMORYTYPE_HOST)
+
+    def copy(self, src: Any, dst: Any, stream: Any, *, tag: object = None) -> None:
         """Queue one ``cuMemcpyAsync``; unified addressing tells the direction.
 
         That covers every kind and array type on either side. A pageable host side makes the

@@ -1,0 +1,93 @@
+"""The pinned staging pool: page-locked host buffers of exactly the sizes asked for, reused.
+
+Walks stage pageable host data through it, and ``create_host_array(pool=True)`` draws from it.
+Sizes are never rounded up (to powers of two or otherwise): a buffer is reused for any request
+it covers, and a new one is pinned only when no free buffer does. It never frees a buffer that
+is in use, and it does not know about streams: callers give a buffer back once the copies that
+use it are done.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+__all__ = ["PinnedPool"]
+
+
+class PinnedPool:
+    """Page-locked ``uint8`` buffers, handed out by best fit and kept for reuse until :meth:`clear`.
+
+    Parameters
+    ----------
+    allocate : callable
+        ``allocate(nbytes)`` pins a new ``uint8`` buffer of exactly ``nbytes`` bytes.
+
+    Attributes
+    ----------
+    held : int
+        Bytes of every buffer the pool holds, in use or free.
+    in_use : int
+        Bytes asked for by the buffers handed out and not given back (a buffer may be larger
+        than what was asked for, when a larger free one was reused).
+    peak_in_use : int
+        The most ``in_use`` has been since the pool was made or :meth:`reset_peak`.
+    pinned : int
+        How many buffers the pool has pinned in all (reuse does not count).
+    """
+
+    def __init__(self, allocate: Callable[[int], np.ndarray[Any, Any]]) -> None:
+        self._allocate = allocate
+        self._free: list[tuple[int, int, np.ndarray[Any, Any]]] = []  # (size, id, buffer), sorted
+        self._lent: dict[int, tuple[np.ndarray[Any, Any], int]] = {}  # id -> (buffer, asked)
+        self._lock = threading.Lock()
+        self.held = self.in_use = self.peak_in_use = self.pinned = 0
+
+    def acquire(self, nbytes: int) -> np.ndarray[Any, Any]:
+        """A page-locked buffer of at least ``nbytes`` bytes (its first ``nbytes`` are yours).
+
+        Raises
+        ------
+        AllocationError
+            If the host cannot pin a new buffer.
+        """
+        nbytes = max(int(nbytes), 1)
+        with self._lock:
+            at = bisect.bisect_left(self._free, (nbytes, -1))
+            buffer = self._free.pop(at)[2] if at < len(self._free) else None
+        if buffer is None:
+            buffer = self._allocate(nbytes)  # outside the lock: pinning takes milliseconds
+            with self._lock:
+                self.held += buffer.nbytes
+                self.pinned += 1
+        with self._lock:
+            self._lent[id(buffer)] = (buffer, nbytes)
+            self.in_use += nbytes
+            self.peak_in_use = max(self.peak_in_use, self.in_use)
+        return buffer
+
+    def release(self, buffer: np.ndarray[Any, Any]) -> None:
+        """Give ``buffer`` back for reuse; nothing may read or write it any more."""
+        with self._lock:
+            entry = self._lent.pop(id(buffer), None)
+            if entry is None:
+                return
+            self.in_use -= entry[1]
+            bisect.insort(self._free, (buffer.nbytes, id(buffer), buffer))
+
+    def clear(self) -> int:
+        """Unpin every free buffer (buffers in use stay); return the bytes released."""
+        with self._lock:
+            free, self._free = self._free, []
+            released = sum(size for size, _, _ in free)
+            self.held -= released
+        return released
+
+    def reset_peak(self) -> None:
+        """Start measuring :attr:`peak_in_use` again from what is in use now."""
+        with self._lock:
+            self.peak_in_use = self.in_use
