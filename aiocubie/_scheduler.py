@@ -265,13 +265,38 @@ class GroupScheduler:
     async def _serve(self, batch: list[Ticket]) -> None:
         # self._planning is the batch: a member that moves away takes its tickets out of it
         try:
-            for attempt in range(2):
-                plan = await self._plan()
+            attempt = 0
+            while attempt < 2:
+                try:
+                    plan = await self._plan()
+                except PlanningError:
+                    if self._drop_unplannable():  # the others may fit without them: plan again
+                        continue
+                    raise
                 batch = self._planning = [t for t in self._planning if t.pending]
                 if plan is None or not batch or self._dispatch(batch, plan, retry=not attempt):
                     return
+                attempt += 1
         except Exception as exc:
             self._failed(self._planning, exc)
+
+    def _drop_unplannable(self) -> bool:
+        """Fail the tickets of a batch that cannot be planned even alone; True if any was.
+
+        One request too large for the group must not take its batch-mates down with it.
+        """
+        live = [t for t in self._planning if t.pending]
+        if len(live) < 2:
+            return False
+        dropped = False
+        for ticket in live:
+            try:
+                self._try_plan([ticket])
+            except PlanningError as exc:
+                self._failed([ticket], exc)
+                dropped = True
+        self._planning = [t for t in self._planning if t.pending]
+        return dropped
 
     def _serve_now(self, ticket: Ticket) -> None:
         """Serve a batch of ``ticket`` alone in the caller's task, or queue it to wait for memory."""

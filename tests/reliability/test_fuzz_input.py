@@ -337,7 +337,7 @@ async def test_bad_input_never_takes_down_a_batch(seed: int, drained: Any) -> No
                     requests: Any = {"bad": request}
                     if request.nbytes > sim.total // 16:
                         # Valid, but maybe larger than the device: planned with batch-mates it would
-                        # fail them too (see test_an_oversized_request_fails_its_batch_mates), so alone.
+                        # fail them too (see test_an_oversized_request_fails_alone_not_its_batch_mates).
                         member = loner
                 except AiocubieError:
                     label = junk(rng)
@@ -416,12 +416,7 @@ async def test_unallocatable_requests_are_refused_before_their_batch(drained: An
 
 
 @pytest.mark.anyio
-@pytest.mark.xfail(
-    strict=True,
-    reason="left for the scheduler (issue 11, items 1 and 15): a batch is planned as one, so a valid "
-    "request larger than the whole device fails its batch-mates with UnchunkableTooLargeError",
-)
-async def test_an_oversized_request_fails_its_batch_mates(drained: Any) -> None:
+async def test_an_oversized_request_fails_alone_not_its_batch_mates(drained: Any) -> None:
     sim = SimulatorBackend(1 << 20)
     with anyio.fail_after(10):
         async with MemoryManager(sim, batch_window=0.05) as mgr:
