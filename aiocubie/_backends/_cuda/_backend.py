@@ -144,11 +144,13 @@ class CudaBackend(Backend):
             dtype = np.dtype(dtype)
         kind = MemoryKind(kind)
         if kind is MemoryKind.DEVICE and self.allocator == "cupy" and self._cupy is not None:
-            # the request path's common case: a CuPy array straight over a MemoryPool block
+            # the request path's common case: a CuPy array straight over a MemoryPool block (the
+            # pool of the plugin installed now: numba's memory manager is process-wide)
+            pool = getattr(self._context.memory_manager, "pool", None)
             nbytes = math.prod(shape) * dtype.itemsize
-            if nbytes:
+            if nbytes and pool is not None and not self._cupy_async_pool(pool):
                 with map_exceptions(lambda: f"allocating {nbytes} bytes ({shape}, {dtype}, device) with the cupy allocator", self._free_text):
-                    return self._cupy.ndarray(shape, dtype, memptr=self._context.memory_manager.pool.malloc(nbytes))
+                    return self._cupy.ndarray(shape, dtype, memptr=pool.malloc(nbytes))
         if kind is MemoryKind.HOST:
             return np.empty(shape, dtype)
         nbytes = math.prod(shape) * dtype.itemsize
@@ -249,6 +251,10 @@ class CudaBackend(Backend):
     def create_stream(self) -> Any:
         with map_exceptions("creating a stream"):
             return cuda.stream()
+
+    def _cupy_async_pool(self, pool: Any) -> bool:
+        # MemoryAsyncPool allocates on CuPy's current stream: the general path binds the group's
+        return isinstance(pool, self._cupy.cuda.MemoryAsyncPool)
 
     def record_event(self, stream: Any) -> CudaEvent:
         spare = self._spare_events
