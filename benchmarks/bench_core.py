@@ -23,7 +23,7 @@ def run(device: Any, settings: Settings) -> Section:
     table = Table(
         "Scheduler cost per request on a zero-latency device (asyncio)",
         ["path", "us per request", "x bare future"],
-        note=f"A loop of request + release of one 1 MiB array; median of {repeats} runs of {count} requests. "
+        note=f"A loop of request + release of one 1 MiB array; the best of {repeats} runs of {count} requests, each path and the baseline alike. "
         "The device completes work as it is queued: every microsecond is aiocubie's Python.",
     )
     for label, micros, times, target in _bench.report(results):
