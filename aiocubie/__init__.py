@@ -41,10 +41,10 @@ from ._errors import (
     UnknownAllocatorError,
 )
 from ._manager import MemoryManager, PendingRequest, default_manager
+from ._options import Options, Policy
 from ._planner import ChunkPlan, offered_bytes, plan_batch
 from ._recorder import Recorder
 from ._requests import ArrayRequest, ArrayResponse, MemoryKind
-from ._options import Options, Policy
 from ._stats import Percentiles, PinnedStats, Snapshot, UsageStats
 from ._walk import DEFAULT_DEPTH, Chunk, walk_chunks, walk_requests
 
@@ -99,6 +99,6 @@ __all__ = [
     "offered_bytes",
     "plan_batch",
     "select_backend",
-    "walk_requests",
     "walk_chunks",
+    "walk_requests",
 ]

@@ -13,7 +13,7 @@ from collections.abc import Hashable, Iterable
 from ._errors import BudgetError, shown
 from ._errors import warn as warn_at_caller
 
-__all__ = ["Budget", "LimitMode", "MIN_AUTO_POOL", "group_available"]
+__all__ = ["MIN_AUTO_POOL", "Budget", "LimitMode", "group_available"]
 
 #: The share of VRAM always kept for the auto pool.
 MIN_AUTO_POOL = 0.05
@@ -52,9 +52,7 @@ def check_proportion(proportion: object) -> float:
     except (OverflowError, ValueError, TypeError):  # 10**400, Fraction(10**400, 3): no float holds it
         value = math.nan
     if not (0.0 < value <= 1.0):  # also rejects NaN
-        raise BudgetError(
-            f"proportion must be in (0, 1] (a share of VRAM, e.g. 0.25), got {shown(proportion)}"
-        )
+        raise BudgetError(f"proportion must be in (0, 1] (a share of VRAM, e.g. 0.25), got {shown(proportion)}")
     return value
 
 

@@ -67,9 +67,7 @@ def _demo(args: argparse.Namespace) -> int:
             f"the demo runs numba kernels, and numba cannot be imported ({exc}): pip install 'aiocubie[numba]'"
         ) from exc
 
-    return run_demo(
-        chosen, why, runs=args.runs, batches=args.batches, budget=args.budget, progress=args.progress
-    )
+    return run_demo(chosen, why, runs=args.runs, batches=args.batches, budget=args.budget, progress=args.progress)
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -86,8 +84,10 @@ def _bench(args: argparse.Namespace) -> int:
         "benchmarks/run in a checkout)"
     )
     if args.out is not None:
-        records = [{"path": label, "us_per_request": micros, "x_future": times, "target": target}
-                   for label, micros, times, target in rows]
+        records = [
+            {"path": label, "us_per_request": micros, "x_future": times, "target": target}
+            for label, micros, times, target in rows
+        ]
         args.out.write_text(json.dumps({"quick": args.quick, "rows": records}, indent=2) + "\n")
         print(f"wrote {args.out}")
     return 0
@@ -104,26 +104,30 @@ def _positive(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="aiocubie", description="aiocubie: an async GPU memory allocation service."
-    )
+    parser = argparse.ArgumentParser(prog="aiocubie", description="aiocubie: an async GPU memory allocation service.")
     parser.add_argument("--version", action="version", version=f"aiocubie {_version('aiocubie')}")
     parser.add_argument("--debug", action="store_true", help="print the traceback of an error too")
     commands = parser.add_subparsers(dest="command", required=True, metavar="{info,demo,bench}")
     backend = argparse.ArgumentParser(add_help=False)
     backend.add_argument(
-        "--backend", choices=("auto", "simulator", "cuda"), default="auto",
+        "--backend",
+        choices=("auto", "simulator", "cuda"),
+        default="auto",
         help="device to use (default: auto, the GPU if there is one, else the simulator)",
     )
     commands.add_parser("info", parents=[backend], help="the backend chosen and why, the device, versions")
     demo = commands.add_parser(
-        "demo", parents=[backend],
+        "demo",
+        parents=[backend],
         help="a three-stage async pipeline, chunked to fit the memory budget, checked against numpy",
     )
     demo.add_argument("--runs", type=_positive, default=30_000, help="runs per batch (default 30000)")
     demo.add_argument("--batches", type=_positive, default=3, help="batches through the pipeline (default 3)")
     demo.add_argument(
-        "--budget", type=_positive, default=None, metavar="BYTES",
+        "--budget",
+        type=_positive,
+        default=None,
+        metavar="BYTES",
         help="simulated device memory in bytes (simulator only; default 1 MiB)",
     )
     demo.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")

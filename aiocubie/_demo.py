@@ -20,9 +20,9 @@ import numpy as np
 from numba import cuda
 from numba.core.errors import NumbaPerformanceWarning
 
+from ._backends import Engines, SimulatorBackend
 from ._manager import MemoryManager
 from ._requests import ArrayRequest
-from ._backends import Engines, SimulatorBackend
 from ._stats import Percentiles, Snapshot
 from ._walk import DEFAULT_DEPTH, walk_chunks, walk_requests
 
@@ -67,7 +67,9 @@ def sum_kernel(values: Any, total: Any) -> None:  # pragma: no cover - compiled 
 class Stage:
     """A pipeline component: registers with the manager and launches its kernel per chunk."""
 
-    def __init__(self, mgr: MemoryManager, name: str, group: str, proportion: float, advance: Callable[[int], None]) -> None:
+    def __init__(
+        self, mgr: MemoryManager, name: str, group: str, proportion: float, advance: Callable[[int], None]
+    ) -> None:
         self.mgr = mgr
         self.name = name
         self.advance = advance
@@ -247,10 +249,19 @@ def summary_rows(snapshot: Snapshot) -> list[list[str]]:
     rows = []
     for kind, table in (("group", snapshot.groups), ("instance", snapshot.instances)):
         for name, s in table.items():
-            rows.append([
-                f"{name} ({kind})", str(s.requests), str(s.batches), str(s.chunks), f"{s.peak_bytes / 1024:.0f}",
-                _ms(s.queue_wait, "p50"), _ms(s.queue_wait, "p99"), _ms(s.ready_latency, "p50"), _ms(s.ready_latency, "p99"),
-            ])
+            rows.append(
+                [
+                    f"{name} ({kind})",
+                    str(s.requests),
+                    str(s.batches),
+                    str(s.chunks),
+                    f"{s.peak_bytes / 1024:.0f}",
+                    _ms(s.queue_wait, "p50"),
+                    _ms(s.queue_wait, "p99"),
+                    _ms(s.ready_latency, "p50"),
+                    _ms(s.ready_latency, "p99"),
+                ]
+            )
     return rows
 
 

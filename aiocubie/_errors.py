@@ -39,7 +39,7 @@ def shown(value: object, limit: int = 60) -> str:
     """
     try:
         text = repr(value)
-    except Exception:  # noqa: BLE001 - a broken __repr__ must not hide the real error
+    except Exception:
         return f"<{type(value).__name__} object>"
     if len(text) <= limit:
         return text

@@ -62,7 +62,7 @@ class PendingRequest:
     the awaiting task withdraws a queued request and frees an allocated one.
     """
 
-    __slots__ = ("_mgr", "_instance", "_member", "_requests", "_response", "_awaited")
+    __slots__ = ("_awaited", "_instance", "_member", "_mgr", "_requests", "_response")
 
     def __init__(self, manager: MemoryManager, instance: object, member: Member, requests: RequestSet) -> None:
         self._mgr = manager
@@ -530,7 +530,9 @@ class MemoryManager:
         """Group name -> names of its members."""
         self._reap()  # a collected instance is no member
         members = self._registry.members
-        return {name: sorted(members[key].name for key in group.members) for name, group in self._registry.groups.items()}
+        return {
+            name: sorted(members[key].name for key in group.members) for name, group in self._registry.groups.items()
+        }
 
     def reinit_streams(self) -> None:
         """Give every group a new stream (after a context reset)."""
@@ -708,10 +710,7 @@ class MemoryManager:
                 f"unknown allocator {shown(name)}: use one of {', '.join(map(repr, ALLOCATORS))}"
             )
         self.backend.set_allocator(name)  # first: an unknown name must not warn of a reset
-        warn(
-            f"set_allocator({name!r}) resets the device context: arrays and compiled kernels "
-            "from before are invalid"
-        )
+        warn(f"set_allocator({name!r}) resets the device context: arrays and compiled kernels from before are invalid")
         self._reset(f"set_allocator({name!r})")
         self._account.forget_all()  # the context that held them is gone
         self.reinit_streams()
@@ -804,7 +803,9 @@ class MemoryManager:
             ) from exc
         if like is not None:
             try:
-                with np.errstate(over="raise", invalid="raise"):  # a value the dtype cannot hold is refused, not wrapped
+                with np.errstate(
+                    over="raise", invalid="raise"
+                ):  # a value the dtype cannot hold is refused, not wrapped
                     array[...] = like
             except (TypeError, ValueError, OverflowError, FloatingPointError) as exc:  # text, objects, 1e308 into int8
                 raise InvalidRequestError(
@@ -843,7 +844,11 @@ class MemoryManager:
         await self._copy(instance, device_arrays, host_arrays, ("device_arrays", "host_arrays"))
 
     async def _copy(
-        self, instance: object, sources: Sequence[Any], targets: Sequence[Any], names: tuple[str, str] = ("sources", "targets")
+        self,
+        instance: object,
+        sources: Sequence[Any],
+        targets: Sequence[Any],
+        names: tuple[str, str] = ("sources", "targets"),
     ) -> None:
         # what is not a list of arrays is refused before anything is queued (the backend checks each pair)
         for given, name in ((sources, names[0]), (targets, names[1])):
@@ -964,4 +969,3 @@ def default_manager() -> MemoryManager:
         if _default is None:
             _default = MemoryManager()
         return _default
-

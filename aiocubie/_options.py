@@ -60,18 +60,14 @@ def _real(value: Any) -> float:
 def _headroom(value: Any) -> float:
     number = _real(value)
     if not 0.0 <= number < 1.0:  # NaN fails too
-        raise ConfigurationError(
-            f"headroom must be a fraction in [0, 1) of the memory kept back, got {shown(value)}"
-        )
+        raise ConfigurationError(f"headroom must be a fraction in [0, 1) of the memory kept back, got {shown(value)}")
     return number
 
 
 def _seconds(name: str, value: Any) -> float:
     number = _real(value)
     if not 0.0 <= number < math.inf:  # NaN fails too
-        raise ConfigurationError(
-            f"{name} must be a finite number of seconds >= 0 (e.g. 0.002), got {shown(value)}"
-        )
+        raise ConfigurationError(f"{name} must be a finite number of seconds >= 0 (e.g. 0.002), got {shown(value)}")
     return number
 
 

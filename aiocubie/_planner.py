@@ -7,9 +7,8 @@ the bytes offered; host kinds are chunked in lockstep but cost no VRAM.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, NamedTuple
-
 
 from ._errors import InsufficientMemoryError, UnchunkableTooLargeError, warn
 from ._requests import ArrayRequest, run_length

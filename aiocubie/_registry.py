@@ -97,7 +97,7 @@ def _hold(hook: Any, instance: object) -> Any:
 def is_async_callable(hook: object) -> bool:
     """True for an ``async def`` function (or partial of one) or an object with ``async def __call__``."""
     return inspect.iscoroutinefunction(hook) or (
-        not inspect.isroutine(hook) and inspect.iscoroutinefunction(getattr(hook, "__call__", None))
+        not inspect.isroutine(hook) and inspect.iscoroutinefunction(getattr(hook, "__call__", None))  # noqa: B004 - the method itself, to ask whether it is async
     )
 
 

@@ -60,9 +60,7 @@ class MemoryKind(str, enum.Enum):
             return cls(value)
         except ValueError:
             names = ", ".join(k.value for k in cls)
-            raise InvalidRequestError(
-                f"unknown memory kind {value!r}: use one of {names}"
-            ) from None
+            raise InvalidRequestError(f"unknown memory kind {value!r}: use one of {names}") from None
 
 
 def check_device(device: Any, *, what: str = "device") -> int | None:
@@ -88,14 +86,11 @@ def _shape(value: Any) -> tuple[int, ...]:
     try:
         dims = tuple(value)
     except TypeError:
-        raise InvalidRequestError(
-            f"shape must be a tuple of non-negative integers, got {shown(value)}"
-        ) from None
+        raise InvalidRequestError(f"shape must be a tuple of non-negative integers, got {shown(value)}") from None
     for dim in dims:
         if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
             raise InvalidRequestError(
-                f"shape {shown(value)} holds {shown(dim)}, which is not an integer: "
-                "pass whole numbers of elements"
+                f"shape {shown(value)} holds {shown(dim)}, which is not an integer: pass whole numbers of elements"
             )
         if dim < 0:
             raise InvalidRequestError(f"shape {shown(value)} holds the negative size {shown(dim)}")
@@ -211,13 +206,10 @@ class ArrayRequest:
         object.__setattr__(self, "buffers", int(buffers))
         if not self.unchunkable:
             if ndim == 0:
-                raise InvalidRequestError(
-                    f"shape {self.shape} is 0-d: it has no axis to chunk; pass unchunkable=True"
-                )
+                raise InvalidRequestError(f"shape {self.shape} is 0-d: it has no axis to chunk; pass unchunkable=True")
             if not -ndim <= axis < ndim:
                 raise InvalidRequestError(
-                    f"chunk_axis {axis} is out of range for shape {self.shape} "
-                    f"(valid: {-ndim}..{ndim - 1})"
+                    f"chunk_axis {axis} is out of range for shape {self.shape} (valid: {-ndim}..{ndim - 1})"
                 )
             axis = int(axis) % ndim
             object.__setattr__(self, "chunk_axis", axis)
@@ -338,7 +330,7 @@ class RequestSet:
         Label -> full (unchunked) shape.
     """
 
-    __slots__ = ("arrays", "runs", "fixed", "per_run", "chunk_axes", "shapes", "buffered")
+    __slots__ = ("arrays", "buffered", "chunk_axes", "fixed", "per_run", "runs", "shapes")
 
     def __init__(
         self,
@@ -381,9 +373,7 @@ def check_requests(requests: Any) -> RequestSet:
         If its chunkable arrays disagree on the run length.
     """
     if not isinstance(requests, Mapping):
-        raise InvalidRequestError(
-            f"requests must be a mapping of label -> ArrayRequest, got {type(requests).__name__}"
-        )
+        raise InvalidRequestError(f"requests must be a mapping of label -> ArrayRequest, got {type(requests).__name__}")
     arrays: dict[str, ArrayRequest] = {}
     axes: dict[str, int | None] = {}
     shapes: dict[str, tuple[int, ...]] = {}
@@ -393,9 +383,7 @@ def check_requests(requests: Any) -> RequestSet:
         if not isinstance(label, str) or not label:
             raise InvalidRequestError(f"array labels must be non-empty strings, got {label!r}")
         if not isinstance(request, ArrayRequest):
-            raise InvalidRequestError(
-                f"requests[{label!r}] is a {type(request).__name__}, not an ArrayRequest"
-            )
+            raise InvalidRequestError(f"requests[{label!r}] is a {type(request).__name__}, not an ArrayRequest")
         arrays[label] = request
         shapes[label] = request.shape
         if request.runs is None:

@@ -24,7 +24,6 @@ import anyio
 import attrs
 
 from ._accounting import DeviceAccount
-from ._backends import Event
 from ._completion import Loop, Signal
 from ._errors import AiocubieError, AllocationError, BackendError, InsufficientMemoryError, PlanningError
 from ._options import Options, Policy
@@ -175,9 +174,7 @@ class GroupScheduler:
 
     def fail_in_flight(self, owners: set[int], error: AiocubieError) -> list[ArrayResponse]:
         """Fail the in-flight tickets whose response (by id) is in ``owners``; return the responses."""
-        tickets = [
-            t for flight in self._inflight for t in flight.tickets if not t.done and id(t.response) in owners
-        ]
+        tickets = [t for flight in self._inflight for t in flight.tickets if not t.done and id(t.response) in owners]
         return self.fail(tickets, error)
 
     def reset(self, error: AiocubieError) -> None:
@@ -377,7 +374,9 @@ class GroupScheduler:
                     f"{self.name!r} is offered {offered}; release memory, or use policy 'chunk' or 'wait'"
                 )
             # policy wait: take the best plan there could be (raises if even that cannot fit)
-            best = plan_chunks(runs, fixed, per_run, self._account.offered(members, free, as_if_empty=True), buffered=buffered)
+            best = plan_chunks(
+                runs, fixed, per_run, self._account.offered(members, free, as_if_empty=True), buffered=buffered
+            )
             if plan is None or plan.planned_bytes < best.planned_bytes:
                 return None
         warn_if_oversubscribed(plan.full_bytes, free)  # once per batch, at the caller's line
@@ -393,7 +392,9 @@ class GroupScheduler:
                 "pool or moved groups since): it starts no new batch until it is back under; release arrays"
             )
 
-    def _plan_against(self, runs: int, fixed: int, per_run: int, buffered: int, *, fresh: bool) -> tuple[ChunkPlan | None, int, int]:
+    def _plan_against(
+        self, runs: int, fixed: int, per_run: int, buffered: int, *, fresh: bool
+    ) -> tuple[ChunkPlan | None, int, int]:
         free = self._account.free_memory(fresh=fresh)
         offered = self._account.offered(self.group.members, free)
         try:
@@ -512,4 +513,3 @@ class GroupScheduler:
                     self._spawn(await_hook, result, f"allocation-ready hook of {member.name}")
             except Exception:
                 log.exception("allocation-ready hook of %s raised; the scheduler goes on", member.name)
-

@@ -48,7 +48,7 @@ class Ticket:
         The group's and the member's counters, looked up once for the ticket's whole life.
     """
 
-    __slots__ = ("key", "requests", "counters", "enqueued", "leftover", "state", "response", "error", "_signal")
+    __slots__ = ("_signal", "counters", "enqueued", "error", "key", "leftover", "requests", "response", "state")
 
     def __init__(self, key: int, requests: RequestSet, counters: tuple[Counters, ...]) -> None:
         self.key = key

@@ -156,7 +156,6 @@ async def walk_chunks(
         )
     ins = _check(response, {} if inputs is None else inputs, "inputs")
     outs = _check(response, {} if outputs is None else outputs, "outputs")
-    axes = response.chunk_axes
     depth = _depth(response, ins, outs, depth)
     # closed with this generator, so that its cleanup runs when this one is closed
     async with contextlib.aclosing(_Walk(mgr, instance, response, ins, outs, depth).walk()) as chunks:
@@ -168,14 +167,14 @@ def _check(response: ArrayResponse, arrays: Any, role: str) -> dict[str, np.ndar
     """The host arrays of ``role`` checked against ``response``: every bad one is refused here,
     before anything is copied."""
     if not isinstance(arrays, Mapping):
-        raise InvalidRequestError(
-            f"{role} must be a mapping of label -> full-size host array, got {shown(arrays)}"
-        )
+        raise InvalidRequestError(f"{role} must be a mapping of label -> full-size host array, got {shown(arrays)}")
     checked = {}
     for label, host in arrays.items():
         if not isinstance(label, str) or label not in response.arrays:
             known = ", ".join(map(repr, response.arrays)) or "none"
-            raise InvalidRequestError(f"{role}[{shown(label)}]: the response has no array {shown(label)} (it has {known})")
+            raise InvalidRequestError(
+                f"{role}[{shown(label)}]: the response has no array {shown(label)} (it has {known})"
+            )
         if role == "outputs" and not isinstance(host, np.ndarray):  # a copy of a list would be written, then lost
             raise InvalidRequestError(
                 f"outputs[{label!r}] is a {type(host).__name__}: outputs are numpy arrays the walk writes into"
@@ -257,7 +256,9 @@ def walk_requests(
     chosen = set(requests) if labels is None else set(labels)
     unknown = chosen - set(requests)
     if unknown:
-        raise InvalidRequestError(f"labels {sorted(unknown)} are not among the requests ({', '.join(map(repr, requests))})")
+        raise InvalidRequestError(
+            f"labels {sorted(unknown)} are not among the requests ({', '.join(map(repr, requests))})"
+        )
     return {
         label: attrs.evolve(request, buffers=depth) if label in chosen and not request.unchunkable else request
         for label, request in requests.items()
@@ -442,7 +443,9 @@ class _Walk:
         host = {label: array[response.chunk_slices(index, label)] for label, array in {**self.ins, **self.outs}.items()}
         return Chunk(index, start, stop, MappingProxyType(device), MappingProxyType(host), self.stream)
 
-    def _staging(self, slots: list[dict[str, np.ndarray[Any, Any]]], index: int, label: str, nbytes: int) -> tuple[np.ndarray[Any, Any], bool]:
+    def _staging(
+        self, slots: list[dict[str, np.ndarray[Any, Any]]], index: int, label: str, nbytes: int
+    ) -> tuple[np.ndarray[Any, Any], bool]:
         """The staging buffer of ``label`` for chunk ``index``, and whether it was used before."""
         slot = slots[index % self.depth]
         buffer = slot.get(label)

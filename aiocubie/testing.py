@@ -147,4 +147,3 @@ def aiocubie_manager_factory() -> Iterator[Callable[..., contextlib.AbstractAsyn
     yield factory
     for simulator in simulators:
         simulator.close()
-

@@ -49,11 +49,9 @@ def main() -> int:
     import cupy
     from numba import cuda
 
-    from aiocubie._backends._cuda import CudaBackend
-    from aiocubie._backends._cuda import _arrays, _pools
+    from aiocubie._backends._cuda import CudaBackend, _arrays, _pools
     from aiocubie._requests import MemoryKind
 
-    caught: list[warnings.WarningMessage] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         numba_backend = CudaBackend("cupy", array_type="numba")
@@ -89,12 +87,20 @@ def main() -> int:
     results["cupy.ndarray over a pool block"] = median_us(cupy_over_block)
     results["numba DeviceNDArray over a pool block"] = median_us(numba_over_block)
     results["cuda.device_array (cupy plugin)"] = median_us(device_array)
-    results["CudaBackend.allocate, array_type=cupy"] = median_us(lambda: cupy_backend.allocate(SHAPE, F32, MemoryKind.DEVICE, stream))
-    results["CudaBackend.allocate, array_type=numba"] = median_us(lambda: numba_backend.allocate(SHAPE, F32, MemoryKind.DEVICE, stream))
+    results["CudaBackend.allocate, array_type=cupy"] = median_us(
+        lambda: cupy_backend.allocate(SHAPE, F32, MemoryKind.DEVICE, stream)
+    )
+    results["CudaBackend.allocate, array_type=numba"] = median_us(
+        lambda: numba_backend.allocate(SHAPE, F32, MemoryKind.DEVICE, stream)
+    )
     numba_backend.set_allocator("default")
     results["cuda.device_array (default numba manager)"] = median_us(device_array, n=1000)
-    results["CudaBackend.allocate default allocator, numba"] = median_us(lambda: numba_backend.allocate(SHAPE, F32, MemoryKind.DEVICE, stream), n=1000)
-    results["CudaBackend.allocate default allocator, cupy"] = median_us(lambda: cupy_backend.allocate(SHAPE, F32, MemoryKind.DEVICE, stream), n=1000)
+    results["CudaBackend.allocate default allocator, numba"] = median_us(
+        lambda: numba_backend.allocate(SHAPE, F32, MemoryKind.DEVICE, stream), n=1000
+    )
+    results["CudaBackend.allocate default allocator, cupy"] = median_us(
+        lambda: cupy_backend.allocate(SHAPE, F32, MemoryKind.DEVICE, stream), n=1000
+    )
     numba_backend.set_allocator("cupy")
 
     @cuda.jit
@@ -105,8 +111,13 @@ def main() -> int:
 
     flat = (SHAPE[0] * SHAPE[1],)
     pairs = {
-        "numba-made (cuda.device_array)": (cuda.device_array(flat, F32, stream=stream), cuda.device_array(flat, F32, stream=stream)),
-        "handed-out numba arrays": tuple(numba_backend.allocate(flat, F32, MemoryKind.DEVICE, stream) for _ in range(2)),
+        "numba-made (cuda.device_array)": (
+            cuda.device_array(flat, F32, stream=stream),
+            cuda.device_array(flat, F32, stream=stream),
+        ),
+        "handed-out numba arrays": tuple(
+            numba_backend.allocate(flat, F32, MemoryKind.DEVICE, stream) for _ in range(2)
+        ),
         "handed-out CuPy arrays": tuple(cupy_backend.allocate(flat, F32, MemoryKind.DEVICE, stream) for _ in range(2)),
     }
     launch: dict[str, float] = {}
@@ -129,13 +140,15 @@ def main() -> int:
     from aiocubie import current_cupy_stream
 
     with current_cupy_stream(stream):
-        facts["cupy CAI stream inside current_cupy_stream == group stream"] = a.__cuda_array_interface__.get("stream") == int(stream.handle)
+        facts["cupy CAI stream inside current_cupy_stream == group stream"] = a.__cuda_array_interface__.get(
+            "stream"
+        ) == int(stream.handle)
     b = numba_backend.allocate((4,), F32, MemoryKind.DEVICE, stream)
     facts["numba CAI stream == group stream"] = b.__cuda_array_interface__["stream"] == int(stream.handle)
     try:
         a[...] = np.arange(4, dtype=F32)
         facts["cupy setitem from numpy"] = a.get().tolist()
-    except Exception as exc:  # noqa: BLE001 - a fact to report
+    except Exception as exc:
         facts["cupy setitem from numpy"] = repr(exc)
     try:
         import torch
@@ -144,7 +157,7 @@ def main() -> int:
         for _ in range(1000):
             torch.from_dlpack(a)
         facts["torch.from_dlpack(cupy) us"] = (time.perf_counter_ns() - t0) / 1e6
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         facts["torch"] = repr(exc)
     facts["deprecation warnings during allocate/zero/copy (all kinds, both types)"] = [
         f"{w.category.__name__} {Path(w.filename).name}:{w.lineno}: {w.message}" for w in ours
@@ -152,7 +165,9 @@ def main() -> int:
 
     versions = {d: metadata.version(d) for d in ("numpy", "numba-cuda", "cupy-cuda13x") if _has(d)}
     report = {
-        "machine": cuda.get_current_device().name.decode() if isinstance(cuda.get_current_device().name, bytes) else str(cuda.get_current_device().name),
+        "machine": cuda.get_current_device().name.decode()
+        if isinstance(cuda.get_current_device().name, bytes)
+        else str(cuda.get_current_device().name),
         "python": platform.python_version(),
         "versions": versions,
         "construction_us": results,
@@ -160,7 +175,12 @@ def main() -> int:
         "launch_ratio_vs_numba_made": {k: v / base for k, v in launch.items()},
         "facts": facts,
     }
-    lines = [f"## Array construction and launch ({report['machine']}, median of {N}, microseconds)", "", "| case | us | ratio |", "|---|---:|---:|"]
+    lines = [
+        f"## Array construction and launch ({report['machine']}, median of {N}, microseconds)",
+        "",
+        "| case | us | ratio |",
+        "|---|---:|---:|",
+    ]
     cbase = results["CuPy MemoryPool.malloc (baseline)"]
     lines += [f"| {k} | {v:.2f} | {v / cbase:.2f}x malloc |" for k, v in results.items()]
     lines += [f"| launch: {k} | {v:.2f} | {v / base:.2f}x numba-made |" for k, v in launch.items()]

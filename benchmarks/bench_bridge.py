@@ -124,8 +124,15 @@ def mechanism_table(report: dict[str, Any]) -> Table:
     """benchmarks/bridge.py's report (GPU kernel end -> asyncio resume) as a table."""
     table = Table(
         "Event->loop mechanisms (benchmarks/bridge.py, asyncio)",
-        ["mechanism", "median us", "p99 us", "GPU -> callback median us", "callback -> resumed median us",
-         "idle CPU %", "what"],
+        [
+            "mechanism",
+            "median us",
+            "p99 us",
+            "GPU -> callback median us",
+            "callback -> resumed median us",
+            "idle CPU %",
+            "what",
+        ],
         note="From the GPU's %globaltimer stamp at the end of a 20 us kernel to the coroutine resuming, split "
         f"where the mechanism's callback runs (loop asleep: {report['idle_cpu_pct'].get('loop_asleep_baseline', '-')}% CPU).",
     )
@@ -133,6 +140,13 @@ def mechanism_table(report: dict[str, Any]) -> Table:
         if name.startswith("_"):
             continue
         lat, called = result.get("latency") or {}, result.get("gpu_to_callback") or {}
-        table.add(name, lat.get("median_us"), lat.get("p99_us"), called.get("median_us"),
-                  result["callback_to_resume"]["median_us"], report["idle_cpu_pct"].get(name), result["what"])
+        table.add(
+            name,
+            lat.get("median_us"),
+            lat.get("p99_us"),
+            called.get("median_us"),
+            result["callback_to_resume"]["median_us"],
+            report["idle_cpu_pct"].get(name),
+            result["what"],
+        )
     return table

@@ -66,8 +66,16 @@ def run(device: Device, settings: Settings) -> Section:
     section = Section()
     table = Table(
         "Chunked batches",
-        ["array size", "batch / budget", "budget bytes", "used / budget", "chunks", "minimum chunks",
-         "used / budget, longest chunks", "ready ms"],
+        [
+            "array size",
+            "batch / budget",
+            "budget bytes",
+            "used / budget",
+            "chunks",
+            "minimum chunks",
+            "used / budget, longest chunks",
+            "ready ms",
+        ],
         note=f"{MEMBERS} members x one float32 array each, one batch; budget = the group's cap (active mode, "
         "headroom 0). used: bytes of the arrays allocated for one chunk. minimum chunks: ceil(runs / whole "
         "runs that fit the budget). longest chunks: what the first chunk would use were chunks as long as "
@@ -82,8 +90,16 @@ def run(device: Device, settings: Settings) -> Section:
             use = ratio(result["used"], result["budget"])
             uses.append(use or 0.0)
             extra.append(result["chunks"] - result["fewest"])
-            table.add(label, oversubscription, result["budget"], use, result["chunks"], result["fewest"],
-                      ratio(result["longest_used"], result["budget"]), round(result["seconds"] * 1e3, 3))
+            table.add(
+                label,
+                oversubscription,
+                result["budget"],
+                use,
+                result["chunks"],
+                result["fewest"],
+                ratio(result["longest_used"], result["budget"]),
+                round(result["seconds"] * 1e3, 3),
+            )
     # the plan is the same on every backend, so these targets are checked everywhere
     section.target("chunked batches: used / budget, worst case", min(uses), 0.95, at_least=True)
     section.target("chunked batches: chunks over the minimum, worst case", max(extra), 0)

@@ -78,11 +78,20 @@ class Section:
     tables: list[Table] = field(default_factory=list)
     targets: list[dict[str, Any]] = field(default_factory=list)
 
-    def target(self, name: str, measured: float | None, limit: float, unit: str = "", *, at_least: bool = False) -> None:
+    def target(
+        self, name: str, measured: float | None, limit: float, unit: str = "", *, at_least: bool = False
+    ) -> None:
         """Record a target ``measured <= limit`` (``>=`` with ``at_least``); a missing measurement misses it."""
         met = measured is not None and (measured >= limit if at_least else measured <= limit)
         self.targets.append(
-            {"target": name, "measured": measured, "limit": limit, "op": ">=" if at_least else "<=", "unit": unit, "met": met}
+            {
+                "target": name,
+                "measured": measured,
+                "limit": limit,
+                "op": ">=" if at_least else "<=",
+                "unit": unit,
+                "met": met,
+            }
         )
 
 

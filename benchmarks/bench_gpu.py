@@ -128,7 +128,7 @@ class CudaDevice:
     def info(self) -> dict[str, Any]:
         """Device and library facts for the report."""
         facts: dict[str, Any] = {"device": self.backend.device_name}
-        free, total = cuda.current_context().get_memory_info()
+        _, total = cuda.current_context().get_memory_info()
         facts["device_memory_mib"] = int(total) >> 20
         facts["driver_version"] = cupy.cuda.runtime.driverGetVersion()
         for dist in ("numba", "numba-cuda", "cupy-cuda13x", "cupy-cuda12x", "cuda-bindings"):

@@ -106,7 +106,15 @@ def run(device: Device, settings: Settings) -> Section:
     )
     overhead = Table(
         "Scheduler overhead per request",
-        ["allocator, arrays", "loop", "future round trip us", "raw backend async us", "aiocubie us", "overhead us", "x future"],
+        [
+            "allocator, arrays",
+            "loop",
+            "future round trip us",
+            "raw backend async us",
+            "aiocubie us",
+            "overhead us",
+            "x future",
+        ],
         note="overhead = aiocubie median - raw backend async median: what the scheduler adds over the "
         "backend and the bridge. x future: aiocubie median over the loop's bare round trip.",
     )
@@ -115,21 +123,49 @@ def run(device: Device, settings: Settings) -> Section:
         raw = {label: summary(time_sync(make(1), n, warmup)) for label, make in device.raw_paths().items()}
         base = raw[device.baseline]
         for label, stats in raw.items():
-            latency.add(allocator, "-", label, stats["median_us"], stats["p99_us"],
-                        ratio(stats["median_us"], base["median_us"]), ratio(stats["p99_us"], base["p99_us"]))
+            latency.add(
+                allocator,
+                "-",
+                label,
+                stats["median_us"],
+                stats["p99_us"],
+                ratio(stats["median_us"], base["median_us"]),
+                ratio(stats["p99_us"], base["p99_us"]),
+            )
         for loop in LOOPS:
             measured = {k: summary(v) for k, v in anyio.run(async_paths, device, loop, n, warmup, backend=loop).items()}
             for label, stats in measured.items():
-                latency.add(allocator, loop, label, stats["median_us"], stats["p99_us"],
-                            ratio(stats["median_us"], base["median_us"]), ratio(stats["p99_us"], base["p99_us"]))
-            future = measured.get("bare asyncio future round trip") or measured["anyio.Event set by the loop's thread-safe call"]
+                latency.add(
+                    allocator,
+                    loop,
+                    label,
+                    stats["median_us"],
+                    stats["p99_us"],
+                    ratio(stats["median_us"], base["median_us"]),
+                    ratio(stats["p99_us"], base["p99_us"]),
+                )
+            future = (
+                measured.get("bare asyncio future round trip")
+                or measured["anyio.Event set by the loop's thread-safe call"]
+            )
             raw_bridge = measured["raw backend: allocate + record_event + await wait_event"]["median_us"]
             for array_type in device.array_types:
                 ours = measured[f"aiocubie await mgr.request ({array_type} arrays, batch_window=2 ms)"]["median_us"]
-                overhead.add(f"{allocator}, {array_type}", loop, future["median_us"], raw_bridge, ours,
-                             round(ours - raw_bridge, 3), ratio(ours, future["median_us"]))
+                overhead.add(
+                    f"{allocator}, {array_type}",
+                    loop,
+                    future["median_us"],
+                    raw_bridge,
+                    ours,
+                    round(ours - raw_bridge, 3),
+                    ratio(ours, future["median_us"]),
+                )
                 if device.name == "cuda" and loop == "asyncio":
-                    section.target(f"median request->ready / raw CuPy pool, 1 request ({allocator}, {array_type} arrays)",
-                                   ratio(ours, base["median_us"]), SINGLE_TARGET[array_type], "x")
+                    section.target(
+                        f"median request->ready / raw CuPy pool, 1 request ({allocator}, {array_type} arrays)",
+                        ratio(ours, base["median_us"]),
+                        SINGLE_TARGET[array_type],
+                        "x",
+                    )
     section.tables += [latency, overhead]
     return section

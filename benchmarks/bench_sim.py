@@ -15,7 +15,6 @@ from bench_common import MIB, RawPath, Step
 from aiocubie import MemoryKind, SimulatorBackend
 from aiocubie._backends import Backend
 
-
 F32 = np.dtype(np.float32)
 SHAPE = (MIB // 4,)
 
@@ -98,7 +97,9 @@ class SimWalkKit:
     def __init__(self) -> None:
         from aiocubie import Engines
 
-        self.backend = SimulatorBackend(1 << 30, engines=Engines(h2d_bandwidth=self.bandwidth, d2h_bandwidth=self.bandwidth))
+        self.backend = SimulatorBackend(
+            1 << 30, engines=Engines(h2d_bandwidth=self.bandwidth, d2h_bandwidth=self.bandwidth)
+        )
 
     def raw_copies(self, host_in: np.ndarray[Any, Any], host_out: np.ndarray[Any, Any], both: bool = True) -> float:
         """Seconds to copy ``host_in`` in and (with ``both``, at once) a device array out to ``host_out``."""

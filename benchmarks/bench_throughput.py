@@ -14,7 +14,6 @@ from bench_latency import REQUEST, Owner
 
 from aiocubie import MemoryManager
 
-
 #: Per request, 64 requesters batched, against the raw CuPy pool path's one request (GPU targets).
 BATCHED_TARGET = {"cupy": 2.5, "numba": 3.0}
 
@@ -63,11 +62,22 @@ def run(device: Device, settings: Settings) -> Section:
                     seconds = anyio.run(requesters, device, n, grouped, rounds, 2, array_type, backend="asyncio")
                     per_request = seconds / (n * rounds) * 1e6
                     layout = "one group" if grouped else "N groups"
-                    table.add(allocator, array_type, layout, n, round(n * rounds / seconds), round(per_request, 3),
-                              ratio(per_request, raw_one), ratio(per_request, raw_n) if grouped else None)
+                    table.add(
+                        allocator,
+                        array_type,
+                        layout,
+                        n,
+                        round(n * rounds / seconds),
+                        round(per_request, 3),
+                        ratio(per_request, raw_one),
+                        ratio(per_request, raw_n) if grouped else None,
+                    )
                     if device.name == "cuda" and grouped and n == 64:
                         section.target(
                             f"per request, 64 requesters batched / raw CuPy pool 1 request ({allocator}, {array_type} arrays)",
-                            ratio(per_request, raw_one), BATCHED_TARGET[array_type], "x")
+                            ratio(per_request, raw_one),
+                            BATCHED_TARGET[array_type],
+                            "x",
+                        )
     section.tables.append(table)
     return section

@@ -28,7 +28,9 @@ class _Owner:
     """The walking component."""
 
 
-async def _walk_once(mgr: MemoryManager, owner: object, response: Any, kit: Any, x: Any, y: Any, depth: int, kernel_s: float) -> float:
+async def _walk_once(
+    mgr: MemoryManager, owner: object, response: Any, kit: Any, x: Any, y: Any, depth: int, kernel_s: float
+) -> float:
     start = time.perf_counter()
     async for chunk in walk_chunks(mgr, owner, response, inputs={"x": x}, outputs={"y": y}, depth=depth):
         kit.kernel(chunk.stream, chunk.device["x"], chunk.device["y"], kernel_s * chunk.length / response.chunk_length)
@@ -87,12 +89,25 @@ def run(device: Device, settings: Settings) -> Section:
         async def measure() -> dict[str, dict[str, float]]:
             found = {}
             for depth in (1, 2, 3):
-                found[f"pinned d{depth}"] = await walk_seconds(backend, kit, x_pinned, y_pinned, depth=depth, budget=budget, kernel_s_per_byte=0.0, repeats=repeats)
+                found[f"pinned d{depth}"] = await walk_seconds(
+                    backend, kit, x_pinned, y_pinned, depth=depth, budget=budget, kernel_s_per_byte=0.0, repeats=repeats
+                )
             for depth in (2, 3):
-                found[f"pageable d{depth}"] = await walk_seconds(backend, kit, x_page, y_page, depth=depth, budget=budget, kernel_s_per_byte=0.0, repeats=repeats)
+                found[f"pageable d{depth}"] = await walk_seconds(
+                    backend, kit, x_page, y_page, depth=depth, budget=budget, kernel_s_per_byte=0.0, repeats=repeats
+                )
             per_byte = raw_in / nbytes  # a kernel as long as the chunk's copy in
             for depth in (1, 2, 3):
-                found[f"balanced d{depth}"] = await walk_seconds(backend, kit, x_pinned, y_pinned, depth=depth, budget=budget, kernel_s_per_byte=per_byte, repeats=repeats)
+                found[f"balanced d{depth}"] = await walk_seconds(
+                    backend,
+                    kit,
+                    x_pinned,
+                    y_pinned,
+                    depth=depth,
+                    budget=budget,
+                    kernel_s_per_byte=per_byte,
+                    repeats=repeats,
+                )
             return found
 
         found = anyio.run(measure)
@@ -108,17 +123,37 @@ def run(device: Device, settings: Settings) -> Section:
     for name, m in found.items():
         tp = 2 * nbytes / m["seconds"]
         held = f"{m['pinned_held'] / max(m['pinned_peak'], 1):.3f}" if m["pinned_peak"] else "-"
-        table.add(name, m["chunks"], round(m["chunk_mib"], 2), round(m["seconds"] * 1e3, 2), round(tp / 1e9, 2), round(tp / raw_tp, 3), held)
+        table.add(
+            name,
+            m["chunks"],
+            round(m["chunk_mib"], 2),
+            round(m["seconds"] * 1e3, 2),
+            round(tp / 1e9, 2),
+            round(tp / raw_tp, 3),
+            held,
+        )
     section.tables.append(table)
     best_pinned = max(("pinned d2", "pinned d3"), key=lambda k: 1 / found[k]["seconds"])
     best_page = max(("pageable d2", "pageable d3"), key=lambda k: 1 / found[k]["seconds"])
     pinned_tp = 2 * nbytes / found[best_pinned]["seconds"]
     page_tp = 2 * nbytes / found[best_page]["seconds"]
-    section.target(f"copy-bound walk, pinned ({best_pinned}) / raw CuPy copies both ways", round(pinned_tp / raw_tp, 3), 0.85, at_least=True)
-    section.target(f"copy-bound walk, pageable ({best_page}) / pinned", round(page_tp / pinned_tp, 3), 0.70, at_least=True)
+    section.target(
+        f"copy-bound walk, pinned ({best_pinned}) / raw CuPy copies both ways",
+        round(pinned_tp / raw_tp, 3),
+        0.85,
+        at_least=True,
+    )
+    section.target(
+        f"copy-bound walk, pageable ({best_page}) / pinned", round(page_tp / pinned_tp, 3), 0.70, at_least=True
+    )
     serial = found["balanced d1"]["seconds"]
     best_bal = min(("balanced d2", "balanced d3"), key=lambda k: found[k]["seconds"])
-    section.target(f"balanced walk ({best_bal}) speed-up over the serial walk", round(serial / found[best_bal]["seconds"], 3), 2.0, at_least=True)
+    section.target(
+        f"balanced walk ({best_bal}) speed-up over the serial walk",
+        round(serial / found[best_bal]["seconds"], 3),
+        2.0,
+        at_least=True,
+    )
     held = max(found[k]["pinned_held"] / found[k]["pinned_peak"] for k in ("pageable d2", "pageable d3"))
     section.target("pinned bytes held / bytes staged at once", round(held, 3), 1.1)
     return section

@@ -133,7 +133,7 @@ class Bench:
             self.binding.cuStreamAddCallback(self.binding.CUstream(int(self.stream.handle)), self.stream_cb, key, 0)
         elif mechanism == "thread_spin":
             flags = int(self.binding.CUevent_flags.CU_EVENT_DISABLE_TIMING)
-            err, handle = self.binding.cuEventCreate(flags)
+            _, handle = self.binding.cuEventCreate(flags)
             self.binding.cuEventRecord(handle, self.binding.CUstream(int(self.stream.handle)))
             self.spin_waiter.submit(_RawEvent(handle, self.binding), resolve)
         elif mechanism == "poll":

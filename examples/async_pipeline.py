@@ -26,7 +26,10 @@ class Solver:
 
     async def solve(self, mgr: MemoryManager, x: np.ndarray) -> tuple[np.ndarray, int]:
         y = np.empty_like(x)
-        requests = {"x": ArrayRequest(x.shape, x.dtype, chunk_axis=1), "y": ArrayRequest(x.shape, x.dtype, chunk_axis=1)}
+        requests = {
+            "x": ArrayRequest(x.shape, x.dtype, chunk_axis=1),
+            "y": ArrayRequest(x.shape, x.dtype, chunk_axis=1),
+        }
         async with mgr.request(self, requests) as response:
             async for chunk in walk_chunks(mgr, self, response, inputs={"x": x}, outputs={"y": y}):
                 with aiocubie.current_cupy_stream(response.stream):  # CuPy work on the group's stream
@@ -39,7 +42,9 @@ class PostProcessor:
 
     async def reduce(self, mgr: MemoryManager, y: np.ndarray) -> np.ndarray:
         sums = np.empty(y.shape[1])
-        async with mgr.request(self, {"y": ArrayRequest(y.shape, y.dtype, chunk_axis=1), "s": ArrayRequest(y.shape[1], y.dtype)}) as response:
+        async with mgr.request(
+            self, {"y": ArrayRequest(y.shape, y.dtype, chunk_axis=1), "s": ArrayRequest(y.shape[1], y.dtype)}
+        ) as response:
             async for chunk in walk_chunks(mgr, self, response, inputs={"y": y}, outputs={"s": sums}):
                 with aiocubie.current_cupy_stream(response.stream):
                     chunk.device["s"][...] = chunk.device["y"].sum(axis=0)

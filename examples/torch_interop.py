@@ -10,7 +10,6 @@ from __future__ import annotations
 import anyio
 import numpy as np
 
-import aiocubie
 from aiocubie import ArrayRequest, MemoryManager
 
 

@@ -14,7 +14,14 @@ import attrs
 import numpy as np
 import pytest
 
-from aiocubie import AllocationError, BackendError, ConfigurationError, InvalidRequestError, MemoryKind, UnknownAllocatorError
+from aiocubie import (
+    AllocationError,
+    BackendError,
+    ConfigurationError,
+    InvalidRequestError,
+    MemoryKind,
+    UnknownAllocatorError,
+)
 from aiocubie._backends import ALLOCATORS, ARRAY_TYPES, Backend, create_backend
 from aiocubie._backends._base import parse_array_type
 
@@ -22,7 +29,7 @@ __all__ = [
     "DEVICE_SIDE",
     "HOST_SIDE",
     "Contract",
-    "to_numpy",
+    "test_a_stream_waits_for_another_streams_event",
     "test_allocate_every_kind_gives_the_chosen_type",
     "test_allocation_beyond_the_device_fails_cleanly",
     "test_array_type_behaviour",
@@ -30,13 +37,13 @@ __all__ = [
     "test_copy_rejects_mismatches",
     "test_cuda_array_interface_v3_with_stream",
     "test_event_callbacks_and_queries",
-    "test_a_stream_waits_for_another_streams_event",
     "test_host_array",
-    "test_pinned_host_memory_is_known",
     "test_managed_prefetch_and_advice",
+    "test_pinned_host_memory_is_known",
     "test_protocol_attributes",
     "test_unknown_names_are_clear_errors",
     "test_zero_every_kind",
+    "to_numpy",
 ]
 
 DEVICE_SIDE = (MemoryKind.DEVICE, MemoryKind.MANAGED, MemoryKind.MAPPED)

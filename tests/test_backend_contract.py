@@ -18,12 +18,14 @@ from aiocubie._backends import ALLOCATORS, ARRAY_TYPES
 if "numba.cuda" not in sys.modules:
     aiocubie.select_backend("simulator")  # sets NUMBA_ENABLE_CUDASIM=1 for the numba kernels
 
-from backend_contract import *  # noqa: E402,F403
-from backend_contract import Contract  # noqa: E402
-from user_code import *  # noqa: E402,F403
+from backend_contract import *  # noqa: F403
+from backend_contract import Contract
+from user_code import *  # noqa: F403
 
 
-@pytest.fixture(scope="module", params=[(a, t) for t in ARRAY_TYPES for a in ALLOCATORS], ids=lambda p: f"{p[1]}-{p[0]}")
+@pytest.fixture(
+    scope="module", params=[(a, t) for t in ARRAY_TYPES for a in ALLOCATORS], ids=lambda p: f"{p[1]}-{p[0]}"
+)
 def contract(request: pytest.FixtureRequest) -> Iterator[Contract]:
     allocator, array_type = request.param
     backend = SimulatorBackend(total=256 << 20, array_type=array_type)

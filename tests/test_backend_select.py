@@ -12,7 +12,9 @@ from aiocubie import AiocubieWarning, SimulatorBackend, _backends, create_backen
 def test_auto_without_a_gpu_warns_once_and_explicit_simulator_never(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_backends, "gpu_status", lambda: (False, "no GPU in this test"))
     monkeypatch.setattr(_backends, "_fallback_warned", False)
-    with pytest.warns(AiocubieWarning, match=r"no usable GPU \(no GPU in this test\).*8 GiB.*backend='simulator'") as record:
+    with pytest.warns(
+        AiocubieWarning, match=r"no usable GPU \(no GPU in this test\).*8 GiB.*backend='simulator'"
+    ) as record:
         first = create_backend("auto")
     assert isinstance(first, SimulatorBackend)
     assert record[0].filename == __file__  # points at the caller

@@ -16,8 +16,17 @@ BENCHMARKS = ("core", "latency", "throughput", "bridge", "chunking", "walk")
 
 def test_quick_simulator_run_writes_json_and_markdown(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "run"), "--quick", "--backend", "simulator",
-         "--out", str(tmp_path), "--name", "smoke"],
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "run"),
+            "--quick",
+            "--backend",
+            "simulator",
+            "--out",
+            str(tmp_path),
+            "--name",
+            "smoke",
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -25,7 +34,18 @@ def test_quick_simulator_run_writes_json_and_markdown(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "smoke.json").read_text())
-    assert {"schema", "name", "backend", "quick", "command", "started", "seconds", "machine", "targets", "benchmarks"} <= set(report)
+    assert {
+        "schema",
+        "name",
+        "backend",
+        "quick",
+        "command",
+        "started",
+        "seconds",
+        "machine",
+        "targets",
+        "benchmarks",
+    } <= set(report)
     assert (report["name"], report["backend"], report["quick"]) == ("smoke", "simulator", True)
     assert {"hostname", "cpus", "python", "device"} <= set(report["machine"])
     assert set(report["benchmarks"]) == set(BENCHMARKS)

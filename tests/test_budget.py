@@ -25,8 +25,24 @@ FAST = settings(max_examples=200, deadline=None)
 GIB = 2**30
 
 BAD_PROPORTIONS = [
-    0, 0.0, -0.0, -0.1, -1, 1.0000001, 1.5, 2, float("nan"), float("inf"), float("-inf"),
-    True, False, "0.5", "auto", None, [0.5], complex(0.5, 0),
+    0,
+    0.0,
+    -0.0,
+    -0.1,
+    -1,
+    1.0000001,
+    1.5,
+    2,
+    float("nan"),
+    float("inf"),
+    float("-inf"),
+    True,
+    False,
+    "0.5",
+    "auto",
+    None,
+    [0.5],
+    complex(0.5, 0),
 ]
 
 
@@ -398,15 +414,11 @@ class TestGroupAvailable:
 
     def test_active_above_95_percent_warns(self) -> None:
         with pytest.warns(AiocubieWarning, match=r"'solve' holds 951 of its 1000 bytes \(95%\)"):
-            got = group_available(
-                LimitMode.ACTIVE, free=10**6, group_cap=1000, group_held=951, group="solve"
-            )
+            got = group_available(LimitMode.ACTIVE, free=10**6, group_cap=1000, group_held=951, group="solve")
         assert got == 49
 
     def test_active_warning_can_be_silenced(self) -> None:
-        assert group_available(
-            LimitMode.ACTIVE, free=10**6, group_cap=1000, group_held=999, warn=False
-        ) == 1
+        assert group_available(LimitMode.ACTIVE, free=10**6, group_cap=1000, group_held=999, warn=False) == 1
 
     def test_active_zero_cap_no_warning(self) -> None:
         assert group_available(LimitMode.ACTIVE, free=100, group_cap=0, group_held=0) == 0

@@ -27,13 +27,18 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_demo_chunks_the_workload_and_checks_every_element() -> None:
-    result = _run("demo", "--backend", "simulator", "--runs", "2000", "--batches", "2", "--budget", "65536", "--no-progress")
+    result = _run(
+        "demo", "--backend", "simulator", "--runs", "2000", "--batches", "2", "--budget", "65536", "--no-progress"
+    )
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "backend: simulator (asked for)" in out
     checked = int(re.search(r"check: all ([\d,]+) output elements match numpy", out).group(1).replace(",", ""))
     assert checked == 2 * (8 * 2000 + 2000 + 1)  # features, energies and one total per batch
-    rows = {m.group(1): [int(v) for v in m.groups()[1:]] for m in re.finditer(r"(\w+) \(instance\)\s*│\s*(\d+)\s*│\s*(\d+)\s*│\s*(\d+)", out)}
+    rows = {
+        m.group(1): [int(v) for v in m.groups()[1:]]
+        for m in re.finditer(r"(\w+) \(instance\)\s*│\s*(\d+)\s*│\s*(\d+)\s*│\s*(\d+)", out)
+    }
     assert set(rows) == {"loader", "solver", "reducer"}
     requests, batches, chunks = rows["loader"]
     assert (requests, batches) == (2, 2)
@@ -59,7 +64,9 @@ def test_info_names_the_backend_and_versions() -> None:
         (("frobnicate",), "invalid choice"),
     ],
 )
-def test_bad_options_exit_2_with_a_message(args: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_options_exit_2_with_a_message(
+    args: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exited:
         _cli.main(list(args))
     assert exited.value.code == 2
@@ -89,7 +96,11 @@ def test_bench_runs_from_the_package_and_writes_only_where_asked(tmp_path: Path)
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
     result = subprocess.run(
         [sys.executable, "-m", "aiocubie", "bench", "--quick", "--out", str(out)],
-        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
     for label in ("bare asyncio future round trip", "one request in a loop", "64 requesters, one group"):

@@ -68,5 +68,10 @@ def test_torch_interop() -> None:
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.py")), ids=lambda p: p.name)
 def test_every_example_is_tested(path: Path) -> None:
     assert path.stem.removeprefix("test_") in {
-        "async_pipeline", "data_loader", "managed_prefetch", "plot_stats", "torch_interop", "user_code"
+        "async_pipeline",
+        "data_loader",
+        "managed_prefetch",
+        "plot_stats",
+        "torch_interop",
+        "user_code",
     }

@@ -13,7 +13,6 @@ from typing import Any
 
 import anyio
 import pytest
-
 from simkit import HANG_GUARD, Part, hold_stream, vec, wait_until
 
 from aiocubie import (

@@ -15,8 +15,6 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
-
-from aiocubie._backends._simarrays import host_data
 from simkit import (
     HANG_GUARD,
     TOTAL,
@@ -46,7 +44,7 @@ from aiocubie import (
     SimulatorBackend,
     UnknownAllocatorError,
 )
-
+from aiocubie._backends._simarrays import host_data
 
 
 # -- construction and lifecycle -----------------------------------------------------------------

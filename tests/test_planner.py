@@ -84,14 +84,17 @@ class TestOfferedBytes:
 # -- plan_batch: examples ----------------------------------------------------------------------
 class TestPlanExamples:
     def test_fits_is_one_chunk(self) -> None:
-        batch = {"solver": {
-            "state": req((8, 1000), chunk_axis=1),
-            "params": req((16,), "float64", unchunkable=True),
-        }}
+        batch = {
+            "solver": {
+                "state": req((8, 1000), chunk_axis=1),
+                "params": req((16,), "float64", unchunkable=True),
+            }
+        }
         plan = plan_batch(batch, offered=10**6)
         full = 8 * 1000 * 4 + 16 * 8
-        assert plan == ChunkPlan(runs=1000, chunks=1, chunk_length=1000, offered=10**6,
-                                 planned_bytes=full, full_bytes=full)
+        assert plan == ChunkPlan(
+            runs=1000, chunks=1, chunk_length=1000, offered=10**6, planned_bytes=full, full_bytes=full
+        )
 
     def test_exactly_fits_is_one_chunk(self) -> None:
         plan = plan_batch({"a": {"x": req((100,), "int8")}}, offered=100)
@@ -249,9 +252,13 @@ class TestHostKinds:
         assert plan.full_bytes == 400
         assert (plan.chunks, plan.chunk_length, plan.planned_bytes) == (2, 50, 200)
         resp = ArrayResponse(
-            arrays={}, chunks=plan.chunks, chunk_length=plan.chunk_length, runs=plan.runs,
+            arrays={},
+            chunks=plan.chunks,
+            chunk_length=plan.chunk_length,
+            runs=plan.runs,
             chunked_shapes={"h": batch["b"]["h"].chunked_shape(plan.chunk_length)},
-            chunk_axes={"h": 0}, stream=None,
+            chunk_axes={"h": 0},
+            stream=None,
         )
         assert resp.chunked_shapes["h"] == (50, 1000)  # chunked in lockstep
         assert list(resp.chunk_ranges()) == [(0, 50), (50, 100)]
@@ -303,7 +310,10 @@ def batches(draw: Any, max_runs: int = 60) -> tuple[dict[str, dict[str, ArrayReq
                 shape[axis] = runs
                 given_axis = axis - ndim if draw(st.booleans()) else axis  # negative axes too
             request = ArrayRequest(
-                shape=tuple(shape), dtype=dtype, kind=kind, chunk_axis=given_axis,
+                shape=tuple(shape),
+                dtype=dtype,
+                kind=kind,
+                chunk_axis=given_axis,
                 unchunkable=unchunkable,
             )
             label = f"i{i}a{j}"
@@ -417,12 +427,17 @@ def test_plan_is_correct_and_minimal(data: st.DataObject) -> None:
         if axis is None:
             assert chunked == shape
         else:
-            assert chunked == shape[:axis] + (plan.chunk_length,) + shape[axis + 1:]
+            assert chunked == (*shape[:axis], plan.chunk_length, *shape[axis + 1 :])
 
     # walking the chunks covers [0, runs) exactly once
     resp = ArrayResponse(
-        arrays={}, chunks=plan.chunks, chunk_length=plan.chunk_length, runs=plan.runs,
-        chunked_shapes={}, chunk_axes={}, stream=None,
+        arrays={},
+        chunks=plan.chunks,
+        chunk_length=plan.chunk_length,
+        runs=plan.runs,
+        chunked_shapes={},
+        chunk_axes={},
+        stream=None,
     )
     ranges = list(resp.chunk_ranges())
     covered = [r for start, stop in ranges for r in range(start, stop)]
@@ -437,8 +452,9 @@ def test_outcome_is_determined_by_the_documented_conditions(data: st.DataObject)
     full = vram_bytes(specs, runs)
     fixed = vram_bytes(specs, 0)
     one_run = vram_bytes(specs, 1)
-    offered = data.draw(st.sampled_from(sorted({0, fixed - 1, fixed, fixed + 1, one_run - 1,
-                                                 one_run, full - 1, full, full + 1} - {-1})))
+    offered = data.draw(
+        st.sampled_from(sorted({0, fixed - 1, fixed, fixed + 1, one_run - 1, one_run, full - 1, full, full + 1} - {-1}))
+    )
     result, _ = _plan(batch, offered, None)
     if full <= offered:
         expected: type = ChunkPlan
@@ -476,17 +492,19 @@ def test_host_arrays_do_not_change_the_plan(data: st.DataObject) -> None:
     as long as a VRAM array fixes the run length."""
     batch, runs, specs = data.draw(batches())
     offered = data.draw(offers(specs, runs))
-    stripped = {
-        inst: {l: r for l, r in arrays.items() if r.kind.uses_vram}
-        for inst, arrays in batch.items()
-    }
+    stripped = {inst: {label: r for label, r in arrays.items() if r.kind.uses_vram} for inst, arrays in batch.items()}
     swapped = {
         inst: {
-            l: r if r.kind.uses_vram else ArrayRequest(
-                shape=r.shape, dtype=r.dtype, chunk_axis=r.chunk_axis, unchunkable=r.unchunkable,
+            label: r
+            if r.kind.uses_vram
+            else ArrayRequest(
+                shape=r.shape,
+                dtype=r.dtype,
+                chunk_axis=r.chunk_axis,
+                unchunkable=r.unchunkable,
                 kind=data.draw(st.sampled_from(HOST_KINDS)),
             )
-            for l, r in arrays.items()
+            for label, r in arrays.items()
         }
         for inst, arrays in batch.items()
     }
@@ -507,17 +525,15 @@ def test_host_arrays_do_not_change_the_plan(data: st.DataObject) -> None:
 @FAST
 @given(data=st.data())
 def test_run_length_mismatch_detected(data: st.DataObject) -> None:
-    batch, runs, specs = data.draw(batches())
-    chunkable = [(inst, l) for inst, a in batch.items() for l, r in a.items() if not r.unchunkable]
+    batch, runs, _ = data.draw(batches())
+    chunkable = [(inst, label) for inst, a in batch.items() for label, r in a.items() if not r.unchunkable]
     assume(len(chunkable) >= 2 and runs)  # a mismatch needs two chunkable arrays with runs
     inst, label = data.draw(st.sampled_from(chunkable))
     old = batch[inst][label]
     other = data.draw(st.integers(1, 70).filter(lambda n: n != runs))  # 0 runs agree with any length
     shape = list(old.shape)
     shape[old.chunk_axis] = other
-    batch[inst][label] = ArrayRequest(
-        shape=tuple(shape), dtype=old.dtype, kind=old.kind, chunk_axis=old.chunk_axis
-    )
+    batch[inst][label] = ArrayRequest(shape=tuple(shape), dtype=old.dtype, kind=old.kind, chunk_axis=old.chunk_axis)
     offered = data.draw(st.integers(0, 10**9))
     with pytest.raises(RunLengthMismatchError, match=f"has {other}|has {runs}"):
         with warnings.catch_warnings():

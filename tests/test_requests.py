@@ -37,9 +37,7 @@ class TestShape:
         assert req.shape == (3, 4)
         assert isinstance(req.shape, tuple)
 
-    @pytest.mark.parametrize(
-        "dim", [np.int8(3), np.int16(3), np.int32(3), np.int64(3), np.uint8(3), np.uint64(3)]
-    )
+    @pytest.mark.parametrize("dim", [np.int8(3), np.int16(3), np.int32(3), np.int64(3), np.uint8(3), np.uint64(3)])
     def test_numpy_integer_dims_accepted_and_made_python_ints(self, dim: object) -> None:
         req = ArrayRequest(shape=(dim, 2), dtype="float64")
         assert req.shape == (3, 2)
@@ -113,9 +111,23 @@ class TestDtype:
     @pytest.mark.parametrize(
         "dtype",
         [
-            np.bool_, np.int8, np.uint8, np.int16, np.int32, np.int64, np.uint64,
-            np.float16, np.float32, np.float64, np.complex64, np.complex128,
-            "float32", "f8", "<i4", ">f8", np.dtype("c16"),
+            np.bool_,
+            np.int8,
+            np.uint8,
+            np.int16,
+            np.int32,
+            np.int64,
+            np.uint64,
+            np.float16,
+            np.float32,
+            np.float64,
+            np.complex64,
+            np.complex128,
+            "float32",
+            "f8",
+            "<i4",
+            ">f8",
+            np.dtype("c16"),
         ],
     )
     def test_supported(self, dtype: object) -> None:
@@ -127,8 +139,17 @@ class TestDtype:
     @pytest.mark.parametrize(
         "dtype",
         [
-            object, np.object_, "O", str, "U8", "S4", np.void, "V8",
-            np.dtype([("a", "f4"), ("b", "i4")]), "datetime64[ns]", "timedelta64[s]",
+            object,
+            np.object_,
+            "O",
+            str,
+            "U8",
+            "S4",
+            np.void,
+            "V8",
+            np.dtype([("a", "f4"), ("b", "i4")]),
+            "datetime64[ns]",
+            "timedelta64[s]",
         ],
     )
     def test_unsupported_rejected_and_named(self, dtype: object) -> None:
@@ -176,9 +197,7 @@ class TestChunkAxis:
         ("shape", "axis", "normalised"),
         [((4,), 0, 0), ((4,), -1, 0), ((2, 3, 4), -1, 2), ((2, 3, 4), -3, 0), ((2, 3, 4), 1, 1)],
     )
-    def test_in_range_and_negative_normalised(
-        self, shape: tuple[int, ...], axis: int, normalised: int
-    ) -> None:
+    def test_in_range_and_negative_normalised(self, shape: tuple[int, ...], axis: int, normalised: int) -> None:
         req = ArrayRequest(shape=shape, dtype="f4", chunk_axis=axis)
         assert req.chunk_axis == normalised
         assert req.runs == shape[normalised]
@@ -325,7 +344,9 @@ class TestCheckRequests:
     def test_an_empty_run_axis_agrees_with_any_run_length(self) -> None:
         empty = ArrayRequest((0, 7), "f8", chunk_axis=0)
         assert (empty.runs, empty.bytes_per_run, empty.nbytes) == (0, 0, 0)
-        out = check_requests({"z": empty, "k": ArrayRequest((1000,), "f4"), "y": ArrayRequest((3, 0), "f4", chunk_axis=1)})
+        out = check_requests(
+            {"z": empty, "k": ArrayRequest((1000,), "f4"), "y": ArrayRequest((3, 0), "f4", chunk_axis=1)}
+        )
         assert (out.runs, out.fixed, out.per_run) == (1000, 0, 4)
         assert out.chunk_axes == {"z": 0, "k": 0, "y": 1}
         assert out.chunked_shapes(300) == {"z": (0, 7), "k": (300,), "y": (3, 0)}
@@ -339,7 +360,9 @@ class TestCheckRequests:
 
     def test_non_empty_run_axes_must_still_agree_around_an_empty_one(self) -> None:
         with pytest.raises(RunLengthMismatchError, match="'a' has 5 runs .* 'b' has 6"):
-            check_requests({"z": ArrayRequest((0,), "f4"), "a": ArrayRequest((5,), "f4"), "b": ArrayRequest((6,), "f4")})
+            check_requests(
+                {"z": ArrayRequest((0,), "f4"), "a": ArrayRequest((5,), "f4"), "b": ArrayRequest((6,), "f4")}
+            )
 
     @pytest.mark.parametrize("bad", [[("a", 1)], None, "abc", 3, (ArrayRequest(shape=1, dtype="f4"),)])
     def test_not_a_mapping(self, bad: object) -> None:
@@ -422,8 +445,12 @@ class TestArrayResponse:
         shape = (2,) * before + (runs,) + (3,) * after
         chunked = (2,) * before + (chunk_length,) + (3,) * after
         resp = ArrayResponse(
-            arrays={}, chunks=chunks, chunk_length=chunk_length, runs=runs,
-            chunked_shapes={"a": chunked, "p": (5,)}, chunk_axes={"a": before, "p": None},
+            arrays={},
+            chunks=chunks,
+            chunk_length=chunk_length,
+            runs=runs,
+            chunked_shapes={"a": chunked, "p": (5,)},
+            chunk_axes={"a": before, "p": None},
             stream=None,
         )
         ranges = list(resp.chunk_ranges())

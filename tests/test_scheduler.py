@@ -11,7 +11,6 @@ import math
 
 import anyio
 import pytest
-
 from simkit import HANG_GUARD, TOTAL, Part, assert_all_released, hold_stream, vec, wait_until
 
 from aiocubie import (
@@ -413,9 +412,7 @@ def test_a_request_disagreeing_on_run_length_raises_at_once(sim: SimulatorBacken
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize(
-    ("site", "error"), [("allocate", AllocationError), ("record_event", BackendError)]
-)
+@pytest.mark.parametrize(("site", "error"), [("allocate", AllocationError), ("record_event", BackendError)])
 async def test_a_device_fault_part_way_releases_the_whole_batch(
     sim: SimulatorBackend, site: str, error: type[Exception]
 ) -> None:

@@ -121,7 +121,9 @@ def test_bad_settings_are_configuration_errors(kwargs: dict[str, object], named:
         (("copy",), None),
     ],
 )
-def test_unknown_fault_sites_are_configuration_errors(sim: SimulatorBackend, args: tuple[object, ...], named: str | None) -> None:
+def test_unknown_fault_sites_are_configuration_errors(
+    sim: SimulatorBackend, args: tuple[object, ...], named: str | None
+) -> None:
     if named is None:
         sim.faults.inject(*args)  # type: ignore[arg-type]
         return
@@ -145,7 +147,9 @@ def test_unknown_fault_sites_are_configuration_errors(sim: SimulatorBackend, arg
         ({"seed": 1.5}, "seed must be"),
     ],
 )
-def test_bad_fault_rules_are_configuration_errors_and_inject_nothing(sim: SimulatorBackend, rule: dict[str, object], named: str) -> None:
+def test_bad_fault_rules_are_configuration_errors_and_inject_nothing(
+    sim: SimulatorBackend, rule: dict[str, object], named: str
+) -> None:
     with pytest.raises(ConfigurationError, match=named):
         sim.faults.inject("allocate", **rule)  # type: ignore[arg-type]
     sim.allocate((4,), np.dtype("f4"), MemoryKind.DEVICE, sim.create_stream())  # nothing was injected
@@ -382,7 +386,12 @@ def test_allocation_fault_message_and_no_leak(sim: SimulatorBackend) -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"site": "free"}, {"site": "copy", "after": -1}, {"site": "copy", "times": 0}, {"site": "copy", "probability": 1.5}],
+    [
+        {"site": "free"},
+        {"site": "copy", "after": -1},
+        {"site": "copy", "times": 0},
+        {"site": "copy", "probability": 1.5},
+    ],
 )
 def test_bad_fault_rules_raise(sim: SimulatorBackend, kwargs: dict[str, Any]) -> None:
     site = kwargs.pop("site")

@@ -51,7 +51,9 @@ async def test_every_element_round_trips(axis: int, max_chunk: int) -> None:
         async with mgr.request(solver, requests) as response:
             assert response.chunks == math.ceil(RUNS / max_chunk)
             chunks: list[Chunk] = []
-            async for chunk in walk_chunks(mgr, solver, response, inputs={"x": x, "p": p}, outputs={"y": y, "total": total}):
+            async for chunk in walk_chunks(
+                mgr, solver, response, inputs={"x": x, "p": p}, outputs={"y": y, "total": total}
+            ):
                 run_axis = axis % x.ndim
                 assert chunk.device["x"].shape[run_axis] == chunk.length
                 np.testing.assert_array_equal(chunk.device["x"].get(), chunk.host["x"])
@@ -167,7 +169,12 @@ async def test_an_empty_run_axis_batched_with_a_thousand_runs_is_served_and_walk
         import anyio
 
         async with anyio.create_task_group() as tasks:  # both asked: one batch, closed at once
-            tasks.start_soon(ask, "empty", empty_owner, {"z": ArrayRequest((0, 3), "f8"), "p": ArrayRequest((2,), "f8", unchunkable=True)})
+            tasks.start_soon(
+                ask,
+                "empty",
+                empty_owner,
+                {"z": ArrayRequest((0, 3), "f8"), "p": ArrayRequest((2,), "f8", unchunkable=True)},
+            )
             tasks.start_soon(ask, "full", owner, {"k": ArrayRequest((1000,), "f4")})
         empty, full = outcomes["empty"], outcomes["full"]
         assert isinstance(empty, type(full))

@@ -69,7 +69,14 @@ def _data(axis: int, dtype: Any, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 async def _walk(
-    axis: int, dtype: Any, depth: int, max_chunk: int, *, kind: str = "device", pinned: bool = False, array_type: str = "cupy"
+    axis: int,
+    dtype: Any,
+    depth: int,
+    max_chunk: int,
+    *,
+    kind: str = "device",
+    pinned: bool = False,
+    array_type: str = "cupy",
 ) -> tuple[dict[str, np.ndarray], int, SimulatorBackend, MemoryManager]:
     """Walk the data at ``depth``; the body is y = x * 3 + sum(p), z = z - x, total += sum(x)."""
     requests = _requests(axis, dtype, kind)
@@ -80,15 +87,23 @@ async def _walk(
         mgr.register(solver)
         host = {}
         for label in ("x", "z", "p"):
-            host[label] = mgr.create_host_array(data[label].shape, data[label].dtype, "pinned", like=data[label]) if pinned else data[label].copy()
+            host[label] = (
+                mgr.create_host_array(data[label].shape, data[label].dtype, "pinned", like=data[label])
+                if pinned
+                else data[label].copy()
+            )
         shape = SHAPES[axis]
         host["y"] = mgr.create_host_array(shape, dtype, "pinned") if pinned else np.zeros(shape, dtype)
         host["total"] = np.zeros(1)
         async with mgr.request(solver, walk_requests(requests, depth)) as response:
             chunks = response.chunks
             async for chunk in walk_chunks(
-                mgr, solver, response, inputs={k: host[k] for k in ("x", "z", "p")},
-                outputs={k: host[k] for k in ("y", "z", "total")}, depth=depth,
+                mgr,
+                solver,
+                response,
+                inputs={k: host[k] for k in ("x", "z", "p")},
+                outputs={k: host[k] for k in ("y", "z", "total")},
+                depth=depth,
             ):
                 d = chunk.device
                 if array_type == "cupy":
@@ -134,7 +149,7 @@ async def test_every_kind_and_array_type(kind: str, array_type: str) -> None:
     axis = 0 if array_type == "numba" else 1  # the numba body copies whole (contiguous) chunks
     serial, _, _, _ = await _walk(axis, np.float32, 1, 2, kind=kind, array_type=array_type)
     for depth in (2, 3):
-        overlapped, chunks, _, _ = await _walk(axis, np.float32, depth, 2, kind=kind, array_type=array_type)
+        overlapped, _, _, _ = await _walk(axis, np.float32, depth, 2, kind=kind, array_type=array_type)
         _same(overlapped, serial)
 
 
@@ -161,7 +176,9 @@ def test_bit_identical_property(axis: int, dtype: Any, depth: int, max_chunk: in
 ENGINES = Engines(h2d_bandwidth=1e6, d2h_bandwidth=1e6, copy_latency=0.0)  # 1 MB/s: 20 kB take 20 ms
 
 
-async def _timed_walk(depth: int, *, kernel: float = 0.03, chunks: int = 5, in_place: bool = False) -> tuple[list[Any], Any, np.ndarray]:
+async def _timed_walk(
+    depth: int, *, kernel: float = 0.03, chunks: int = 5, in_place: bool = False
+) -> tuple[list[Any], Any, np.ndarray]:
     runs, width = chunks * 4, 5000  # a chunk of x is 4 x 5000 bytes = 20 kB: 20 ms each way
     requests = {
         "x": ArrayRequest((runs, width), np.uint8),
@@ -269,7 +286,9 @@ async def _interrupted(
             sim.faults.inject("copy", after=at)
         with anyio.CancelScope() as scope:
             async with mgr.request(solver, walk_requests(requests, depth)) as response:
-                walk = walk_chunks(mgr, solver, response, inputs={"x": data["x"], "z": data["z"]}, outputs={"y": y, "z": data["z"]})
+                walk = walk_chunks(
+                    mgr, solver, response, inputs={"x": data["x"], "z": data["z"]}, outputs={"y": y, "z": data["z"]}
+                )
                 async with contextlib.aclosing(walk) if closing else contextlib.nullcontext(walk):
                     async for chunk in walk:
                         chunk.device["y"][...] = chunk.device["x"] * 2
@@ -327,7 +346,9 @@ async def test_a_fault_at_any_copy_is_an_aiocubie_error(at: int) -> None:
         async with mgr.request(solver, walk_requests(requests, 2)) as response:
             sim.faults.inject("copy", after=at)
             try:
-                async for chunk in walk_chunks(mgr, solver, response, inputs={"x": data["x"], "p": data["p"]}, outputs={"y": np.zeros(SHAPES[0])}):
+                async for chunk in walk_chunks(
+                    mgr, solver, response, inputs={"x": data["x"], "p": data["p"]}, outputs={"y": np.zeros(SHAPES[0])}
+                ):
                     chunk.device["y"][...] = chunk.device["x"]
             except AiocubieError as exc:
                 assert isinstance(exc, BackendError) and "injected fault" in str(exc)
@@ -348,7 +369,9 @@ async def test_a_fault_at_any_copy_is_an_aiocubie_error(at: int) -> None:
     depth=st.integers(1, 6),
     offered=st.integers(0, 10_000_000),
 )
-def test_a_deep_plan_fits_every_buffer_with_the_fewest_chunks(runs: int, fixed: int, per_run: int, depth: int, offered: int) -> None:
+def test_a_deep_plan_fits_every_buffer_with_the_fewest_chunks(
+    runs: int, fixed: int, per_run: int, depth: int, offered: int
+) -> None:
     try:
         plan = plan_chunks(runs, fixed, per_run, offered, buffered=depth * per_run)
     except AiocubieError:
@@ -367,7 +390,11 @@ def test_a_deep_plan_fits_every_buffer_with_the_fewest_chunks(runs: int, fixed: 
 
 
 def test_plan_batch_counts_buffers_of_vram_kinds_only() -> None:
-    batch = {"a": walk_requests({"x": ArrayRequest((100, 10), np.float32), "h": ArrayRequest((100, 10), np.float32, "pinned")}, 3)}
+    batch = {
+        "a": walk_requests(
+            {"x": ArrayRequest((100, 10), np.float32), "h": ArrayRequest((100, 10), np.float32, "pinned")}, 3
+        )
+    }
     plan = plan_batch(batch, 40 * 30 * 3)
     assert plan.chunks > 3 and plan.planned_bytes <= 40 * 30 * 3
     assert plan.planned_bytes == 3 * 40 * plan.chunk_length
@@ -375,7 +402,9 @@ def test_plan_batch_counts_buffers_of_vram_kinds_only() -> None:
 
 @pytest.mark.anyio
 async def test_requests_get_their_buffers_within_budget_and_one_when_whole() -> None:
-    requests = walk_requests({"x": ArrayRequest((100, 10), np.float32), "s": ArrayRequest((100, 10), np.float32)}, 3, labels=["x"])
+    requests = walk_requests(
+        {"x": ArrayRequest((100, 10), np.float32), "s": ArrayRequest((100, 10), np.float32)}, 3, labels=["x"]
+    )
     async with MemoryManager(SimulatorBackend(1 << 20), headroom=0.0) as mgr:
         solver = object()
         mgr.register(solver)

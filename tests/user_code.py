@@ -79,7 +79,10 @@ async def test_user_cupy_arithmetic_walk(contract: Contract) -> None:
     async with MemoryManager(contract.backend) as mgr:
         solver = Solver()
         mgr.register(solver)
-        requests = {"x": ArrayRequest(x.shape, x.dtype, chunk_axis=1), "y": ArrayRequest(x.shape, x.dtype, chunk_axis=1)}
+        requests = {
+            "x": ArrayRequest(x.shape, x.dtype, chunk_axis=1),
+            "y": ArrayRequest(x.shape, x.dtype, chunk_axis=1),
+        }
         async with mgr.request(solver, requests) as response:
             async for chunk in walk_chunks(mgr, solver, response, inputs={"x": x}, outputs={"y": y}):
                 chunk.device["y"][...] = 2 * chunk.device["x"] + 1
@@ -96,10 +99,15 @@ async def test_user_numba_kernel_walk(contract: Contract) -> None:
     async with MemoryManager(contract.backend) as mgr:
         solver = Solver()
         mgr.register(solver)
-        requests = {"x": ArrayRequest(x.shape, x.dtype, chunk_axis=1), "y": ArrayRequest(x.shape, x.dtype, chunk_axis=1)}
+        requests = {
+            "x": ArrayRequest(x.shape, x.dtype, chunk_axis=1),
+            "y": ArrayRequest(x.shape, x.dtype, chunk_axis=1),
+        }
         async with mgr.request(solver, requests) as response:
             async for chunk in walk_chunks(mgr, solver, response, inputs={"x": x}, outputs={"y": y}):
-                _launch(axpy, contract.backend.name, chunk.length, response.stream, chunk.device["x"], chunk.device["y"])
+                _launch(
+                    axpy, contract.backend.name, chunk.length, response.stream, chunk.device["x"], chunk.device["y"]
+                )
                 await mgr.sync_stream(solver)
     np.testing.assert_allclose(y, 3.0 * x - 1.0)
 

@@ -30,7 +30,9 @@ ALLOCATORS = ("default", "cupy", "cupy_async")
 ARRAY_TYPES = ("cupy", "numba")
 DEFAULT_ARRAY_TYPE = "cupy"
 
-CUPY_EXTRA_HINT = "install CuPy with the extra that matches your CUDA: pip install 'aiocubie[cuda12]' or 'aiocubie[cuda13]'"
+CUPY_EXTRA_HINT = (
+    "install CuPy with the extra that matches your CUDA: pip install 'aiocubie[cuda12]' or 'aiocubie[cuda13]'"
+)
 
 
 def parse_array_type(array_type: str | None) -> str:
@@ -49,6 +51,7 @@ def parse_array_type(array_type: str | None) -> str:
             f"('cupy' needs CuPy: pip install 'aiocubie[cuda12]' or 'aiocubie[cuda13]')"
         )
     return array_type
+
 
 #: Managed-memory advice (seed 004).
 Advice = Literal["preferred_location", "accessed_by", "read_mostly"]
@@ -219,5 +222,5 @@ class Backend(abc.ABC):
     def reset(self) -> None:
         """Reset the context: every array and stream handed out before is invalid."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional: a backend that holds nothing need not override it
         """Release what the backend holds (threads, pools). Idempotent."""

@@ -99,7 +99,7 @@ class SimCupyArray:
         The stream its work is ordered on: host reads wait for it.
     """
 
-    __slots__ = ("_data", "_stream", "__weakref__")
+    __slots__ = ("__weakref__", "_data", "_stream")
     __array_priority__ = 100.0  # numpy defers to our reflected operators
     __hash__ = None  # type: ignore[assignment]  # as cupy.ndarray
 
@@ -146,7 +146,9 @@ class SimCupyArray:
         raise TypeError(_IMPLICIT)
 
     # -- moving data ---------------------------------------------------------------------
-    def get(self, stream: Any = None, order: str = "C", out: np.ndarray[Any, Any] | None = None, blocking: bool = True) -> np.ndarray[Any, Any]:
+    def get(
+        self, stream: Any = None, order: str = "C", out: np.ndarray[Any, Any] | None = None, blocking: bool = True
+    ) -> np.ndarray[Any, Any]:
         """A numpy copy (into ``out`` if given), once the array's stream has caught up."""
         data = self._host()
         if out is None:
@@ -267,7 +269,21 @@ def _method(name: str) -> Callable[..., Any]:
     return method
 
 
-for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or", "xor", "lshift", "rshift"):
+for _name in (
+    "add",
+    "sub",
+    "mul",
+    "truediv",
+    "floordiv",
+    "mod",
+    "pow",
+    "matmul",
+    "and",
+    "or",
+    "xor",
+    "lshift",
+    "rshift",
+):
     _op = getattr(operator, f"{_name}_" if _name in ("and", "or") else _name)
     setattr(SimCupyArray, f"__{_name}__", _binary(_op))
     setattr(SimCupyArray, f"__r{_name}__", _binary(_op, reflected=True))
@@ -318,7 +334,10 @@ def _sim_numba_class() -> type[Any]:
 
         @property
         def flags(self) -> dict[str, bool]:
-            return {"C_CONTIGUOUS": bool(self._ary.flags.c_contiguous), "F_CONTIGUOUS": bool(self._ary.flags.f_contiguous)}
+            return {
+                "C_CONTIGUOUS": bool(self._ary.flags.c_contiguous),
+                "F_CONTIGUOUS": bool(self._ary.flags.f_contiguous),
+            }
 
         @property
         def __cuda_array_interface__(self) -> dict[str, Any]:

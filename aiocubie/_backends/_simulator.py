@@ -40,7 +40,7 @@ from .._requests import MAX_NBYTES, MemoryKind, check_device
 from ._base import ALLOCATORS, Advice, Backend, Event, MemoryInfo, parse_array_type
 from ._simarrays import host_data, sim_array
 
-__all__ = ["Engines", "Faults", "SimulatorBackend", "SimEvent", "SimStream", "TimelineEntry"]
+__all__ = ["Engines", "Faults", "SimEvent", "SimStream", "SimulatorBackend", "TimelineEntry"]
 
 log = logging.getLogger("aiocubie")
 
@@ -93,7 +93,9 @@ class Faults:
             For an unknown site or a bad count, probability or seed (nothing is injected).
         """
         if not isinstance(site, str) or site not in self._rules:
-            raise ConfigurationError(f"unknown fault site {shown(site)}: use one of {', '.join(map(repr, _FAULT_SITES))}")
+            raise ConfigurationError(
+                f"unknown fault site {shown(site)}: use one of {', '.join(map(repr, _FAULT_SITES))}"
+            )
         if not _count(after, 0):
             raise ConfigurationError(f"after must be an int >= 0 (operations to let through first), got {shown(after)}")
         if times is not None and not _count(times, 1):
@@ -178,7 +180,9 @@ class Engines:
     kernel_latency: float = 0.0
 
     def __attrs_post_init__(self) -> None:
-        if not (self.h2d_bandwidth > 0 and self.d2h_bandwidth > 0 and self.copy_latency >= 0 and self.kernel_latency >= 0):
+        if not (
+            self.h2d_bandwidth > 0 and self.d2h_bandwidth > 0 and self.copy_latency >= 0 and self.kernel_latency >= 0
+        ):
             raise ConfigurationError(f"bad engine model {self}: bandwidths must be > 0 bytes/s and latencies >= 0 s")
 
 
@@ -278,7 +282,6 @@ class SimStream:
         if not self.closed:
             self.closed = True
             self._queue.put(None)
-
 
 
 def _work(work_queue: queue.SimpleQueue[Callable[[], None] | None], latency: float, progress: _Progress) -> None:
@@ -400,9 +403,7 @@ class SimulatorBackend(Backend):
                 f"got {shown(total)}"
             )
         if not _count(reserved, 0) or reserved > total:
-            raise ConfigurationError(
-                f"reserved must be an int of bytes in 0..total ({total}), got {shown(reserved)}"
-            )
+            raise ConfigurationError(f"reserved must be an int of bytes in 0..total ({total}), got {shown(reserved)}")
         if not _count(granule, 0) or granule > total:
             raise ConfigurationError(f"granule must be an int of bytes in 0..total ({total}), got {shown(granule)}")
         if not 0.0 <= _real(latency) < math.inf:
@@ -502,7 +503,9 @@ class SimulatorBackend(Backend):
         if not event.query():
             stream.enqueue(event.synchronize)
 
-    def launch(self, stream: SimStream, work: Callable[[], None] | None = None, *, duration: float = 0.0, tag: object = None) -> None:
+    def launch(
+        self, stream: SimStream, work: Callable[[], None] | None = None, *, duration: float = 0.0, tag: object = None
+    ) -> None:
         """Queue a kernel on ``stream``: ``work()`` runs on the stream's compute engine in order.
 
         The kernel takes ``duration`` seconds plus the engines' ``kernel_latency``, and is
@@ -523,7 +526,9 @@ class SimulatorBackend(Backend):
         stream.enqueue(run)
 
     def copy(self, src: Any, dst: Any, stream: SimStream, *, tag: object = None) -> None:
-        if getattr(src, "shape", None) != getattr(dst, "shape", None) or getattr(src, "dtype", None) != getattr(dst, "dtype", None):
+        if getattr(src, "shape", None) != getattr(dst, "shape", None) or getattr(src, "dtype", None) != getattr(
+            dst, "dtype", None
+        ):
             raise BackendError(
                 f"cannot copy {getattr(src, 'shape', '?')} {getattr(src, 'dtype', '?')} into "
                 f"{getattr(dst, 'shape', '?')} {getattr(dst, 'dtype', '?')}: shapes and dtypes must match"

@@ -25,7 +25,9 @@ from user_code import *  # noqa: E402,F403
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module", params=[(a, t) for t in ARRAY_TYPES for a in ALLOCATORS], ids=lambda p: f"{p[1]}-{p[0]}")
+@pytest.fixture(
+    scope="module", params=[(a, t) for t in ARRAY_TYPES for a in ALLOCATORS], ids=lambda p: f"{p[1]}-{p[0]}"
+)
 def contract(request: pytest.FixtureRequest, cuda_backend: Any, cu: Any) -> Iterator[Contract]:
     allocator, array_type = request.param
     if allocator != "default" or array_type == "cupy":

@@ -189,7 +189,9 @@ def test_event_resolves_an_asyncio_future(cuda_backend: Any, kernels: Any, mecha
             view = cuda.from_cuda_array_interface(flag.__cuda_array_interface__, owner=flag, sync=False)
             kernels.sleep[1, 1, stream](view, ms * 1_000_000)
             fut = loop.create_future()
-            cuda_backend.record_event(stream).add_done_callback(lambda fut=fut: loop.call_soon_threadsafe(fut.set_result, None))
+            cuda_backend.record_event(stream).add_done_callback(
+                lambda fut=fut: loop.call_soon_threadsafe(fut.set_result, None)
+            )
             futures.append(fut)
         first = await asyncio.wait_for(asyncio.wait(futures, return_when=asyncio.FIRST_COMPLETED), 10)
         assert futures[2] in first[0] and not futures[0].done()

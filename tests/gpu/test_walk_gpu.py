@@ -31,13 +31,20 @@ async def _walk(backend: Any, depth: int, axis: int, pinned: bool, dtype: Any) -
         per_run = 3 * x.nbytes // shape[axis]
         # a budget for 300 runs of depth buffers: about 10 chunks
         mgr.register(solver, proportion=depth * per_run * 300 / mgr.memory_info().total)
-        host = {label: mgr.create_host_array(shape, dtype, "pinned", like=x) if pinned else x.copy() for label in ("x", "z")}
+        host = {
+            label: mgr.create_host_array(shape, dtype, "pinned", like=x) if pinned else x.copy() for label in ("x", "z")
+        }
         host["y"] = mgr.create_host_array(shape, dtype, "pinned") if pinned else np.zeros(shape, dtype)
         requests = {label: ArrayRequest(shape, dtype, chunk_axis=axis) for label in ("x", "y", "z")}
         async with mgr.request(solver, walk_requests(requests, depth)) as response:
             assert response.chunks >= 4
             async for chunk in walk_chunks(
-                mgr, solver, response, inputs={"x": host["x"], "z": host["z"]}, outputs={"y": host["y"], "z": host["z"]}, depth=depth
+                mgr,
+                solver,
+                response,
+                inputs={"x": host["x"], "z": host["z"]},
+                outputs={"y": host["y"], "z": host["z"]},
+                depth=depth,
             ):
                 with current_cupy_stream(chunk.stream):
                     d = chunk.device
@@ -51,7 +58,9 @@ async def _walk(backend: Any, depth: int, axis: int, pinned: bool, dtype: Any) -
 @pytest.mark.parametrize("axis", [0, 1])
 @pytest.mark.parametrize("pinned", [False, True])
 @pytest.mark.parametrize("dtype", [np.float32, np.int16])
-async def test_overlapped_walks_match_the_serial_walk_bit_for_bit(cuda_backend: Any, axis: int, pinned: bool, dtype: Any) -> None:
+async def test_overlapped_walks_match_the_serial_walk_bit_for_bit(
+    cuda_backend: Any, axis: int, pinned: bool, dtype: Any
+) -> None:
     serial = await _walk(cuda_backend, 1, axis, pinned, dtype)
     for depth in (2, 3):
         overlapped = await _walk(cuda_backend, depth, axis, pinned, dtype)

@@ -17,6 +17,7 @@ from aiocubie import AiocubieError, ArrayRequest, MemoryManager, SimulatorBacken
 #: Full-size load and storms (``AIOCUBIE_SOAK=1``); CI runs a scaled-down version.
 SOAK = os.environ.get("AIOCUBIE_SOAK", "") not in ("", "0")
 
+
 class Component:
     """A stand-in for a solver or loader: any weak-referenceable object can register."""
 
@@ -44,7 +45,6 @@ def assert_empty(mgr: MemoryManager, sim: SimulatorBackend | None = None) -> Non
     assert len(mgr._account.ledger) == 0
     if sim is not None:
         assert sim.used == 0, f"the simulator still holds {sim.used} bytes"
-
 
 
 async def outcome(mgr: MemoryManager, instance: object, requests: dict[str, ArrayRequest]) -> object:

@@ -14,7 +14,14 @@ import anyio
 import pytest
 from _reliability import LOOPS, SEEDS, Component, outcome, pending_tickets, scale, settle
 
-from aiocubie import AiocubieError, ArrayRequest, ArrayResponse, InsufficientMemoryError, MemoryManager, SimulatorBackend
+from aiocubie import (
+    AiocubieError,
+    ArrayRequest,
+    ArrayResponse,
+    InsufficientMemoryError,
+    MemoryManager,
+    SimulatorBackend,
+)
 
 pytestmark = pytest.mark.anyio
 

@@ -130,8 +130,14 @@ async def test_event_fault_fails_the_batch_and_frees_its_arrays(drained) -> None
             second = await ask_all(mgr, members, three_arrays())
             assert all(isinstance(r, ArrayResponse) for r in first)
             assert all(isinstance(r, BackendError) and "recording an event" in str(r) for r in second)
-            assert sim.used == mgr.stats().live_bytes == sum(
-                a.nbytes for r in first for a in r.arrays.values()  # type: ignore[attr-defined]
+            assert (
+                sim.used
+                == mgr.stats().live_bytes
+                == sum(
+                    a.nbytes
+                    for r in first
+                    for a in r.arrays.values()  # type: ignore[attr-defined]
+                )
             )
             release_all(mgr, first)
             await drained(mgr, sim)
@@ -240,8 +246,7 @@ async def test_reset_while_batches_are_in_flight_fails_them_cleanly(how: str, dr
                     tg.start_soon(ask, index)
                 # wait until every request has its arrays and waits for the device
                 while not (
-                    len(pending_tickets(mgr)) == 4
-                    and all(t.state.value == "allocated" for t in pending_tickets(mgr))  # type: ignore[attr-defined]
+                    len(pending_tickets(mgr)) == 4 and all(t.state.value == "allocated" for t in pending_tickets(mgr))  # type: ignore[attr-defined]
                 ):
                     await anyio.sleep(0.001)
                 reset(mgr, how)

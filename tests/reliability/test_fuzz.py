@@ -68,7 +68,7 @@ def names_value(exc: BaseException, value: Any) -> bool:
         forms.add(repr(value.value))
     try:  # a dtype given as a type or code ('O', object) is shown as numpy names it
         forms.add(f"dtype {np.dtype(value)}")
-    except Exception:  # noqa: BLE001, S110 - not a dtype at all
+    except Exception:
         pass
     return any(form in message for form in forms)
 
@@ -99,8 +99,15 @@ kinds = st.one_of(st.sampled_from([k.value for k in MemoryKind]), st.sampled_fro
 @given(shape=shapes, dtype=dtypes, kind=kinds, axis=st.one_of(st.integers(-6, 6), junk), flags=st.tuples(junk, junk))
 @example(shape=[], dtype="float32", kind="device", axis=1, flags=(False, False))  # once named no field
 def test_array_request_accepts_or_names_the_bad_field(shape: Any, dtype: Any, kind: Any, axis: Any, flags: Any) -> None:
-    unchunkable, zero = (f if isinstance(f, bool) else f for f in flags)
-    fields = {"shape": shape, "dtype": dtype, "kind": kind, "chunk_axis": axis, "unchunkable": unchunkable, "zero": zero}
+    unchunkable, zero = flags
+    fields = {
+        "shape": shape,
+        "dtype": dtype,
+        "kind": kind,
+        "chunk_axis": axis,
+        "unchunkable": unchunkable,
+        "zero": zero,
+    }
     try:
         request = ArrayRequest(**fields)
     except AiocubieError as exc:
@@ -108,7 +115,7 @@ def test_array_request_accepts_or_names_the_bad_field(shape: Any, dtype: Any, ki
         bad = [v for v in fields.values() if names_value(exc, v)]
         assert bad or "2**63" in str(exc) or "dtype is required" in str(exc), f"names no field: {exc}"
         return
-    except Exception as exc:  # noqa: BLE001 - the point: nothing else may escape
+    except Exception as exc:
         pytest.fail(f"ArrayRequest({fields!r}) raised {type(exc).__name__}: {exc}")
     assert request.nbytes == math.prod(request.shape) * request.dtype.itemsize < 2**63
     assert request.dtype.kind in "biufc"
@@ -121,7 +128,7 @@ def test_array_request_accepts_or_names_the_bad_field(shape: Any, dtype: Any, ki
 def test_memory_kind_parse(value: Any) -> None:
     try:
         kind = MemoryKind.parse(value)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         check_error(exc, value, InvalidRequestError)
     else:
         assert kind.value == getattr(value, "value", value)
@@ -151,7 +158,13 @@ hooks = st.one_of(st.none(), st.just(print), st.just(lambda *a: None), junk)
 
 
 @FUZZ
-@given(proportion=proportions, group=group_names, inv=hooks, ready=hooks, name=st.one_of(st.none(), st.text(max_size=6), junk))
+@given(
+    proportion=proportions,
+    group=group_names,
+    inv=hooks,
+    ready=hooks,
+    name=st.one_of(st.none(), st.text(max_size=6), junk),
+)
 def test_register_registers_wholly_or_not_at_all(
     manager: MemoryManager, proportion: Any, group: Any, inv: Any, ready: Any, name: Any
 ) -> None:
@@ -160,7 +173,7 @@ def test_register_registers_wholly_or_not_at_all(
     args = {"proportion": proportion, "stream_group": group, "invalidate_hook": inv, "ready_hook": ready, "name": name}
     try:
         manager.register(instance, **args)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         assert isinstance(exc, (RegistrationError, BudgetError)), f"{type(exc).__name__}: {exc}"
         assert not manager.is_registered(instance)
         assert budget_state(manager) == before
@@ -187,7 +200,7 @@ def test_set_manual_proportion_changes_wholly_or_not_at_all(manager: MemoryManag
         before = (budget_state(manager), manager.proportion(instance))
         try:
             manager.set_manual_proportion(instance, proportion)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             assert isinstance(exc, BudgetError), f"{type(exc).__name__}: {exc}"
             assert (budget_state(manager), manager.proportion(instance)) == before
             if "would sum to" not in str(exc):
@@ -211,7 +224,7 @@ def test_group_names_everywhere(manager: MemoryManager, name: Any) -> None:
         ):
             try:
                 call()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 check_error(exc, name, RegistrationError)
     finally:
         manager.unregister(instance)
@@ -227,7 +240,7 @@ def test_request_mappings_and_labels(manager: MemoryManager, label: Any, value: 
         for requests in (*mappings, [(label, value)], label):
             try:
                 manager.request(instance, requests)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 assert isinstance(exc, InvalidRequestError), f"{type(exc).__name__}: {exc}"
                 parts = [requests, *(x for item in getattr(requests, "items", dict)() for x in item)]
                 assert any(names_value(exc, part) for part in parts) or type(requests).__name__ in str(exc), exc
@@ -236,7 +249,7 @@ def test_request_mappings_and_labels(manager: MemoryManager, label: Any, value: 
         for call in (lambda: manager.free(label), lambda: manager.release(value)):
             try:
                 call()  # free/release of what was never handed out is a no-op or a clear error
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 assert isinstance(exc, AiocubieError), f"{type(exc).__name__}: {exc}"
     finally:
         manager.unregister(instance)
@@ -246,13 +259,17 @@ small_junk = junk.filter(lambda x: not isinstance(x, int) or abs(x) < 1000)  # n
 
 
 @FUZZ
-@given(shape=st.one_of(st.integers(0, 6), st.tuples(st.integers(0, 4), st.integers(0, 4)), small_junk),
-       dtype=dtypes, kind=kinds, like=st.one_of(st.none(), st.just(np.ones(3)), st.just(np.ones((2, 2), "i4")), junk))
+@given(
+    shape=st.one_of(st.integers(0, 6), st.tuples(st.integers(0, 4), st.integers(0, 4)), small_junk),
+    dtype=dtypes,
+    kind=kinds,
+    like=st.one_of(st.none(), st.just(np.ones(3)), st.just(np.ones((2, 2), "i4")), junk),
+)
 def test_create_host_array(manager: MemoryManager, shape: Any, dtype: Any, kind: Any, like: Any) -> None:
     args = {"shape": shape, "dtype": dtype, "kind": kind, "like": like}
     try:
         array = manager.create_host_array(shape, dtype, kind, like=like)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         assert isinstance(exc, InvalidRequestError), f"{type(exc).__name__}: {exc}"
         named = any(names_value(exc, v) for v in args.values()) or f"like has shape {np.shape(like)}" in str(exc)
         assert named or "dtype is required" in str(exc), exc
@@ -281,12 +298,21 @@ def test_create_host_array_rejects_a_like_it_cannot_copy(manager: MemoryManager,
     max_batch=st.one_of(st.none(), st.integers(1, 100), junk),
     allocator=st.one_of(st.none(), st.sampled_from(["default", "cupy", "numba"]), junk),
 )
-def test_manager_options(backend: Any, mode: Any, policy: Any, headroom: Any, window: Any, max_batch: Any, allocator: Any) -> None:
-    options = {"mode": mode, "policy": policy, "headroom": headroom, "batch_window": window,
-               "max_batch": max_batch, "free_cache_seconds": window, "allocator": allocator}
+def test_manager_options(
+    backend: Any, mode: Any, policy: Any, headroom: Any, window: Any, max_batch: Any, allocator: Any
+) -> None:
+    options = {
+        "mode": mode,
+        "policy": policy,
+        "headroom": headroom,
+        "batch_window": window,
+        "max_batch": max_batch,
+        "free_cache_seconds": window,
+        "allocator": allocator,
+    }
     try:
         mgr = MemoryManager(backend, **options)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         assert isinstance(exc, ConfigurationError), f"{type(exc).__name__}: {exc}"
         assert any(names_value(exc, v) for v in (backend, *options.values())), exc
         return

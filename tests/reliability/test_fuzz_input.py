@@ -107,7 +107,7 @@ def shape(rng: random.Random) -> Any:
         dims[rng.randrange(len(dims))] = 0  # empty, so its byte count says nothing
         return tuple(dims)
     if pick == 2:
-        return tuple(rng.randint(0, 2**rng.randint(1, 66)) for _ in range(rng.randint(1, 3)))
+        return tuple(rng.randint(0, 2 ** rng.randint(1, 66)) for _ in range(rng.randint(1, 3)))
     if pick == 3:
         return tuple(rng.randint(0, 6) for _ in range(rng.randint(0, 3)))
     if pick == 4:
@@ -116,7 +116,9 @@ def shape(rng: random.Random) -> Any:
 
 
 def dtype(rng: random.Random) -> Any:
-    return rng.choice(["f4", "f8", "i1", "u8", "c16", "?", "O", "U3", "V4", "M8[s]", np.float32, object, None, junk(rng)])
+    return rng.choice(
+        ["f4", "f8", "i1", "u8", "c16", "?", "O", "U3", "V4", "M8[s]", np.float32, object, None, junk(rng)]
+    )
 
 
 def kind(rng: random.Random) -> Any:
@@ -135,7 +137,7 @@ def refused(call: Callable[[], Any], *types: type[AiocubieError]) -> AiocubieErr
         assert isinstance(exc, types or (AiocubieError,)), f"{type(exc).__name__}: {exc}"
         assert str(exc) and len(str(exc)) < 1000, f"unclear message ({len(str(exc))} characters): {str(exc)[:300]}"
         return exc
-    except Exception as exc:  # noqa: BLE001 - the point: nothing else may escape
+    except Exception as exc:
         pytest.fail(f"a raw {type(exc).__name__} escaped: {exc!r}")
     return None
 
@@ -175,7 +177,9 @@ def test_array_requests_accepted_are_allocatable(seed: int, sim: SimulatorBacken
         assert len(made.shape) <= 64
         if made.nbytes <= 1 << 16:  # accepted and small: it must allocate, as device and as host memory
             for where in ("device", "host"):
-                array = sim.allocate(made.shape, made.dtype, made.kind if where == "device" else MemoryKind.HOST, stream)
+                array = sim.allocate(
+                    made.shape, made.dtype, made.kind if where == "device" else MemoryKind.HOST, stream
+                )
                 assert tuple(array.shape) == made.shape
                 sim.free(array)
             for chunk_length in (0, 1, 3):
@@ -236,7 +240,9 @@ def test_registration_budgets_and_default_names(seed: int, sim: SimulatorBackend
         instance = Component()
         name = rng.choice([None, None, f"Component#{rng.randint(1, 40)}", junk(rng)])
         proportion = maybe(rng, lambda: rng.choice([None, 0.001, 0.01]), 0.3)
-        error = refused(lambda: mgr.register(instance, proportion=proportion, name=name), RegistrationError, BudgetError)
+        error = refused(
+            lambda: mgr.register(instance, proportion=proportion, name=name), RegistrationError, BudgetError
+        )
         if error is not None:
             assert not mgr.is_registered(instance)
             continue
@@ -248,7 +254,11 @@ def test_registration_budgets_and_default_names(seed: int, sim: SimulatorBackend
             mgr.unregister(kept.pop(rng.randrange(len(kept))))
         names = [m.name for m in mgr._registry.members.values()]
         assert len(names) == len(set(names)), f"two members share a name: {sorted(names)}"
-    assert math.isclose(mgr.manual_pool_proportion + mgr.auto_pool_proportion, 1.0) or not kept or mgr.auto_pool_proportion == 0
+    assert (
+        math.isclose(mgr.manual_pool_proportion + mgr.auto_pool_proportion, 1.0)
+        or not kept
+        or mgr.auto_pool_proportion == 0
+    )
 
 
 def test_an_explicit_default_like_name_is_never_given_again() -> None:
@@ -291,7 +301,11 @@ def test_allocate_all_and_host_arrays(seed: int, sim: SimulatorBackend) -> None:
         like = rng.choice([None, None, junk(rng)])
         host_shape = shape(rng) if rng.random() < 0.5 else (rng.randint(0, 3),)
         host_kind = rng.choice(["host", "pinned", kind(rng)])
-        refused(lambda: mgr.create_host_array(host_shape, dtype(rng), host_kind, like=like), InvalidRequestError, AllocationError)
+        refused(
+            lambda: mgr.create_host_array(host_shape, dtype(rng), host_kind, like=like),
+            InvalidRequestError,
+            AllocationError,
+        )
         refused(lambda: mgr.set_allocator(junk(rng)), UnknownAllocatorError)
         managed = mgr.allocate(owner, ArrayRequest((4,), "f4", kind="managed"))
         refused(lambda: mgr.advise(managed, rng.choice(["read_mostly", junk(rng)]), rng.choice([0, None, junk(rng)])))

@@ -142,7 +142,7 @@ async def test_request_from_a_foreign_loop_fails_at_once_and_the_group_goes_on(f
             async def from_there() -> None:
                 try:
                     await mgr.request(a, block())
-                except BaseException as exc:  # noqa: BLE001 - the test looks at it
+                except BaseException as exc:
                     errors.append(exc)
 
             def in_thread() -> None:

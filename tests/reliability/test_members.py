@@ -90,11 +90,11 @@ async def test_bound_method_hooks_do_not_keep_the_instance_alive(ready: str, inv
         hook = comp if ready == "self" else getattr(comp, ready)
         mgr.register(comp, ready_hook=hook, invalidate_hook=getattr(comp, invalidate), stream_group="solo")
         await mgr.request(comp, block())  # dropped: the ledger holds the arrays
-        await eventually(lambda: comp.ready)
+        await eventually(lambda c=comp: c.ready)
         mgr.invalidate_all()
-        await eventually(lambda: comp.invalidated == 1)
+        await eventually(lambda c=comp: c.invalidated == 1)
         await mgr.request(comp, block())
-        await eventually(lambda: len(comp.ready) == 2)  # a running hook task holds its method
+        await eventually(lambda c=comp: len(c.ready) == 2)  # a running hook task holds its method
         assert sim.used > 0
         ref = weakref.ref(comp)
         del comp, hook

@@ -120,9 +120,7 @@ async def test_cancel_while_in_flight_frees_the_arrays_when_the_device_is_done(d
                         pytest.fail("a cancelled request must not resolve")
 
                 tg.start_soon(ask)
-                await wait_for(
-                    lambda: [stage_of(t) for t in pending_tickets(mgr)] == ["in flight"], "in flight"
-                )
+                await wait_for(lambda: [stage_of(t) for t in pending_tickets(mgr)] == ["in flight"], "in flight")
                 assert sim.used > 0
                 scope.cancel()
             await drained(mgr, sim)  # the arrays go once the device reaches the event

@@ -17,4 +17,12 @@ _CupyPoolManager = CupyPoolManager
 _CupyAsyncPoolManager = CupyAsyncPoolManager
 _stream_ptr = stream_ptr
 
-__all__ = ["EVENT_MECHANISMS", "CudaBackend", "CudaEvent", "CupyAsyncPoolManager", "CupyPoolManager", "cuda_usable", "current_cupy_stream"]
+__all__ = [
+    "EVENT_MECHANISMS",
+    "CudaBackend",
+    "CudaEvent",
+    "CupyAsyncPoolManager",
+    "CupyPoolManager",
+    "cuda_usable",
+    "current_cupy_stream",
+]

@@ -149,7 +149,10 @@ class CudaBackend(Backend):
             pool = getattr(self._context.memory_manager, "pool", None)
             nbytes = math.prod(shape) * dtype.itemsize
             if nbytes and pool is not None and not self._cupy_async_pool(pool):
-                with map_exceptions(lambda: f"allocating {nbytes} bytes ({shape}, {dtype}, device) with the cupy allocator", self._free_text):
+                with map_exceptions(
+                    lambda: f"allocating {nbytes} bytes ({shape}, {dtype}, device) with the cupy allocator",
+                    self._free_text,
+                ):
                     return self._cupy.ndarray(shape, dtype, memptr=pool.malloc(nbytes))
         if kind is MemoryKind.HOST:
             return np.empty(shape, dtype)
@@ -228,7 +231,10 @@ class CudaBackend(Backend):
         if ptr is None:
             np.asarray(array).fill(0)
         elif array.nbytes:
-            check(binding.cuMemsetD8Async(ptr, 0, int(array.nbytes), binding.CUstream(stream_ptr(stream))), f"zeroing {array.nbytes} bytes")
+            check(
+                binding.cuMemsetD8Async(ptr, 0, int(array.nbytes), binding.CUstream(stream_ptr(stream))),
+                f"zeroing {array.nbytes} bytes",
+            )
 
     def free(self, array: Any) -> None:
         """Forget ``array``; the backend holds no reference, so the caller's drop frees it."""
@@ -304,10 +310,16 @@ class CudaBackend(Backend):
             )
         nbytes = int(src.nbytes)
         if nbytes:
-            (src_ptr, src_c), (dst_ptr, dst_c) = _arrays.pointer_and_contiguity(src), _arrays.pointer_and_contiguity(dst)
+            (src_ptr, src_c), (dst_ptr, dst_c) = (
+                _arrays.pointer_and_contiguity(src),
+                _arrays.pointer_and_contiguity(dst),
+            )
             if not (src_c and dst_c):
                 raise BackendError("copies need C-contiguous arrays")
-            check(binding.cuMemcpyAsync(dst_ptr, src_ptr, nbytes, binding.CUstream(stream_ptr(stream))), f"copying {nbytes} bytes")
+            check(
+                binding.cuMemcpyAsync(dst_ptr, src_ptr, nbytes, binding.CUstream(stream_ptr(stream))),
+                f"copying {nbytes} bytes",
+            )
 
     # -- managed memory ----------------------------------------------------------------------
     def prefetch(self, array: Any, device: int | None, stream: Any) -> None:

@@ -36,7 +36,7 @@ def _is_device_error(exc: BaseException) -> bool:
     return isinstance(exc, CudaDriverError) or type(exc).__module__.startswith(("cupy", "cupy_backends", "cuda"))
 
 
-class map_exceptions:  # noqa: N801 - used as a context manager, like contextlib's
+class map_exceptions:
     """Translate CuPy/numba/driver errors raised in the block into aiocubie's.
 
     Out-of-memory errors become :class:`AllocationError`, other device errors
@@ -58,7 +58,9 @@ class map_exceptions:  # noqa: N801 - used as a context manager, like contextlib
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> Literal[False]:
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         if exc is None or isinstance(exc, AiocubieError) or not isinstance(exc, Exception):
             return False
         what = self.what() if callable(self.what) else self.what

@@ -14,7 +14,7 @@ from numba.cuda.cudadrv import driver as nbdriver
 from ..._errors import ConfigurationError, UnknownAllocatorError
 from .._base import CUPY_EXTRA_HINT
 
-__all__ = ["current_cupy_stream", "cupy_view", "import_cupy", "stream_ptr"]
+__all__ = ["cupy_view", "current_cupy_stream", "import_cupy", "stream_ptr"]
 
 
 def import_cupy(error: type[ConfigurationError] = UnknownAllocatorError) -> Any:
