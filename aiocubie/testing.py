@@ -17,7 +17,11 @@ aiocubie_manager
     anyio's plugin (``@pytest.mark.anyio``, asyncio or trio).
 aiocubie_manager_factory
     ``async with aiocubie_manager_factory(total=..., mode="active") as mgr:`` inside any
-    async test, whatever runs it (pytest-asyncio included); each call makes its own simulator.
+    async test, whatever runs it (pytest-asyncio included); each call makes its own simulator,
+    over the test's ``@pytest.mark.aiocubie`` settings.
+aiocubie_asyncio_manager
+    A running manager, like ``aiocubie_manager``, for pytest-asyncio tests (where pytest-asyncio
+    is installed).
 
 A running manager owns a task group, which must be entered and left in one task: anyio's
 plugin runs a fixture's setup and teardown in the test's task, pytest-asyncio does not, so
@@ -38,6 +42,7 @@ Examples
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -119,26 +124,33 @@ def aiocubie_faults(aiocubie_simulator: SimulatorBackend) -> Faults:
 
 @pytest.fixture
 async def aiocubie_manager(
-    aiocubie_simulator: SimulatorBackend, aiocubie_config: dict[str, Any]
+    request: pytest.FixtureRequest, aiocubie_simulator: SimulatorBackend, aiocubie_config: dict[str, Any]
 ) -> AsyncIterator[MemoryManager]:
     """A running MemoryManager on ``aiocubie_simulator`` (for tests run by anyio's plugin)."""
+    if "anyio_backend" not in request.fixturenames:  # before anything is entered: nothing to unwind
+        raise pytest.UsageError(
+            "aiocubie_manager runs under anyio's pytest plugin (@pytest.mark.anyio); under pytest-asyncio "
+            "use aiocubie_asyncio_manager, or aiocubie_manager_factory inside the test"
+        )
     async with _running(aiocubie_simulator, _split(aiocubie_config)[1]) as mgr:
         yield mgr
 
 
 @pytest.fixture
-def aiocubie_manager_factory() -> Iterator[Callable[..., contextlib.AbstractAsyncContextManager[MemoryManager]]]:
+def aiocubie_manager_factory(
+    aiocubie_config: dict[str, Any],
+) -> Iterator[Callable[..., contextlib.AbstractAsyncContextManager[MemoryManager]]]:
     """Make running managers on fresh simulators: ``async with factory(total=1 << 20) as mgr``.
 
-    Takes the names of :data:`DEFAULTS` and any other :class:`MemoryManager` option; works in
-    any async test (anyio, pytest-asyncio, trio). The manager's backend is its simulator, so
-    ``mgr.backend.faults`` injects faults.
+    Takes the names of :data:`DEFAULTS` and any other :class:`MemoryManager` option, over the
+    test's ``@pytest.mark.aiocubie`` settings; works in any async test (anyio, pytest-asyncio,
+    trio). The manager's backend is its simulator, so ``mgr.backend.faults`` injects faults.
     """
     simulators: list[SimulatorBackend] = []
 
     @contextlib.asynccontextmanager
     async def factory(**settings: Any) -> AsyncIterator[MemoryManager]:
-        simulator_options, manager_options = _split({**DEFAULTS, **settings})
+        simulator_options, manager_options = _split({**aiocubie_config, **settings})
         simulator = SimulatorBackend(**simulator_options)
         simulators.append(simulator)
         async with _running(simulator, manager_options) as mgr:
@@ -147,3 +159,41 @@ def aiocubie_manager_factory() -> Iterator[Callable[..., contextlib.AbstractAsyn
     yield factory
     for simulator in simulators:
         simulator.close()
+
+
+try:
+    import pytest_asyncio
+except ImportError:  # pragma: no cover - the fixture is for pytest-asyncio users only
+    pass
+else:
+
+    @pytest_asyncio.fixture
+    async def aiocubie_asyncio_manager(
+        aiocubie_simulator: SimulatorBackend, aiocubie_config: dict[str, Any]
+    ) -> AsyncIterator[MemoryManager]:
+        """A running MemoryManager on ``aiocubie_simulator``, for pytest-asyncio tests.
+
+        pytest-asyncio runs a fixture's setup and teardown in different tasks, and a running
+        manager must be entered and left in one task: this fixture runs it in a task of its own.
+        """
+        started: asyncio.Future[MemoryManager] = asyncio.get_running_loop().create_future()
+        stop = asyncio.Event()
+
+        async def own() -> None:
+            try:
+                async with _running(aiocubie_simulator, _split(aiocubie_config)[1]) as mgr:
+                    started.set_result(mgr)
+                    await stop.wait()
+            except BaseException as exc:
+                if not started.done():
+                    started.set_exception(exc)
+                raise
+
+        owner = asyncio.get_running_loop().create_task(own(), name="aiocubie_asyncio_manager")
+        try:
+            yield await started
+        finally:
+            stop.set()
+            await owner
+
+    __all__ += ["aiocubie_asyncio_manager"]

@@ -162,3 +162,67 @@ async def test_fixture_present(aiocubie_manager):
     )
     result = pytester.runpytest("-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning")
     result.assert_outcomes(passed=1)
+
+
+def test_pytest_asyncio_users_get_a_manager_fixture_the_marker_and_a_clear_misuse_error(
+    pytester: pytest.Pytester,
+) -> None:
+    pytest.importorskip("pytest_asyncio")
+    result = _run(
+        pytester,
+        """
+import numpy as np
+import pytest
+from aiocubie import ArrayRequest
+
+
+@pytest.mark.asyncio
+@pytest.mark.aiocubie(total=1 << 16, mode="active")
+async def test_asyncio_manager(aiocubie_asyncio_manager, aiocubie_simulator):
+    assert aiocubie_asyncio_manager.running and aiocubie_asyncio_manager.backend is aiocubie_simulator
+    assert aiocubie_simulator.total == 1 << 16 and aiocubie_asyncio_manager.active
+    owner = object()
+    aiocubie_asyncio_manager.register(owner)
+    async with aiocubie_asyncio_manager.request(owner, {"a": ArrayRequest((256,), np.float32)}) as response:
+        assert response.chunks == 1 and aiocubie_simulator.used == 1024
+
+
+@pytest.mark.asyncio
+@pytest.mark.aiocubie(total=1 << 14)
+async def test_marker_sets_the_factory(aiocubie_manager_factory):
+    async with aiocubie_manager_factory() as mgr, aiocubie_manager_factory(total=1 << 15) as other:
+        assert mgr.backend.total == 1 << 14 and other.backend.total == 1 << 15
+
+
+@pytest.mark.asyncio
+async def test_misused_anyio_fixture(aiocubie_manager):
+    pass
+
+
+@pytest.mark.asyncio
+async def test_after_the_misuse(aiocubie_asyncio_manager):
+    assert aiocubie_asyncio_manager.running
+""",
+    )
+    # the misuse is an error of its own test (pytest's, or this plugin's where pytest-asyncio runs
+    # the fixture), and the test after it is unharmed
+    result.assert_outcomes(passed=3, errors=1)
+    result.stdout.fnmatch_lines(["*ERROR*test_misused_anyio_fixture*"])
+
+
+def test_the_anyio_fixture_under_pytest_asyncio_auto_mode_says_what_to_use(pytester: pytest.Pytester) -> None:
+    pytest.importorskip("pytest_asyncio")
+    pytester.makeini("[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n")
+    pytester.makepyfile(
+        """
+async def test_misused(aiocubie_manager):
+    pass
+
+
+async def test_after(aiocubie_asyncio_manager):
+    assert aiocubie_asyncio_manager.running
+"""
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*aiocubie_manager runs under anyio's pytest plugin*aiocubie_asyncio_manager*"])
