@@ -67,7 +67,9 @@ def _demo(args: argparse.Namespace) -> int:
             f"the demo runs numba kernels, and numba cannot be imported ({exc}): pip install 'aiocubie[numba]'"
         ) from exc
 
-    return run_demo(chosen, why, runs=args.runs, batches=args.batches, budget=args.budget, progress=args.progress)
+    return run_demo(
+        chosen, why, runs=args.runs, batches=args.batches, budget=args.budget, progress=args.progress, force=args.force
+    )
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -131,6 +133,7 @@ def _parser() -> argparse.ArgumentParser:
         help="simulated device memory in bytes (simulator only; default 1 MiB)",
     )
     demo.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    demo.add_argument("--force", action="store_true", help="run a plan of very many small chunks anyway")
     bench = commands.add_parser(
         "bench", help="the scheduler's cost per request on a zero-latency device, against a bare asyncio future"
     )

@@ -21,7 +21,9 @@ from numba import cuda
 from numba.core.errors import NumbaPerformanceWarning
 
 from ._backends import Engines, SimulatorBackend
+from ._errors import ConfigurationError
 from ._manager import MemoryManager
+from ._planner import offered_bytes, plan_batch
 from ._requests import ArrayRequest
 from ._stats import Percentiles, Snapshot
 from ._walk import DEFAULT_DEPTH, walk_chunks, walk_requests
@@ -31,6 +33,10 @@ __all__ = ["run_demo"]
 FEATURES = 8
 #: Simulated device memory when no budget is given.
 DEFAULT_BUDGET = 1 << 20
+#: Plans of more chunks than this are refused unless forced (each chunk is a round of copies and a launch).
+MAX_CHUNKS = 5_000
+#: What a chunk costs at least on the simulator (its kernels run as Python threads).
+SIMULATOR_SECONDS_PER_CHUNK = 0.013
 #: Share of the budget each of the three components may hold (active mode caps).
 SHARE = 0.3
 # numba's CUDA simulator keeps the running kernel in a module global: one launch at a time.
@@ -316,8 +322,42 @@ def _print_table(rows: list[list[str]], title: str) -> None:
     console.print(table)
 
 
-def run_demo(backend: str, why: str, *, runs: int, batches: int, budget: int | None, progress: bool) -> int:
-    """Run the demo pipeline on ``backend``; print progress, a summary and the check. Return 0 if all match."""
+def _announce_plan(mgr: MemoryManager, share: float, runs: int, batches: int, force: bool) -> None:
+    """Print how the loader's batches (the largest) will be chunked; refuse absurd plans unless forced."""
+    requests = walk_requests(
+        {
+            "raw": ArrayRequest((FEATURES, runs), np.float32, chunk_axis=1),
+            "scale": ArrayRequest(FEATURES, np.float32, unchunkable=True),
+            "features": ArrayRequest((FEATURES, runs), np.float32, chunk_axis=1),
+        },
+        DEFAULT_DEPTH,
+    )
+    info = mgr.memory_info()
+    cap = math.floor(share * info.total)
+    offered = offered_bytes(cap, info.free, headroom=mgr.options.headroom, granule=mgr.backend.granule)
+    plan = plan_batch({0: requests}, offered)  # a plan that cannot fit raises here, saying why
+    chunks = 3 * plan.chunks * batches  # three stages, each walking about as many chunks
+    estimate = ""
+    if mgr.backend.name == "simulator":
+        estimate = f", at least {chunks * SIMULATOR_SECONDS_PER_CHUNK:,.0f} s on the simulator"
+    print(
+        f"plan: {plan.chunks:,} chunks of {plan.chunk_length:,} runs per batch: about {chunks:,} chunks in all{estimate}"
+    )
+    if chunks > MAX_CHUNKS and not force:
+        raise ConfigurationError(
+            f"the budget cuts this workload into about {chunks:,} chunks (over {MAX_CHUNKS:,}): raise --budget, "
+            "lower --runs, or pass --force to run it anyway"
+        )
+
+
+def run_demo(
+    backend: str, why: str, *, runs: int, batches: int, budget: int | None, progress: bool, force: bool = False
+) -> int:
+    """Run the demo pipeline on ``backend``; print progress, a summary and the check. Return 0 if all match.
+
+    Says first how many chunks the plan walks, and refuses more than :data:`MAX_CHUNKS` unless
+    ``force``.
+    """
     budget = DEFAULT_BUDGET if budget is None else budget
     if backend == "simulator":
         # copy engines about as slow as the simulated kernels (1 MB/s), so that overlapping them shows
@@ -334,6 +374,11 @@ def run_demo(backend: str, why: str, *, runs: int, batches: int, budget: int | N
         f"workload: {batches} batches x {runs:,} runs x {FEATURES} features ({workload:,} bytes of float32), "
         f"budget {budget:,} bytes, each component capped at {share:.3g} of {mgr.memory_info().total:,}"
     )
+    try:
+        _announce_plan(mgr, share, runs, batches, force)
+    except BaseException:
+        mgr.close()
+        raise
 
     async def main() -> tuple[dict[str, list[Any]], Snapshot]:
         # The budget makes chunks small on purpose: numba's small-grid warnings are noise here.

@@ -129,3 +129,13 @@ def test_an_aiocubie_error_inside_a_task_group_is_one_line_without_traceback() -
     assert "Traceback" not in result.stderr and "ExceptionGroup" not in result.stderr
     debug = _run("--debug", "demo", "--backend", "simulator", "--budget", "100", "--no-progress")
     assert debug.returncode == 1 and "Traceback" in debug.stderr
+
+
+def test_demo_says_its_plan_first_and_refuses_an_absurd_one_unless_forced() -> None:
+    result = _run("demo", "--backend", "simulator", "--budget", "1000", "--no-progress")
+    assert result.returncode == 1
+    assert re.search(r"^plan: [\d,]+ chunks of 1 runs per batch: about [\d,]+ chunks in all", result.stdout, re.M)
+    assert "pass --force to run it anyway" in result.stderr and "Traceback" not in result.stderr
+    small = _run("demo", "--backend", "simulator", "--runs", "500", "--batches", "1", "--no-progress")
+    assert small.returncode == 0, small.stderr
+    assert re.search(r"^plan: 1 chunks of 500 runs per batch", small.stdout, re.M)
