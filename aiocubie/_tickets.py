@@ -140,8 +140,13 @@ class Ticket:
             await self._signal
 
     def result(self) -> ArrayResponse:
-        """The response of an ended ticket, or its error raised."""
+        """The response of an ended ticket, or its error raised (once: the raiser owns it then).
+
+        A raised error holds its traceback, whose frames hold the caller's locals (its instance
+        among them): a ticket still listed somewhere must not keep that alive.
+        """
         if self.error is not None:
-            raise self.error
+            error, self.error = self.error, None
+            raise error
         assert self.response is not None and self.state is State.READY, self.state
         return self.response
