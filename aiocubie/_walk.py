@@ -464,12 +464,8 @@ class _Walk:
         start, stop = response.chunk_bounds(index)
         length = stop - start
         for label in self.chunked_in:
-            axis = response.chunk_axes[label]
-            full = response.buffer(label, index % depth)
-            trimmed = _trim(full, axis, length)
-            target = trimmed if trimmed is full or _contiguous(trimmed) else full
-            host = self.ins[label][response.chunk_slices(index, label)]
-            if target is trimmed and self.pinned[label] and host.flags.c_contiguous:
+            axis, full, target, host, direct = self._ends(self.ins, label, index, length)
+            if direct:
                 source: Any = host  # page-locked already: straight to the copy engine
             else:
                 buffer, used = self._staging(self.slots_in, index, label, full.nbytes)
@@ -480,6 +476,21 @@ class _Walk:
             backend.copy(source, target, cin, tag=("in", index, label))
         self.in_done[index] = backend.record_event(cin)
 
+    def _ends(
+        self, hosts: dict[str, np.ndarray[Any, Any]], label: str, index: int, length: int
+    ) -> tuple[int | None, Any, Any, np.ndarray[Any, Any], bool]:
+        """Both ends of chunk ``index``'s copy of ``label``: its run axis, its full device buffer,
+        the device side to copy (the trimmed buffer when it is contiguous, else the full one), the
+        host slice, and whether the copy can go straight between them (the host side pinned)."""
+        response = self.response
+        axis = response.chunk_axes[label]
+        full = response.buffer(label, index % self.depth)
+        trimmed = _trim(full, axis, length)
+        device = trimmed if trimmed is full or _contiguous(trimmed) else full
+        host = hosts[label][response.chunk_slices(index, label)]
+        direct = device is trimmed and self.pinned[label] and bool(host.flags.c_contiguous)
+        return axis, full, device, host, direct
+
     async def _copy_out(self, index: int) -> None:
         response, backend, depth, cout = self.response, self.backend, self.depth, self.cout
         backend.wait_event(cout, self.body_done[index])
@@ -487,12 +498,8 @@ class _Walk:
         length = stop - start
         unpack: list[tuple[Any, Any]] = []
         for label in self.chunked_out:
-            axis = response.chunk_axes[label]
-            full = response.buffer(label, index % depth)
-            trimmed = _trim(full, axis, length)
-            source = trimmed if trimmed is full or _contiguous(trimmed) else full
-            host = self.outs[label][response.chunk_slices(index, label)]
-            if source is trimmed and self.pinned[label] and host.flags.c_contiguous:
+            axis, full, source, host, direct = self._ends(self.outs, label, index, length)
+            if direct:
                 target: Any = host
             else:
                 buffer, used = self._staging(self.slots_out, index, label, full.nbytes)

@@ -100,3 +100,11 @@ def scale(ci: int, soak: int) -> int:
 def sim_stream_threads() -> int:
     """Simulator stream worker threads alive now."""
     return sum(t.name.startswith("aiocubie-sim-stream-") for t in threading.enumerate())
+
+
+MiB = 1 << 20
+
+
+def block(mib: float = 0.25) -> dict[str, ArrayRequest]:
+    """One chunkable float32 request of about ``mib`` MiB."""
+    return {"x": ArrayRequest((4, int(mib * MiB) // 16), "float32", chunk_axis=1)}

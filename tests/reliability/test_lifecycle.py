@@ -14,22 +14,16 @@ from typing import Any
 import anyio
 import pytest
 import trio
-from _reliability import LOOPS, SEEDS, Component, outcome, scale, sim_stream_threads
+from _reliability import LOOPS, SEEDS, Component, MiB, block, outcome, scale, sim_stream_threads
 
-from aiocubie import AiocubieError, ArrayRequest, ArrayResponse, ManagerStateError, MemoryManager, SimulatorBackend
+from aiocubie import AiocubieError, ArrayResponse, ManagerStateError, MemoryManager, SimulatorBackend
 
 pytestmark = pytest.mark.anyio
-
-MiB = 1 << 20
 
 
 @pytest.fixture(params=LOOPS)
 def anyio_backend(request: pytest.FixtureRequest) -> Any:
     return request.param
-
-
-def block(mib: float = 0.25) -> dict[str, ArrayRequest]:
-    return {"x": ArrayRequest((4, int(mib * MiB) // 16), "float32", chunk_axis=1)}
 
 
 def assert_released(mgr: MemoryManager, sim: SimulatorBackend) -> None:

@@ -15,22 +15,16 @@ from typing import Any
 
 import anyio
 import pytest
-from _reliability import LOOPS, SEEDS, Component, outcome, pending_tickets, scale, settle
+from _reliability import LOOPS, SEEDS, Component, MiB, block, outcome, pending_tickets, scale, settle
 
 from aiocubie import ArrayRequest, ArrayResponse, MemoryManager, SimulatorBackend
 
 pytestmark = pytest.mark.anyio
 
-MiB = 1 << 20
-
 
 @pytest.fixture(params=LOOPS)
 def anyio_backend(request: pytest.FixtureRequest) -> Any:
     return request.param
-
-
-def block(mib: float = 0.25) -> dict[str, ArrayRequest]:
-    return {"x": ArrayRequest((4, int(mib * MiB) // 16), "float32", chunk_axis=1)}
 
 
 class Hooked:
