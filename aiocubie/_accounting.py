@@ -169,6 +169,7 @@ class DeviceAccount:
             chunk_axes=requests.chunk_axes,
             stream=stream,
             buffers=buffers,
+            backend=self.backend,
         )
         if allocations:
             self.ledger.add(response, allocations, vram)

@@ -92,7 +92,7 @@ class Stage:
     ) -> None:
         """Request ``requests`` and launch ``kernel`` on each chunk with the device arrays ``args``."""
         async with self.mgr.request(self, walk_requests(requests, self.depth)) as response:
-            async for chunk in walk_chunks(self.mgr, self, response, inputs=inputs, outputs=outputs, depth=self.depth):
+            async for chunk in walk_chunks(response, inputs=inputs, outputs=outputs, depth=self.depth):
                 await self.launch(kernel, chunk.length, *(chunk.device[label] for label in args))
                 self.advance(chunk.length)
 

@@ -1,7 +1,7 @@
 """Walk a response chunk by chunk: copy each chunk's inputs in and its outputs out.
 
-It does the index arithmetic of the chunk plan for the user. At depth 1 it moves data through
-``mgr.to_device`` / ``mgr.from_device`` and waits for each copy (the serial walk); deeper, it
+It does the index arithmetic of the chunk plan for the user. At depth 1 it copies on the
+response's stream and waits for each copy (the serial walk); deeper, it
 overlaps: copies run on two copy streams, ordered by events against the group's stream, and
 pageable host data is staged through the backend's pinned pool. It never launches kernels and
 never lets a copy outlive the buffers it uses.
@@ -18,7 +18,7 @@ import threading
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -27,11 +27,8 @@ import numpy as np
 
 from ._backends import Event
 from ._completion import Loop
-from ._errors import AiocubieError, InvalidRequestError, shown
+from ._errors import AiocubieError, InvalidRequestError, shown, warn
 from ._requests import ArrayRequest, ArrayResponse
-
-if TYPE_CHECKING:
-    from ._manager import MemoryManager
 
 __all__ = ["DEFAULT_DEPTH", "Chunk", "walk_chunks", "walk_requests"]
 
@@ -83,10 +80,8 @@ class Chunk:
 
 
 async def walk_chunks(
-    mgr: MemoryManager,
-    instance: object,
     response: ArrayResponse,
-    *,
+    *legacy: Any,
     inputs: Mapping[str, np.ndarray[Any, Any]] | None = None,
     outputs: Mapping[str, np.ndarray[Any, Any]] | None = None,
     depth: int | None = None,
@@ -98,7 +93,7 @@ async def walk_chunks(
     slice of the host array. Unchunkable inputs are copied once before the first chunk and
     unchunkable outputs once after the last.
 
-    At depth 1 (the serial walk) copies run on ``instance``'s stream and are awaited, so the
+    At depth 1 (the serial walk) copies run on the response's stream and are awaited, so the
     body may even read the device arrays from the host. At depth ``d > 1`` the walk
     overlaps: chunk ``i`` uses chunk buffer ``i % d`` of each array, the inputs of the next
     ``d - 1`` chunks copy in and the outputs of earlier chunks copy out on copy streams while
@@ -109,12 +104,10 @@ async def walk_chunks(
 
     Parameters
     ----------
-    mgr : MemoryManager
-        The running manager that served ``response``.
-    instance : object
-        The registered instance that owns ``response`` (its stream is used).
     response : ArrayResponse
-        What ``await mgr.request(instance, ...)`` returned.
+        What ``await mgr.request(instance, ...)`` returned: it knows its arrays, its plan, its
+        stream and the backend that made it. (The 0.1 form ``walk_chunks(mgr, instance,
+        response, ...)`` still works, with a DeprecationWarning.)
     inputs, outputs : mapping, optional
         Label -> full-size (unchunked) host array of that label's request.
     depth : int, optional
@@ -147,18 +140,34 @@ async def walk_chunks(
     Examples
     --------
     >>> async with mgr.request(solver, walk_requests(requests)) as response:   # doctest: +SKIP
-    ...     async for chunk in walk_chunks(mgr, solver, response, inputs={"x": x}, outputs={"y": y}):
+    ...     async for chunk in walk_chunks(response, inputs={"x": x}, outputs={"y": y}):
     ...         kernel[blocks, threads, chunk.stream](chunk.device["x"], chunk.device["y"])
     """
+    if len(legacy) == 2 and not isinstance(response, ArrayResponse):  # walk_chunks(mgr, instance, response)
+        warn(
+            "walk_chunks(mgr, instance, response, ...) is deprecated: call walk_chunks(response, ...)",
+            DeprecationWarning,
+        )
+        response = legacy[1]
+    elif legacy:
+        raise InvalidRequestError(
+            f"walk_chunks takes one response and keyword arguments, got {1 + len(legacy)} positional arguments: "
+            "walk_chunks(response, inputs={...}, outputs={...})"
+        )
     if not isinstance(response, ArrayResponse):
         raise InvalidRequestError(
             f"walk_chunks walks an ArrayResponse (what `await mgr.request(...)` returns), got {shown(response)}"
+        )
+    if response.backend is None:
+        raise InvalidRequestError(
+            "walk_chunks walks a response a manager served (it copies with that manager's backend); "
+            "this one was built by hand"
         )
     ins = _check(response, {} if inputs is None else inputs, "inputs")
     outs = _check(response, {} if outputs is None else outputs, "outputs")
     depth = _depth(response, ins, outs, depth)
     # closed with this generator, so that its cleanup runs when this one is closed
-    async with contextlib.aclosing(_Walk(mgr, instance, response, ins, outs, depth).walk()) as chunks:
+    async with contextlib.aclosing(_Walk(response, ins, outs, depth).walk()) as chunks:
         async for chunk in chunks:
             yield chunk
 
@@ -357,17 +366,15 @@ class _Walk:
 
     def __init__(
         self,
-        mgr: MemoryManager,
-        instance: object,
         response: ArrayResponse,
         ins: dict[str, np.ndarray[Any, Any]],
         outs: dict[str, np.ndarray[Any, Any]],
         depth: int,
     ) -> None:
-        self.mgr, self.instance, self.response, self.depth = mgr, instance, response, depth
-        self.backend = backend = mgr.backend
+        self.response, self.depth = response, depth
+        self.backend = backend = response.backend
         self.ins, self.outs = ins, outs
-        self.stream = mgr.get_stream(instance)
+        self.stream = response.stream
         self.cin, self.cout = _copy_streams_of(backend, self.stream)
         axes = response.chunk_axes
         self.chunked_in = [label for label in ins if axes[label] is not None]
@@ -386,14 +393,13 @@ class _Walk:
         self.pending: collections.deque[tuple[int, Event, list[tuple[Any, Any]]]] = collections.deque()
 
     async def walk(self) -> AsyncGenerator[Chunk, None]:
-        response, backend, mgr, depth = self.response, self.backend, self.mgr, self.depth
+        response, backend, depth = self.response, self.backend, self.depth
         axes = response.chunk_axes
         whole_in = [label for label in self.ins if axes[label] is None]
         finished = False
         try:
             if whole_in:
-                await mgr.to_device(
-                    self.instance,
+                await self._copy_whole(
                     [np.ascontiguousarray(self.ins[label]) for label in whole_in],
                     [response.arrays[label] for label in whole_in],
                 )
@@ -424,7 +430,7 @@ class _Walk:
             whole_out = [label for label in self.outs if axes[label] is None]
             if whole_out:
                 buffers = [np.empty_like(self.outs[label], order="C") for label in whole_out]
-                await mgr.from_device(self.instance, [response.arrays[label] for label in whole_out], buffers)
+                await self._copy_whole([response.arrays[label] for label in whole_out], buffers)
                 for label, buffer in zip(whole_out, buffers):
                     self.outs[label][...] = buffer
             finished = True
@@ -434,6 +440,12 @@ class _Walk:
             for buffer in self.staging:
                 self.pool.release(buffer)
             self.staging.clear()
+
+    async def _copy_whole(self, sources: list[Any], targets: list[Any]) -> None:
+        """Copy the unchunked arrays on the group's stream and wait until they are done."""
+        for source, target in zip(sources, targets):
+            self.backend.copy(source, target, self.stream)
+        await self.loop.wait(self.backend.record_event(self.stream))
 
     def _chunk(self, index: int) -> Chunk:
         response = self.response

@@ -32,7 +32,7 @@ async def _walk_once(
     mgr: MemoryManager, owner: object, response: Any, kit: Any, x: Any, y: Any, depth: int, kernel_s: float
 ) -> float:
     start = time.perf_counter()
-    async for chunk in walk_chunks(mgr, owner, response, inputs={"x": x}, outputs={"y": y}, depth=depth):
+    async for chunk in walk_chunks(response, inputs={"x": x}, outputs={"y": y}, depth=depth):
         kit.kernel(chunk.stream, chunk.device["x"], chunk.device["y"], kernel_s * chunk.length / response.chunk_length)
     return time.perf_counter() - start
 

@@ -31,7 +31,7 @@ class Solver:
             "y": ArrayRequest(x.shape, x.dtype, chunk_axis=1),
         }
         async with mgr.request(self, requests) as response:
-            async for chunk in walk_chunks(mgr, self, response, inputs={"x": x}, outputs={"y": y}):
+            async for chunk in walk_chunks(response, inputs={"x": x}, outputs={"y": y}):
                 with aiocubie.current_cupy_stream(response.stream):  # CuPy work on the group's stream
                     chunk.device["y"][...] = self.a * chunk.device["x"] + 1
             return y, response.chunks
@@ -45,7 +45,7 @@ class PostProcessor:
         async with mgr.request(
             self, {"y": ArrayRequest(y.shape, y.dtype, chunk_axis=1), "s": ArrayRequest(y.shape[1], y.dtype)}
         ) as response:
-            async for chunk in walk_chunks(mgr, self, response, inputs={"y": y}, outputs={"s": sums}):
+            async for chunk in walk_chunks(response, inputs={"y": y}, outputs={"s": sums}):
                 with aiocubie.current_cupy_stream(response.stream):
                     chunk.device["s"][...] = chunk.device["y"].sum(axis=0)
         return sums

@@ -55,7 +55,7 @@ class Consumer:
                 out = mgr.create_host_array(rows.shape, rows.dtype)
                 requests = {"rows": ArrayRequest(rows.shape, rows.dtype), "out": ArrayRequest(rows.shape, rows.dtype)}
                 async with mgr.request(self, requests) as response:
-                    async for chunk in walk_chunks(mgr, self, response, inputs={"rows": rows}, outputs={"out": out}):
+                    async for chunk in walk_chunks(response, inputs={"rows": rows}, outputs={"out": out}):
                         launch(normalise, chunk.length, response.stream, chunk.device["rows"], chunk.device["out"])
                         await mgr.sync_stream(self)
                 assert np.allclose(out, rows / rows.sum(axis=1, keepdims=True))

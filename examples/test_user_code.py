@@ -21,7 +21,7 @@ class Smoother:
         out = np.empty_like(signal)
         requests = {"x": ArrayRequest(signal.shape, signal.dtype), "y": ArrayRequest(signal.shape, signal.dtype)}
         async with mgr.request(self, requests) as response:
-            async for chunk in walk_chunks(mgr, self, response, inputs={"x": signal}, outputs={"y": out}):
+            async for chunk in walk_chunks(response, inputs={"x": signal}, outputs={"y": out}):
                 x, y = chunk.device["x"], chunk.device["y"]
                 y[...] = x
                 y[:, 1:-1] = (x[:, :-2] + x[:, 1:-1] + x[:, 2:]) / 3

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import math
 
+import attrs
 import numpy as np
 import pytest
 
@@ -51,9 +52,7 @@ async def test_every_element_round_trips(axis: int, max_chunk: int) -> None:
         async with mgr.request(solver, requests) as response:
             assert response.chunks == math.ceil(RUNS / max_chunk)
             chunks: list[Chunk] = []
-            async for chunk in walk_chunks(
-                mgr, solver, response, inputs={"x": x, "p": p}, outputs={"y": y, "total": total}
-            ):
+            async for chunk in walk_chunks(response, inputs={"x": x, "p": p}, outputs={"y": y, "total": total}):
                 run_axis = axis % x.ndim
                 assert chunk.device["x"].shape[run_axis] == chunk.length
                 np.testing.assert_array_equal(chunk.device["x"].get(), chunk.host["x"])
@@ -77,7 +76,7 @@ async def test_uneven_last_chunk_is_trimmed() -> None:
         mgr.register(solver)
         x = np.ones(SHAPES[1])
         async with mgr.request(solver, requests) as response:
-            lengths = [c.length async for c in walk_chunks(mgr, solver, response, inputs={"x": x})]
+            lengths = [c.length async for c in walk_chunks(response, inputs={"x": x})]
     assert (response.chunks, response.chunk_length) == (3, 3)
     assert lengths == [3, 3, 1]
 
@@ -91,7 +90,7 @@ async def test_breaking_out_skips_the_remaining_copies() -> None:
         solver = object()
         mgr.register(solver)
         async with mgr.request(solver, requests) as response:
-            walk = walk_chunks(mgr, solver, response, inputs={"x": x}, outputs={"y": y})
+            walk = walk_chunks(response, inputs={"x": x}, outputs={"y": y})
             async with contextlib.aclosing(walk):
                 async for chunk in walk:
                     chunk.device["y"][...] = 5
@@ -107,13 +106,13 @@ async def test_bad_host_arrays_are_refused() -> None:
         mgr.register(solver)
         async with mgr.request(solver, requests) as response:
             with pytest.raises(InvalidRequestError, match="no array 'z'"):
-                async for _ in walk_chunks(mgr, solver, response, inputs={"z": np.zeros(3)}):
+                async for _ in walk_chunks(response, inputs={"z": np.zeros(3)}):
                     pass
             with pytest.raises(InvalidRequestError, match=r"full-size"):
-                async for _ in walk_chunks(mgr, solver, response, outputs={"y": np.zeros((3, 3))}):
+                async for _ in walk_chunks(response, outputs={"y": np.zeros((3, 3))}):
                     pass
             with pytest.raises(InvalidRequestError, match=r"float32"):
-                async for _ in walk_chunks(mgr, solver, response, inputs={"x": np.zeros(SHAPES[0], np.float32)}):
+                async for _ in walk_chunks(response, inputs={"x": np.zeros(SHAPES[0], np.float32)}):
                     pass
 
 
@@ -143,14 +142,37 @@ async def test_bad_walk_arguments_are_refused_before_any_copy() -> None:
                 sim.faults.inject("copy", times=None)  # any copy attempted would fail differently
                 try:
                     with pytest.raises(InvalidRequestError, match=message):
-                        async for _ in walk_chunks(mgr, solver, response, **kwargs):
+                        async for _ in walk_chunks(response, **kwargs):
                             pass
                 finally:
                     sim.faults.clear()
                 assert sim.faults.fired["copy"] == copies
             with pytest.raises(InvalidRequestError, match="walks an ArrayResponse"):
-                async for _ in walk_chunks(mgr, solver, {"x": x}):  # type: ignore[arg-type]
+                async for _ in walk_chunks({"x": x}):  # type: ignore[arg-type]
                     pass
+            with pytest.raises(InvalidRequestError, match="takes one response"):
+                async for _ in walk_chunks(response, {"x": x}):
+                    pass
+            by_hand = attrs.evolve(response, backend=None)
+            with pytest.raises(InvalidRequestError, match="built by hand"):
+                async for _ in walk_chunks(by_hand, inputs={"x": x}):
+                    pass
+
+
+# issue 13 item 11: the response knows its stream and backend; the 0.1 form still walks, with a warning
+@pytest.mark.anyio
+async def test_the_response_alone_is_walked_and_the_old_form_warns() -> None:
+    async with MemoryManager(SimulatorBackend(1 << 20)) as mgr:
+        solver = object()
+        mgr.register(solver)
+        x = np.arange(SHAPES[0][0] * SHAPES[0][1], dtype=np.float64).reshape(SHAPES[0])
+        async with mgr.request(solver, _requests(0)) as response:
+            assert response.backend is mgr.backend
+            new = [chunk.start async for chunk in walk_chunks(response, inputs={"x": x})]
+            with pytest.warns(DeprecationWarning, match=r"call walk_chunks\(response, ...\)") as caught:
+                old = [chunk.start async for chunk in walk_chunks(mgr, solver, response, inputs={"x": x})]  # type: ignore[arg-type]
+    assert new == old == list(range(0, response.runs, response.chunk_length))
+    assert caught[0].filename == __file__  # points at the caller's line
 
 
 # issue 11 item 16: an empty run axis is walked along with a 1,000-run batch-mate
@@ -184,7 +206,7 @@ async def test_an_empty_run_axis_batched_with_a_thousand_runs_is_served_and_walk
         z_in, z_out = np.zeros((0, 3)), np.zeros((0, 3))
         p = np.array([1.0, 2.0])
         seen = []
-        async for chunk in walk_chunks(mgr, empty_owner, empty, inputs={"z": z_in, "p": p}, outputs={"z": z_out}):  # type: ignore[arg-type]
+        async for chunk in walk_chunks(empty, inputs={"z": z_in, "p": p}, outputs={"z": z_out}):  # type: ignore[arg-type]
             assert chunk.device["z"].shape == (0, 3) and chunk.host["z"].shape == (0, 3)
             np.testing.assert_array_equal(chunk.device["p"].get(), p)
             seen.append((chunk.start, chunk.stop))

@@ -98,8 +98,6 @@ async def _walk(
         async with mgr.request(solver, walk_requests(requests, depth)) as response:
             chunks = response.chunks
             async for chunk in walk_chunks(
-                mgr,
-                solver,
                 response,
                 inputs={k: host[k] for k in ("x", "z", "p")},
                 outputs={k: host[k] for k in ("y", "z", "total")},
@@ -197,7 +195,7 @@ async def _timed_walk(
             assert response.chunks == chunks
             inputs = {"x": x}
             outputs = {"x": x} if in_place else {"y": y}
-            async for chunk in walk_chunks(mgr, solver, response, inputs=inputs, outputs=outputs):
+            async for chunk in walk_chunks(response, inputs=inputs, outputs=outputs):
                 dx, dy = host_data(chunk.device["x"]), host_data(chunk.device["y"])
 
                 def work(dx: np.ndarray = dx, dy: np.ndarray = dy) -> None:
@@ -286,9 +284,7 @@ async def _interrupted(
             sim.faults.inject("copy", after=at)
         with anyio.CancelScope() as scope:
             async with mgr.request(solver, walk_requests(requests, depth)) as response:
-                walk = walk_chunks(
-                    mgr, solver, response, inputs={"x": data["x"], "z": data["z"]}, outputs={"y": y, "z": data["z"]}
-                )
+                walk = walk_chunks(response, inputs={"x": data["x"], "z": data["z"]}, outputs={"y": y, "z": data["z"]})
                 async with contextlib.aclosing(walk) if closing else contextlib.nullcontext(walk):
                     async for chunk in walk:
                         chunk.device["y"][...] = chunk.device["x"] * 2
@@ -347,7 +343,7 @@ async def test_a_fault_at_any_copy_is_an_aiocubie_error(at: int) -> None:
             sim.faults.inject("copy", after=at)
             try:
                 async for chunk in walk_chunks(
-                    mgr, solver, response, inputs={"x": data["x"], "p": data["p"]}, outputs={"y": np.zeros(SHAPES[0])}
+                    response, inputs={"x": data["x"], "p": data["p"]}, outputs={"y": np.zeros(SHAPES[0])}
                 ):
                     chunk.device["y"][...] = chunk.device["x"]
             except AiocubieError as exc:
@@ -440,7 +436,7 @@ async def test_a_walk_deeper_than_its_buffers_is_refused() -> None:
         mgr.register(solver)
         async with mgr.request(solver, requests) as response:
             with pytest.raises(InvalidRequestError, match=r"walk_requests\(requests, depth=2\)"):
-                async for _ in walk_chunks(mgr, solver, response, inputs={"x": np.zeros(SHAPES[0])}, depth=2):
+                async for _ in walk_chunks(response, inputs={"x": np.zeros(SHAPES[0])}, depth=2):
                     pass
 
 
@@ -458,7 +454,7 @@ async def test_pageable_walks_stage_through_exact_reused_pinned_buffers() -> Non
         mgr.register(solver)
         for _ in range(3):  # reused across walks
             async with mgr.request(solver, requests) as response:
-                async for chunk in walk_chunks(mgr, solver, response, inputs={"x": x}, outputs={"y": y}):
+                async for chunk in walk_chunks(response, inputs={"x": x}, outputs={"y": y}):
                     chunk.device["y"][...] = chunk.device["x"] + 1
         np.testing.assert_array_equal(y, 2)
         pinned = mgr.stats().pinned

@@ -84,7 +84,7 @@ async def test_user_cupy_arithmetic_walk(contract: Contract) -> None:
             "y": ArrayRequest(x.shape, x.dtype, chunk_axis=1),
         }
         async with mgr.request(solver, requests) as response:
-            async for chunk in walk_chunks(mgr, solver, response, inputs={"x": x}, outputs={"y": y}):
+            async for chunk in walk_chunks(response, inputs={"x": x}, outputs={"y": y}):
                 chunk.device["y"][...] = 2 * chunk.device["x"] + 1
                 await mgr.sync_stream(solver)
     np.testing.assert_allclose(y, 2 * x + 1)
@@ -104,7 +104,7 @@ async def test_user_numba_kernel_walk(contract: Contract) -> None:
             "y": ArrayRequest(x.shape, x.dtype, chunk_axis=1),
         }
         async with mgr.request(solver, requests) as response:
-            async for chunk in walk_chunks(mgr, solver, response, inputs={"x": x}, outputs={"y": y}):
+            async for chunk in walk_chunks(response, inputs={"x": x}, outputs={"y": y}):
                 _launch(
                     axpy, contract.backend.name, chunk.length, response.stream, chunk.device["x"], chunk.device["y"]
                 )

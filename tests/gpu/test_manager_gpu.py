@@ -55,7 +55,7 @@ async def _solve(
         assert response.chunks > 1
         assert np.array_equal(to_numpy(response.arrays["params"]), np.zeros(16))
         host = np.full((rows, runs), np.nan, np.float32)
-        async for chunk in walk_chunks(mgr, solver, response, outputs={"out": host}):
+        async for chunk in walk_chunks(response, outputs={"out": host}):
             out = chunk.device["out"]
             threads = (4, 128)
             blocks = (1, -(-out.shape[1] // threads[1]))

@@ -39,8 +39,6 @@ async def _walk(backend: Any, depth: int, axis: int, pinned: bool, dtype: Any) -
         async with mgr.request(solver, walk_requests(requests, depth)) as response:
             assert response.chunks >= 4
             async for chunk in walk_chunks(
-                mgr,
-                solver,
                 response,
                 inputs={"x": host["x"], "z": host["z"]},
                 outputs={"y": host["y"], "z": host["z"]},
@@ -76,7 +74,7 @@ async def test_leaving_an_overlapped_walk_early_waits_and_leaks_nothing(cuda_bac
         y = np.zeros_like(x)
         requests = walk_requests({"x": ArrayRequest(x.shape, x.dtype), "y": ArrayRequest(x.shape, x.dtype)}, 2)
         async with mgr.request(solver, requests) as response:
-            walk = walk_chunks(mgr, solver, response, inputs={"x": x}, outputs={"y": y})
+            walk = walk_chunks(response, inputs={"x": x}, outputs={"y": y})
             async with contextlib.aclosing(walk):
                 async for chunk in walk:
                     if chunk.index == 2:

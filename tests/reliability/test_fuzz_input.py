@@ -337,7 +337,7 @@ async def test_bad_input_never_takes_down_a_batch(seed: int, drained: Any) -> No
                     assert response.chunked_shapes["p"] == (2,)
                     x = np.arange(runs * 3, dtype="f8").reshape(runs, 3)
                     y = np.zeros_like(x)
-                    async for chunk in walk_chunks(mgr, member, response, inputs={"x": x}, outputs={"x": y}):
+                    async for chunk in walk_chunks(response, inputs={"x": x}, outputs={"x": y}):
                         assert chunk.device["x"].shape[0] == (chunk.length if runs else 0)
                     np.testing.assert_array_equal(y, x)
 
@@ -376,8 +376,8 @@ async def test_bad_input_never_takes_down_a_batch(seed: int, drained: Any) -> No
                         lambda: mgr.to_device(member, junk(rng), [device]),
                         lambda: mgr.to_device(member, [junk(rng)], [device]),
                         lambda: mgr.from_device(member, [device], rng.choice([junk(rng), [junk(rng)], [np.zeros(3)]])),
-                        lambda: walk_chunks(mgr, member, response, inputs=junk(rng)).__anext__(),
-                        lambda: walk_chunks(mgr, member, response, outputs={"d": junk(rng)}).__anext__(),
+                        lambda: walk_chunks(response, inputs=junk(rng)).__anext__(),
+                        lambda: walk_chunks(response, outputs={"d": junk(rng)}).__anext__(),
                         lambda: mgr.prefetch(member, device, junk(rng)),
                     ):
                         try:
