@@ -68,7 +68,14 @@ def _demo(args: argparse.Namespace) -> int:
         ) from exc
 
     return run_demo(
-        chosen, why, runs=args.runs, batches=args.batches, budget=args.budget, progress=args.progress, force=args.force
+        chosen,
+        why,
+        runs=args.runs,
+        batches=args.batches,
+        budget=args.budget,
+        progress=args.progress,
+        force=args.force,
+        plot=args.plot,
     )
 
 
@@ -123,7 +130,7 @@ def _parser() -> argparse.ArgumentParser:
         parents=[backend],
         help="a three-stage async pipeline, chunked to fit the memory budget, checked against numpy",
     )
-    demo.add_argument("--runs", type=_positive, default=30_000, help="runs per batch (default 30000)")
+    demo.add_argument("--runs", type=_positive, default=20_000, help="runs per batch (default 20000)")
     demo.add_argument("--batches", type=_positive, default=3, help="batches through the pipeline (default 3)")
     demo.add_argument(
         "--budget",
@@ -134,6 +141,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     demo.add_argument("--force", action="store_true", help="run a plan of very many small chunks anyway")
+    demo.add_argument(
+        "--plot", type=Path, default=None, metavar="FILE", help="draw memory per group over time (needs matplotlib)"
+    )
     bench = commands.add_parser(
         "bench", help="the scheduler's cost per request on a zero-latency device, against a bare asyncio future"
     )

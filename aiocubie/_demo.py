@@ -1,7 +1,11 @@
 # numba ships no type information: its kernel decorator and device functions are untyped.
 # mypy: disable-error-code="untyped-decorator,attr-defined,no-untyped-call"
-"""``python -m aiocubie demo``: three components in two stream groups push a workload larger
+"""``python -m aiocubie demo``: four components in three stream groups push a workload larger
 than the memory budget through real numba CUDA kernels, chunk by chunk, and check the result.
+
+The groups work at once (the loader on the next batch while the solvers work on this one); the
+two solve components ask together, so each of their batches is one request pair with one chunk
+plan; every walk is overlapped. The run ends with a summary, a plot if asked for, and the check.
 
 Import it only after :func:`aiocubie.select_backend`: it imports numba.cuda.
 """
@@ -13,6 +17,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -24,6 +29,7 @@ from ._backends import Engines, SimulatorBackend
 from ._errors import ConfigurationError
 from ._manager import MemoryManager
 from ._planner import offered_bytes, plan_batch
+from ._recorder import Recorder
 from ._requests import ArrayRequest
 from ._stats import Percentiles, Snapshot
 from ._walk import DEFAULT_DEPTH, walk_chunks, walk_requests
@@ -37,8 +43,12 @@ DEFAULT_BUDGET = 1 << 20
 MAX_CHUNKS = 5_000
 #: What a chunk costs at least on the simulator (its kernels run as Python threads).
 SIMULATOR_SECONDS_PER_CHUNK = 0.013
-#: Share of the budget each of the three components may hold (active mode caps).
-SHARE = 0.3
+#: What a kernel's visit of one run (8 features) costs on the simulator, on a 2-core machine.
+SIMULATOR_SECONDS_PER_RUN = 30e-6
+#: Bytes a second of the simulator's copy engines: about as slow as its kernels, so overlap shows.
+SIMULATOR_BANDWIDTH = 1e6
+#: Share of the budget each of the four components may hold (active mode caps).
+SHARE = 0.2
 # numba's CUDA simulator keeps the running kernel in a module global: one launch at a time.
 _SIMULATOR_LAUNCH = threading.Lock()
 
@@ -70,6 +80,15 @@ def sum_kernel(values: Any, total: Any) -> None:  # pragma: no cover - compiled 
     cuda.atomic.add(total, 0, acc)  # one atomic per thread, not per element
 
 
+@cuda.jit
+def peak_kernel(x: Any, peak: Any) -> None:  # pragma: no cover - compiled by numba
+    for j in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
+        top = 0.0
+        for i in range(x.shape[0]):
+            top = max(top, abs(x[i, j]))
+        peak[j] = top
+
+
 class Stage:
     """A pipeline component: registers with the manager and launches its kernel per chunk."""
 
@@ -78,8 +97,10 @@ class Stage:
     ) -> None:
         self.mgr = mgr
         self.name = name
+        self.group = group
         self.advance = advance
         self.depth = DEFAULT_DEPTH  # overlapped walks: the next chunk copies in while this one computes
+        self.busy: list[tuple[float, float]] = []  # (start, end) of each batch it worked on
         mgr.register(self, stream_group=group, proportion=proportion, name=name)
 
     async def run_chunked(
@@ -91,10 +112,12 @@ class Stage:
         args: tuple[str, ...],
     ) -> None:
         """Request ``requests`` and launch ``kernel`` on each chunk with the device arrays ``args``."""
+        started = time.perf_counter()
         async with self.mgr.request(self, walk_requests(requests, self.depth)) as response:
             async for chunk in walk_chunks(response, inputs=inputs, outputs=outputs, depth=self.depth):
                 await self.launch(kernel, chunk.length, *(chunk.device[label] for label in args))
                 self.advance(chunk.length)
+        self.busy.append((started, time.perf_counter()))
 
     async def launch(self, kernel: Any, size: int, *args: Any) -> None:
         """Run ``kernel`` over ``size`` items on this stage's stream and wait for it."""
@@ -125,35 +148,76 @@ class Stage:
             await self.mgr.sync_stream(self)
 
 
+def loader_requests(runs: int) -> dict[str, ArrayRequest]:
+    """The loader's arrays for a batch of ``runs``."""
+    return {
+        "raw": ArrayRequest((FEATURES, runs), np.float32, chunk_axis=1),
+        "scale": ArrayRequest(FEATURES, np.float64, unchunkable=True),
+        "features": ArrayRequest((FEATURES, runs), np.float32, chunk_axis=1),
+    }
+
+
+def energy_requests(runs: int) -> dict[str, ArrayRequest]:
+    """The energy solver's arrays for a batch of ``runs``."""
+    return {
+        "x": ArrayRequest((FEATURES, runs), np.float32, chunk_axis=1),
+        "weights": ArrayRequest(FEATURES, np.float64, unchunkable=True),
+        "energy": ArrayRequest(runs, np.float32),
+    }
+
+
+def peak_requests(runs: int) -> dict[str, ArrayRequest]:
+    """The peak finder's arrays for a batch of ``runs``."""
+    return {"x": ArrayRequest((FEATURES, runs), np.float32, chunk_axis=1), "peak": ArrayRequest(runs, np.float32)}
+
+
+def reducer_requests(runs: int) -> dict[str, ArrayRequest]:
+    """The reducer's arrays for a batch of ``runs``."""
+    return {
+        "energy": ArrayRequest(runs, np.float32),
+        "total": ArrayRequest(1, np.float64, unchunkable=True, zero=True),
+    }
+
+
+#: Stream group -> the request makers of its components, in the order they register.
+GROUPS: dict[str, tuple[Callable[[int], dict[str, ArrayRequest]], ...]] = {
+    "load": (loader_requests,),
+    "solve": (energy_requests, peak_requests),
+    "reduce": (reducer_requests,),
+}
+
+
 class Loader(Stage):
     """Scales raw features on the device: ``features = raw * scale``."""
 
     async def process(self, raw: np.ndarray[Any, Any], scale: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         features = self.mgr.create_host_array(raw.shape, raw.dtype)
-        requests = {
-            "raw": ArrayRequest(raw.shape, raw.dtype, chunk_axis=1),
-            "scale": ArrayRequest(scale.shape, scale.dtype, unchunkable=True),
-            "features": ArrayRequest(raw.shape, raw.dtype, chunk_axis=1),
-        }
         inputs = {"raw": raw, "scale": scale}
-        await self.run_chunked(scale_kernel, requests, inputs, {"features": features}, ("raw", "scale", "features"))
+        await self.run_chunked(
+            scale_kernel, loader_requests(raw.shape[1]), inputs, {"features": features}, ("raw", "scale", "features")
+        )
         return features
 
 
-class Solver(Stage):
+class Energy(Stage):
     """Per-run weighted energy: ``energy[j] = sum_i weights[i] * x[i, j] ** 2``."""
 
     async def process(self, x: np.ndarray[Any, Any], weights: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        runs = x.shape[1]
-        energy = self.mgr.create_host_array(runs, np.float32)
-        requests = {
-            "x": ArrayRequest(x.shape, x.dtype, chunk_axis=1),
-            "weights": ArrayRequest(weights.shape, weights.dtype, unchunkable=True),
-            "energy": ArrayRequest(runs, np.float32),
-        }
+        energy = self.mgr.create_host_array(x.shape[1], np.float32)
         inputs = {"x": x, "weights": weights}
-        await self.run_chunked(energy_kernel, requests, inputs, {"energy": energy}, ("x", "weights", "energy"))
+        await self.run_chunked(
+            energy_kernel, energy_requests(x.shape[1]), inputs, {"energy": energy}, ("x", "weights", "energy")
+        )
         return energy
+
+
+class Peak(Stage):
+    """Per-run peak amplitude: ``peak[j] = max_i |x[i, j]|``."""
+
+    async def process(self, x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        peak = self.mgr.create_host_array(x.shape[1], np.float32)
+        await self.run_chunked(peak_kernel, peak_requests(x.shape[1]), {"x": x}, {"peak": peak}, ("x", "peak"))
+        return peak
 
 
 class Reducer(Stage):
@@ -161,11 +225,9 @@ class Reducer(Stage):
 
     async def process(self, energy: np.ndarray[Any, Any]) -> float:
         total = np.zeros(1)
-        requests = {
-            "energy": ArrayRequest(energy.shape, energy.dtype),
-            "total": ArrayRequest(1, np.float64, unchunkable=True, zero=True),
-        }
-        await self.run_chunked(sum_kernel, requests, {"energy": energy}, {"total": total}, ("energy", "total"))
+        await self.run_chunked(
+            sum_kernel, reducer_requests(energy.shape[0]), {"energy": energy}, {"total": total}, ("energy", "total")
+        )
         return float(total[0])
 
 
@@ -175,43 +237,58 @@ def _workload(batch: int, runs: int) -> np.ndarray[Any, Any]:
 
 async def _pipeline(
     mgr: MemoryManager, share: float, runs: int, batches: int, progress: Any
-) -> tuple[dict[str, list[Any]], Snapshot]:
-    bars = {name: progress.add(name, runs * batches) for name in ("loader", "solver", "reducer")}
+) -> tuple[dict[str, list[Any]], Snapshot, list[Stage]]:
+    names = ("loader", "energy", "peak", "reducer")
+    bars = {name: progress.add(name, runs * batches) for name in names}
     loader = Loader(mgr, "loader", "load", share, bars["loader"])
-    solver = Solver(mgr, "solver", "solve", share, bars["solver"])
-    reducer = Reducer(mgr, "reducer", "solve", share, bars["reducer"])
+    energy = Energy(mgr, "energy", "solve", share, bars["energy"])
+    peak = Peak(mgr, "peak", "solve", share, bars["peak"])
+    reducer = Reducer(mgr, "reducer", "reduce", share, bars["reducer"])
     scale = np.linspace(0.5, 2.0, FEATURES)
     weights = np.arange(1.0, FEATURES + 1)
-    out: dict[str, list[Any]] = {"features": [], "energy": [], "total": []}
-    to_solver, solver_in = anyio.create_memory_object_stream[np.ndarray[Any, Any]](1)
-    to_reducer, reducer_in = anyio.create_memory_object_stream[np.ndarray[Any, Any]](1)
+    out: dict[str, list[Any]] = {"features": [], "energy": [], "peak": [], "total": []}
+    to_solve, solve_in = anyio.create_memory_object_stream[np.ndarray[Any, Any]](1)
+    to_reduce, reduce_in = anyio.create_memory_object_stream[np.ndarray[Any, Any]](1)
 
     async def load() -> None:
-        async with to_solver:
+        async with to_solve:
             for batch in range(batches):
                 features = await loader.process(_workload(batch, runs), scale)
                 out["features"].append(features)
-                await to_solver.send(features)
+                await to_solve.send(features)
 
     async def solve() -> None:
-        async with solver_in, to_reducer:
-            async for features in solver_in:
-                energy = await solver.process(features, weights)
-                out["energy"].append(energy)
-                await to_reducer.send(energy)
+        async with solve_in, to_reduce:
+            async for features in solve_in:
+                # Both solve components ask at once: one batch, one chunk plan, walked in lockstep.
+                found: dict[str, np.ndarray[Any, Any]] = {}
+
+                async def run_energy() -> None:
+                    found["energy"] = await energy.process(features, weights)
+
+                async def run_peak() -> None:
+                    found["peak"] = await peak.process(features)
+
+                async with anyio.create_task_group() as both:
+                    both.start_soon(run_energy)
+                    both.start_soon(run_peak)
+                out["energy"].append(found["energy"])
+                out["peak"].append(found["peak"])
+                await to_reduce.send(found["energy"])
 
     async def reduce() -> None:
-        async with reducer_in:
-            async for energy in reducer_in:
-                out["total"].append(await reducer.process(energy))
+        async with reduce_in:
+            async for energies in reduce_in:
+                out["total"].append(await reducer.process(energies))
 
-    # The stages overlap: the loader works on batch b + 1 while the solver works on batch b.
+    # The groups work at once: the loader on batch b + 1 while the solvers work on batch b.
     async with anyio.create_task_group() as tg:
         tg.start_soon(load)
         tg.start_soon(solve)
         tg.start_soon(reduce)
     out["scale"], out["weights"] = [scale], [weights]
     snapshot = mgr.stats()  # of the pipeline alone, while the stages live (a collected one leaves the stats)
+    stages: list[Stage] = [loader, energy, peak, reducer]
     # The loader's walk of one batch again, serial (depth 1) and overlapped, on the same data.
     loader.advance = lambda runs: None
     seconds = []
@@ -223,19 +300,23 @@ async def _pipeline(
         if not np.array_equal(features, out["features"][0]):
             raise AssertionError(f"the walk of depth {depth} gave other features than the pipeline's")
     out["walk_seconds"] = seconds
-    return out, snapshot
+    del loader.busy[batches:]  # the timing walks are not part of the pipeline
+    return out, snapshot, stages
 
 
 def check(out: dict[str, list[Any]], runs: int) -> tuple[int, list[str]]:
     """Compare every output element with numpy; return the count checked and the mismatches."""
     scale, weights = out["scale"][0], out["weights"][0]
     checked, problems = 0, []
-    for batch, (features, energy, total) in enumerate(zip(out["features"], out["energy"], out["total"])):
+    for batch, (features, energy, peak, total) in enumerate(
+        zip(out["features"], out["energy"], out["peak"], out["total"])
+    ):
         want_features = (_workload(batch, runs) * scale[:, None]).astype(np.float32)
         want_energy = (weights[:, None] * want_features.astype(np.float64) ** 2).sum(axis=0)
         for name, got, want, rtol in (
             ("features", features, want_features, 1e-6),
             ("energy", energy, want_energy, 1e-5),
+            ("peak", peak, np.abs(want_features).max(axis=0), 0.0),
             ("total", np.array([total]), np.array([energy.sum(dtype=np.float64)]), 1e-9),
         ):
             bad = ~np.isclose(got, want, rtol=rtol, atol=0.0)
@@ -250,6 +331,10 @@ def _ms(p: Percentiles, attr: str) -> str:
     return "-" if value is None else f"{value * 1e3:.2f}"
 
 
+def _kib(value: int | None) -> str:
+    return "-" if value is None else f"{value / 1024:,.0f}"
+
+
 def summary_rows(snapshot: Snapshot) -> list[list[str]]:
     """One row per stream group and per instance of ``mgr.stats()``."""
     rows = []
@@ -261,7 +346,8 @@ def summary_rows(snapshot: Snapshot) -> list[list[str]]:
                     str(s.requests),
                     str(s.batches),
                     str(s.chunks),
-                    f"{s.peak_bytes / 1024:.0f}",
+                    _kib(s.peak_bytes),
+                    _kib(s.cap_bytes),
                     _ms(s.queue_wait, "p50"),
                     _ms(s.queue_wait, "p99"),
                     _ms(s.ready_latency, "p50"),
@@ -271,7 +357,46 @@ def summary_rows(snapshot: Snapshot) -> list[list[str]]:
     return rows
 
 
-HEADERS = ["", "requests", "batches", "chunks", "peak KiB", "wait p50", "wait p99", "ready p50", "ready p99"]
+HEADERS = [
+    "",
+    "requests",
+    "batches",
+    "chunks",
+    "peak KiB",
+    "cap KiB",
+    "wait p50",
+    "wait p99",
+    "ready p50",
+    "ready p99",
+]
+
+
+def headlines(snapshot: Snapshot, stages: list[Stage], serial: float, overlapped: float) -> list[str]:
+    """What the run shows, one line each: batching and chunking per group, the groups working
+    at once, and the overlapped walk."""
+    lines = []
+    for group, usage in snapshot.groups.items():
+        members = [stage.name for stage in stages if stage.group == group]
+        per_batch = usage.requests / usage.batches if usage.batches else 0.0
+        cap = f" of its {_kib(usage.cap_bytes)} KiB cap" if usage.cap_bytes is not None else ""
+        lines.append(
+            f"{group:<7} {' + '.join(members)}: {usage.requests} requests in {usage.batches} batches "
+            f"({per_batch:.3g} a batch, one chunk plan each), walked in {usage.chunks} chunks; "
+            f"peak {_kib(usage.peak_bytes)} KiB{cap}"
+        )
+    spans = [span for stage in stages for span in stage.busy]
+    if spans:
+        wall = max(end for _, end in spans) - min(start for start, _ in spans)
+        busy = sum(end - start for start, end in spans)
+        lines.append(
+            f"groups at once: the components were busy {busy:.2f} s in {wall:.2f} s of wall time "
+            f"({busy / wall:.2f} at a time on average)"
+        )
+    lines.append(
+        f"overlapped walk: one loader batch took {serial * 1e3:.1f} ms serial (depth 1) and "
+        f"{overlapped * 1e3:.1f} ms overlapped (depth {DEFAULT_DEPTH}): speed-up {serial / overlapped:.2f}x"
+    )
+    return lines
 
 
 class _Progress:
@@ -303,46 +428,43 @@ class _Progress:
 
 
 def _print_table(rows: list[list[str]], title: str) -> None:
+    caption = "wait: request to allocation; ready: allocation to resolved (ms)"
     try:
         from rich.console import Console
         from rich.table import Table
     except ImportError:
         widths = [max(len(r[i]) for r in [HEADERS, *rows]) for i in range(len(HEADERS))]
-        print(title, "(wait: request to allocation; ready: allocation to resolved, in ms)")
+        print(title, f"({caption})")
         for row in [HEADERS, *rows]:
             print("  ".join(cell.rjust(w) for cell, w in zip(row, widths)))
         return
-    table = Table(title=title, caption="wait: request to allocation; ready: allocation to resolved (ms)")
+    table = Table(title=title, caption=caption)
     for header in HEADERS:
         table.add_column(header, justify="right" if header else "left", no_wrap=True)
     for row in rows:
         table.add_row(*row)
     console = Console()
-    console.width = max(console.width, 110)  # pipes report 80 columns: keep rows on one line
+    console.width = max(console.width, 120)  # pipes report 80 columns: keep rows on one line
     console.print(table)
 
 
 def _announce_plan(mgr: MemoryManager, share: float, runs: int, batches: int, force: bool) -> None:
-    """Print how the loader's batches (the largest) will be chunked; refuse absurd plans unless forced."""
-    requests = walk_requests(
-        {
-            "raw": ArrayRequest((FEATURES, runs), np.float32, chunk_axis=1),
-            "scale": ArrayRequest(FEATURES, np.float32, unchunkable=True),
-            "features": ArrayRequest((FEATURES, runs), np.float32, chunk_axis=1),
-        },
-        DEFAULT_DEPTH,
-    )
+    """Print how each group's batches will be chunked; refuse absurd plans unless forced."""
     info = mgr.memory_info()
-    cap = math.floor(share * info.total)
-    offered = offered_bytes(cap, info.free, headroom=mgr.options.headroom, granule=mgr.backend.granule)
-    plan = plan_batch({0: requests}, offered)  # a plan that cannot fit raises here, saying why
-    chunks = 3 * plan.chunks * batches  # three stages, each walking about as many chunks
+    chunks = 0
+    plans = []
+    for group, makers in GROUPS.items():
+        cap = math.floor(share * info.total) * len(makers)  # a group's cap: its members' caps together
+        offered = offered_bytes(cap, info.free, headroom=mgr.options.headroom, granule=mgr.backend.granule)
+        batch = {index: walk_requests(make(runs), DEFAULT_DEPTH) for index, make in enumerate(makers)}
+        plan = plan_batch(batch, offered)  # a plan that cannot fit raises here, saying why
+        chunks += plan.chunks * batches * len(makers)
+        plans.append(f"{group} {plan.chunks:,} x {plan.chunk_length:,}")
     estimate = ""
-    if mgr.backend.name == "simulator":
-        estimate = f", at least {chunks * SIMULATOR_SECONDS_PER_CHUNK:,.0f} s on the simulator"
-    print(
-        f"plan: {plan.chunks:,} chunks of {plan.chunk_length:,} runs per batch: about {chunks:,} chunks in all{estimate}"
-    )
+    if mgr.backend.name == "simulator":  # each stage's kernel visits each run (+ the loader's two timing walks)
+        seconds = runs * (4 * batches + 2) * SIMULATOR_SECONDS_PER_RUN + chunks * SIMULATOR_SECONDS_PER_CHUNK
+        estimate = f", about {seconds:,.0f} s on the simulator"
+    print(f"plan (chunks x runs per batch): {', '.join(plans)}: about {chunks:,} chunk walks in all{estimate}")
     if chunks > MAX_CHUNKS and not force:
         raise ConfigurationError(
             f"the budget cuts this workload into about {chunks:,} chunks (over {MAX_CHUNKS:,}): raise --budget, "
@@ -350,18 +472,49 @@ def _announce_plan(mgr: MemoryManager, share: float, runs: int, batches: int, fo
         )
 
 
+def _plot(recorder: Recorder, snapshot: Snapshot, path: Path) -> str:
+    """Draw live device memory per group over time, with each group's cap; say what was done."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only: no display needed
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "plot: matplotlib is not installed (pip install 'aiocubie[plot]'): no plot drawn"
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    for group, usage in snapshot.groups.items():
+        times, live = recorder.series(group)
+        (line,) = ax.step(times, [b / 1024 for b in live], where="post", label=group)
+        if usage.cap_bytes is not None:
+            ax.axhline(usage.cap_bytes / 1024, color=line.get_color(), linestyle="--", linewidth=0.8)
+    ax.set(xlabel="time (s)", ylabel="live device memory (KiB)", title="aiocubie demo: memory per stream group")
+    ax.legend(title="group (dashed: its cap)")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return f"plot: wrote {path}"
+
+
 def run_demo(
-    backend: str, why: str, *, runs: int, batches: int, budget: int | None, progress: bool, force: bool = False
+    backend: str,
+    why: str,
+    *,
+    runs: int,
+    batches: int,
+    budget: int | None,
+    progress: bool,
+    force: bool = False,
+    plot: Path | None = None,
 ) -> int:
     """Run the demo pipeline on ``backend``; print progress, a summary and the check. Return 0 if all match.
 
     Says first how many chunks the plan walks, and refuses more than :data:`MAX_CHUNKS` unless
-    ``force``.
+    ``force``. With ``plot``, draws memory per group over time there (needs matplotlib).
     """
     budget = DEFAULT_BUDGET if budget is None else budget
     if backend == "simulator":
-        # copy engines about as slow as the simulated kernels (1 MB/s), so that overlapping them shows
-        device: Any = SimulatorBackend(budget, engines=Engines(h2d_bandwidth=1e6, d2h_bandwidth=1e6))
+        engines = Engines(h2d_bandwidth=SIMULATOR_BANDWIDTH, d2h_bandwidth=SIMULATOR_BANDWIDTH)
+        device: Any = SimulatorBackend(budget, engines=engines)
         share = SHARE
     else:
         device = "cuda"
@@ -371,8 +524,9 @@ def run_demo(
     workload = FEATURES * runs * batches * 4
     print(f"backend: {mgr.backend.name} ({why}); device: {mgr.backend.device_name}")
     print(
-        f"workload: {batches} batches x {runs:,} runs x {FEATURES} features ({workload:,} bytes of float32), "
-        f"budget {budget:,} bytes, each component capped at {share:.3g} of {mgr.memory_info().total:,}"
+        f"workload: {batches} batches x {runs:,} runs x {FEATURES} features ({workload:,} bytes of float32) "
+        f"through 4 components in 3 stream groups (load, solve, reduce); budget {budget:,} bytes, "
+        f"each component capped at {share:.3g} of {mgr.memory_info().total:,}"
     )
     try:
         _announce_plan(mgr, share, runs, batches, force)
@@ -380,25 +534,27 @@ def run_demo(
         mgr.close()
         raise
 
-    async def main() -> tuple[dict[str, list[Any]], Snapshot]:
+    async def main() -> tuple[dict[str, list[Any]], Snapshot, list[Stage], Recorder]:
         # The budget makes chunks small on purpose: numba's small-grid warnings are noise here.
         warnings.simplefilter("ignore", NumbaPerformanceWarning)
         async with mgr:
             with _Progress(progress) as bars:
-                return await _pipeline(mgr, share, runs, batches, bars)
+                async with Recorder(mgr, interval=0.005) as recorder:
+                    out, snapshot, stages = await _pipeline(mgr, share, runs, batches, bars)
+                return out, snapshot, stages, recorder
 
     started = time.perf_counter()
     try:
-        out, snapshot = anyio.run(main)
+        out, snapshot, stages, recorder = anyio.run(main)
     finally:
         mgr.close()
     elapsed = time.perf_counter() - started
     _print_table(summary_rows(snapshot), f"aiocubie demo: {elapsed:.2f} s on {mgr.backend.name}")
     serial, overlapped = out["walk_seconds"]
-    print(
-        f"walk of one batch: serial (depth 1) {serial * 1e3:.1f} ms, overlapped (depth {DEFAULT_DEPTH}) "
-        f"{overlapped * 1e3:.1f} ms: {serial / overlapped:.2f}x faster"
-    )
+    for line in headlines(snapshot, stages, serial, overlapped):
+        print(line)
+    if plot is not None:
+        print(_plot(recorder, snapshot, plot))
     checked, problems = check(out, runs)
     for problem in problems:
         print("MISMATCH:", problem)

@@ -26,23 +26,35 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_demo_chunks_the_workload_and_checks_every_element() -> None:
+def test_demo_batches_chunks_overlaps_and_checks_every_element(tmp_path: Path) -> None:
+    plot = tmp_path / "demo.png"
     result = _run(
-        "demo", "--backend", "simulator", "--runs", "2000", "--batches", "2", "--budget", "65536", "--no-progress"
-    )
+        "demo", "--backend", "simulator", "--runs", "2000", "--batches", "2", "--budget", "65536", "--no-progress",
+        "--plot", str(plot),
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "backend: simulator (asked for)" in out
     checked = int(re.search(r"check: all ([\d,]+) output elements match numpy", out).group(1).replace(",", ""))
-    assert checked == 2 * (8 * 2000 + 2000 + 1)  # features, energies and one total per batch
+    assert checked == 2 * (8 * 2000 + 2000 + 2000 + 1)  # features, energies, peaks and one total per batch
     rows = {
         m.group(1): [int(v) for v in m.groups()[1:]]
-        for m in re.finditer(r"(\w+) \(instance\)\s*│\s*(\d+)\s*│\s*(\d+)\s*│\s*(\d+)", out)
+        for m in re.finditer(r"(\w+) \((?:instance|group)\)\s*│\s*(\d+)\s*│\s*(\d+)\s*│\s*(\d+)", out)
     }
-    assert set(rows) == {"loader", "solver", "reducer"}
+    assert set(rows) == {"loader", "energy", "peak", "reducer", "load", "solve", "reduce"}
     requests, batches, chunks = rows["loader"]
     assert (requests, batches) == (2, 2)
     assert chunks > batches  # the budget forced the loader's batches into chunks
+    assert rows["solve"][:2] == [4, 2]  # the two solve components share each batch
+    assert re.search(r"^solve +energy \+ peak: 4 requests in 2 batches \(2 a batch", out, re.M)
+    assert re.search(r"^groups at once: .* \(\d+\.\d+ at a time on average\)$", out, re.M)
+    assert re.search(r"^overlapped walk: .* \(depth 1\) and .* \(depth 2\): speed-up [\d.]+x$", out, re.M)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "matplotlib is not installed" in out and not plot.exists()
+    else:
+        assert f"plot: wrote {plot}" in out and plot.stat().st_size > 0
 
 
 def test_info_names_the_backend_and_versions() -> None:
@@ -132,10 +144,14 @@ def test_an_aiocubie_error_inside_a_task_group_is_one_line_without_traceback() -
 
 
 def test_demo_says_its_plan_first_and_refuses_an_absurd_one_unless_forced() -> None:
-    result = _run("demo", "--backend", "simulator", "--budget", "1000", "--no-progress")
+    result = _run("demo", "--backend", "simulator", "--budget", "2000", "--no-progress")
     assert result.returncode == 1
-    assert re.search(r"^plan: [\d,]+ chunks of 1 runs per batch: about [\d,]+ chunks in all", result.stdout, re.M)
+    assert re.search(
+        r"^plan \(chunks x runs per batch\): load [\d,]+ x \d+, .*: about [\d,]+ chunk walks in all", result.stdout, re.M
+    )
     assert "pass --force to run it anyway" in result.stderr and "Traceback" not in result.stderr
     small = _run("demo", "--backend", "simulator", "--runs", "500", "--batches", "1", "--no-progress")
     assert small.returncode == 0, small.stderr
-    assert re.search(r"^plan: 1 chunks of 500 runs per batch", small.stdout, re.M)
+    assert re.search(
+        r"^plan \(chunks x runs per batch\): load 1 x 500, solve 1 x 500, reduce 1 x 500:", small.stdout, re.M
+    )
