@@ -147,7 +147,9 @@ def test_demo_says_its_plan_first_and_refuses_an_absurd_one_unless_forced() -> N
     result = _run("demo", "--backend", "simulator", "--budget", "2000", "--no-progress")
     assert result.returncode == 1
     assert re.search(
-        r"^plan \(chunks x runs per batch\): load [\d,]+ x \d+, .*: about [\d,]+ chunk walks in all", result.stdout, re.M
+        r"^plan \(chunks x runs per batch\): load [\d,]+ x \d+, .*: about [\d,]+ chunk walks in all",
+        result.stdout,
+        re.M,
     )
     assert "pass --force to run it anyway" in result.stderr and "Traceback" not in result.stderr
     small = _run("demo", "--backend", "simulator", "--runs", "500", "--batches", "1", "--no-progress")
