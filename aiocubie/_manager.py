@@ -159,8 +159,11 @@ class MemoryManager:
     ) -> None:
         environ = os.environ
         if backend is None:
-            backend = from_environment(environ, "AIOCUBIE_BACKEND", None, _backend_name) or "auto"
-        mode = from_environment(environ, "AIOCUBIE_MODE", mode, parse_mode) or LimitMode.PASSIVE
+            backend = from_environment(environ, "AIOCUBIE_BACKEND", None, _backend_name)
+            backend = "auto" if backend is None else backend
+        if mode is None:
+            mode = from_environment(environ, "AIOCUBIE_MODE", None, parse_mode)
+            mode = LimitMode.PASSIVE if mode is None else mode
         if not isinstance(backend, Backend):
             allocator = from_environment(environ, "AIOCUBIE_ALLOCATOR", allocator, _allocator_name)
         history = from_environment(environ, "AIOCUBIE_HISTORY", None, parse_history)
