@@ -161,6 +161,8 @@ class History:
                 data = json.load(file)
         except json.JSONDecodeError as exc:
             raise ConfigurationError(f"{os.fspath(path)!r} is not JSON ({exc}): pass a file History.to_json wrote")
+        except OSError as exc:
+            raise ConfigurationError(f"cannot read the history {os.fspath(path)!r}: {exc.strerror or exc}") from exc
         return cls.from_dict(data)
 
     def series(self, by: str = "group") -> dict[str, tuple[list[float], list[int]]]:
