@@ -47,8 +47,8 @@ __all__ = ["Engines", "Faults", "SimEvent", "SimStream", "SimulatorBackend", "Ti
 
 log = logging.getLogger("aiocubie")
 
-FaultSite = Literal["allocate", "record_event", "copy", "prefetch"]
-_FAULT_SITES = ("allocate", "record_event", "copy", "prefetch")
+FaultSite = Literal["allocate", "oom", "record_event", "copy", "prefetch"]
+_FAULT_SITES = ("allocate", "oom", "record_event", "copy", "prefetch")
 
 
 class Faults:
@@ -58,6 +58,7 @@ class Faults:
     --------
     >>> sim = SimulatorBackend(total=1 << 20)
     >>> sim.faults.inject("allocate", after=2)      # the 3rd allocation from now fails once
+    >>> sim.faults.inject("oom", times=2)           # the next 2 allocations find no room
     >>> sim.faults.inject("copy", probability=0.1, times=None, seed=0)  # 10% of copies fail
     """
 
@@ -79,8 +80,10 @@ class Faults:
 
         Parameters
         ----------
-        site : {"allocate", "record_event", "copy", "prefetch"}
-            Which operation fails.
+        site : {"allocate", "oom", "record_event", "copy", "prefetch"}
+            Which operation fails: ``"allocate"`` raises AllocationError (a failure the
+            manager does not retry), ``"oom"`` OutOfMemoryError (no room: the manager tries
+            to recover), both from ``allocate``.
         after : int
             Let this many operations at ``site`` succeed first.
         times : int or None
@@ -456,6 +459,8 @@ class SimulatorBackend(Backend):
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if self.faults.check("allocate"):
             raise AllocationError(f"injected fault: allocating {nbytes} bytes of {kind.value} {shape} {dtype}")
+        if self.faults.check("oom"):
+            raise OutOfMemoryError(f"injected out of memory: allocating {nbytes} bytes of {kind.value} {shape} {dtype}")
         pooled = kind is MemoryKind.DEVICE and self._pooled and nbytes > 0
         if kind.uses_vram and not (pooled and self._take_cached(nbytes)):
             cached = sum(self.cached)

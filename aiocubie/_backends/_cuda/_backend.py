@@ -209,10 +209,11 @@ class CudaBackend(Backend):
         Neither CuPy pool says how large its largest cached block is: ``largest_free`` is None.
         """
         pool = getattr(self._context.memory_manager, "pool", None)
-        if pool is None:
+        total, used = getattr(pool, "total_bytes", None), getattr(pool, "used_bytes", None)
+        if total is None or used is None:
             return PoolFacts()
         with map_exceptions("reading the pool's bytes"):
-            return PoolFacts(held=int(pool.total_bytes()), in_use=int(pool.used_bytes()))
+            return PoolFacts(held=int(total()), in_use=int(used()))
 
     def release_cached(self) -> int:
         """Run numba's deferred frees and empty the pools' caches; the bytes the device got back."""
