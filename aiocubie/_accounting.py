@@ -169,8 +169,7 @@ class DeviceAccount:
             for (_, requests), allocs, vram in zip(entries, batch, totals)
         ]
         if history is not None:
-            for allocs in batch:
-                history.allocated(allocs, plan)
+            history.allocated(batch, plan)
         if debug:
             log.debug("group %r: allocated %d array(s), %d bytes", group, sum(map(len, batch)), sum(totals))
         return responses, event
@@ -224,7 +223,9 @@ class DeviceAccount:
         """Out of memory: free the pool's cache and retry, call the reclaim hooks and retry, or raise."""
         asked, history = plan.planned_bytes, self.history
         self._count(out_of_memory=1)
-        log.warning("group %r: out of memory for %s (%s): freeing the pool's cached blocks", group, format_bytes(asked), error)
+        log.warning(
+            "group %r: out of memory for %s (%s): freeing the pool's cached blocks", group, format_bytes(asked), error
+        )
         freed = self.backend.release_cached()
         self._count(cache_releases=1, cache_bytes_freed=freed)
         if history is not None:
@@ -345,8 +346,8 @@ class DeviceAccount:
 
     def forget_all(self) -> None:
         """The context that held every array is gone: empty the ledger, read the device anew."""
-        self.ledger.pop_where(lambda a: True)
         if self.history is not None:
-            self.history.reset("every array released", context=True)
+            self.history.reset("every array forgotten", context=True)
+        self.ledger.pop_where(lambda a: True)
         self._free_delta = 0
         self._free_at = -math.inf

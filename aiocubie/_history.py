@@ -13,13 +13,13 @@ import os
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import attrs
 
 from ._errors import ConfigurationError, shown
-from ._ledger import Allocation
+from ._ledger import Allocation, Ledger
 from ._planner import ChunkPlan
 
 __all__ = ["EventKind", "History", "HistoryEvent", "HistoryRecorder"]
@@ -145,7 +145,9 @@ class History:
             events = tuple(HistoryEvent(**event) for event in data["events"])
             return cls(events, float(data["wall_base"]), int(data["max_entries"]), int(data["dropped"]))
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            raise ConfigurationError(f"not an aiocubie history: {exc!r}; write one with mgr.history().to_json(path)")
+            raise ConfigurationError(
+                f"not an aiocubie history: {exc!r}; write one with mgr.history().to_json(path)"
+            ) from exc
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> History:
@@ -160,7 +162,9 @@ class History:
             with open(path, encoding="utf-8") as file:
                 data = json.load(file)
         except json.JSONDecodeError as exc:
-            raise ConfigurationError(f"{os.fspath(path)!r} is not JSON ({exc}): pass a file History.to_json wrote")
+            raise ConfigurationError(
+                f"{os.fspath(path)!r} is not JSON ({exc}): pass a file History.to_json wrote"
+            ) from exc
         except OSError as exc:
             raise ConfigurationError(f"cannot read the history {os.fspath(path)!r}: {exc.strerror or exc}") from exc
         return cls.from_dict(data)
@@ -195,16 +199,21 @@ class History:
 class HistoryRecorder:
     """Keeps history events in a bounded ring as plain tuples (cheap), made into a :class:`History` on demand.
 
+    A row holds references to what the caller has already (names, sizes, the plan's numbers)
+    and one timestamp; what each group and instance holds after an event is worked out when
+    :meth:`history` is called, walking back from what the ledger holds then.
+
     Parameters
     ----------
     max_entries : int
         The ring's size (the most recent events are kept).
     stacks : bool
         Record where each plan and allocation was asked from (``traceback.extract_stack``).
+    ledger : Ledger
+        The ledger the events are about. The recorder is told of every change to it:
+        allocations, releases, regroupings and context resets.
     names : callable
-        Instance key -> name.
-    groups, instances : dict
-        What each group and instance (by name) holds now: the running totals start there.
+        Instance key -> name (of a registered instance).
     dump_on_oom : str, optional
         Write the history there when an allocation fails after every recovery step.
     """
@@ -214,9 +223,8 @@ class HistoryRecorder:
         max_entries: int = MAX_ENTRIES,
         *,
         stacks: bool = False,
+        ledger: Ledger | None = None,
         names: Callable[[Hashable], str] = str,
-        groups: dict[str, int] | None = None,
-        instances: dict[str, int] | None = None,
         dump_on_oom: str | os.PathLike[str] | None = None,
     ) -> None:
         if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
@@ -227,130 +235,137 @@ class HistoryRecorder:
         self.wall_base = time.time() - time.monotonic()
         self.recorded = 0
         self._events: deque[tuple[Any, ...]] = deque(maxlen=max_entries)
+        self._ledger = Ledger() if ledger is None else ledger
         self._names = names
-        self._seen: dict[Hashable, str] = {}  # key -> name while it holds arrays (a name outlives its member)
-        self._groups: dict[str, int] = dict(groups or {})
-        self._instances: dict[str, int] = dict(instances or {})
 
     def __len__(self) -> int:
         return len(self._events)
 
-    def _stack(self) -> tuple[str, ...] | None:
-        if not self.stacks:
-            return None
+    def _stack(self) -> tuple[str, ...]:
         frames = traceback.extract_stack()
         return tuple(f"{f.filename}:{f.lineno} in {f.name}" for f in frames if not f.filename.startswith(_PACKAGE))
 
-    def _add(self, row: tuple[Any, ...]) -> None:
-        self.recorded += 1
-        self._events.append(row)
-
+    # One row layout per kind, decoded by history(). Rows hold only strings, numbers and tuples of
+    # them, so the garbage collector stops tracking them: a full ring costs collections nothing.
     def plan(self, group: str, plan: ChunkPlan, requests: int) -> None:
         """A batch of ``requests`` requests of ``group`` is about to be allocated with ``plan``."""
-        detail = f"{requests} request(s), {plan.runs} runs"
-        self._add(
-            (
-                EventKind.PLAN,
-                time.monotonic(),
-                group,
-                None,
-                None,
-                plan.planned_bytes,
-                None,
-                plan.chunks,
-                plan.chunk_length,
-                None,
-                None,
-                detail,
-                self._stack(),
-            )
-        )
+        self.recorded += 1
+        stack = self._stack() if self.stacks else None
+        self._events.append(("plan", time.monotonic(), group, plan, requests, stack))
 
-    def allocated(self, allocations: Iterable[Allocation], plan: ChunkPlan) -> None:
-        """``allocations`` were handed out with ``plan``."""
-        now, stack, groups, instances = time.monotonic(), self._stack(), self._groups, self._instances
-        chunks, length = plan.chunks, plan.chunk_length
-        seen = self._seen
+    def allocated(self, batch: Sequence[Sequence[Allocation]], plan: ChunkPlan) -> None:
+        """A batch was handed out with ``plan``: the allocations of each response (one key, one group each)."""
+        # never the Allocation itself: it holds the array, and its group changes when it moves
+        now, stack, append = time.monotonic(), self._stack() if self.stacks else None, self._events.append
+        for allocations in batch:
+            if not allocations:
+                continue
+            name = self._names(allocations[0].key)
+            self.recorded += len(allocations)
+            for a in allocations:
+                append(("allocate", now, a.group, a.key, a.label, a.vram, a.kind._value_, name, plan, stack))
+
+    def released(self, allocations: Sequence[Allocation]) -> None:
+        """``allocations`` were given back (and are out of the ledger)."""
+        now, append = time.monotonic(), self._events.append
+        self.recorded += len(allocations)
         for a in allocations:
-            instance = seen.get(a.key)
-            if instance is None:
-                instance = seen[a.key] = self._names(a.key)
-            group_live = groups[a.group] = groups.get(a.group, 0) + a.vram
-            instance_live = instances[instance] = instances.get(instance, 0) + a.vram
-            self._add(
-                (
-                    EventKind.ALLOCATE,
-                    now,
-                    a.group,
-                    instance,
-                    a.label,
-                    a.vram,
-                    a.kind.value,
-                    chunks,
-                    length,
-                    group_live,
-                    instance_live,
-                    "",
-                    stack,
-                )
-            )
+            append(("release", now, a.group, a.key, a.label, a.vram, a.kind._value_))
 
-    def released(self, allocations: Iterable[Allocation]) -> None:
-        """``allocations`` were given back."""
-        now, groups, instances = time.monotonic(), self._groups, self._instances
-        seen = self._seen
-        for a in allocations:
-            instance = seen.get(a.key)
-            if instance is None:
-                instance = self._names(a.key)
-            group_live = groups[a.group] = groups.get(a.group, 0) - a.vram
-            instance_live = instances[instance] = instances.get(instance, 0) - a.vram
-            if not instance_live:
-                seen.pop(a.key, None)
-            self._add(
-                (
-                    EventKind.RELEASE,
-                    now,
-                    a.group,
-                    instance,
-                    a.label,
-                    a.vram,
-                    a.kind.value,
-                    None,
-                    None,
-                    group_live,
-                    instance_live,
-                    "",
-                    None,
-                )
-            )
-
-    def regrouped(self, instance: str, old: str, new: str, nbytes: int) -> None:
-        """What ``instance`` holds (``nbytes``) counts in group ``new`` from now on."""
-        self._groups[old] = self._groups.get(old, 0) - nbytes
-        self._groups[new] = self._groups.get(new, 0) + nbytes
+    def regrouped(self, key: Hashable, old: str, new: str, nbytes: int) -> None:
+        """What instance ``key`` holds (``nbytes``) counts in group ``new`` from now on."""
+        self.recorded += 1
+        self._events.append(("regroup", time.monotonic(), key, old, new, nbytes))
 
     def failure(self, group: str, nbytes: int, error: BaseException) -> None:
         """A batch of ``group`` needing ``nbytes`` failed with ``error``."""
-        self._note(EventKind.FAILURE, group, nbytes, f"{type(error).__name__}: {error}")
+        self._note("failure", group, nbytes, f"{type(error).__name__}: {error}")
 
     def recovery(self, group: str, nbytes: int, detail: str) -> None:
         """An out-of-memory recovery step for ``group`` freed ``nbytes`` (``detail`` says which)."""
-        self._note(EventKind.RECOVERY, group, nbytes, detail)
+        self._note("recovery", group, nbytes, detail)
 
     def reset(self, detail: str, *, context: bool = False) -> None:
-        """Peak stats were reset (``detail`` says which), or (``context``) every array is gone."""
-        if context:
-            self._groups = dict.fromkeys(self._groups, 0)
-            self._instances = dict.fromkeys(self._instances, 0)
-            self._seen.clear()
-            detail = f"context: {detail}"
-        self._note(EventKind.RESET, None, 0, detail)
+        """Peak stats were reset (``detail`` says which), or (``context``) every array is about to be forgotten.
 
-    def _note(self, kind: EventKind, group: str | None, nbytes: int, detail: str) -> None:
-        self._add((kind, time.monotonic(), group, None, None, nbytes, None, None, None, None, None, detail, None))
+        A context reset is recorded before the ledger forgets: the row keeps what was held.
+        """
+        held = None
+        if context:
+            held = (dict(self._ledger.live_by_group), dict(self._ledger.live_by_key))
+            detail = f"context: {detail}"
+        self.recorded += 1
+        self._events.append(("reset", time.monotonic(), None, 0, detail, held))
+
+    def _note(self, kind: str, group: str | None, nbytes: int, detail: str) -> None:
+        self.recorded += 1
+        self._events.append((kind, time.monotonic(), group, nbytes, detail, None))
 
     def history(self) -> History:
         """The events so far, as a :class:`History`."""
-        events = tuple(HistoryEvent(*row) for row in self._events)
-        return History(events, self.wall_base, self.max_entries, self.recorded - len(events))
+        rows = list(self._events)
+        names: dict[Hashable, str] = {}
+        released_by: list[str | None] = []  # a release takes the name its key had when it allocated
+        for row in rows:
+            if row[0] == "allocate":
+                names[row[3]] = row[7]
+            released_by.append(names.get(row[3]) if row[0] == "release" else None)
+        # What each group and key holds after each row, walking back from what the ledger holds now.
+        groups, keys = dict(self._ledger.live_by_group), dict(self._ledger.live_by_key)
+        events: list[HistoryEvent] = []
+        for row, owner in zip(reversed(rows), reversed(released_by)):
+            kind, at = row[0], row[1]
+            if kind == "allocate":
+                _, _, group, key, label, vram, memory, name, plan, stack = row
+                group_live, key_live = groups.get(group, 0), keys.get(key, 0)
+                events.append(
+                    HistoryEvent(
+                        kind,
+                        at,
+                        group,
+                        name,
+                        label,
+                        vram,
+                        memory,
+                        plan.chunks,
+                        plan.chunk_length,
+                        group_live,
+                        key_live,
+                        "",
+                        stack,
+                    )
+                )
+                groups[group], keys[key] = group_live - vram, key_live - vram
+            elif kind == "release":
+                _, _, group, key, label, vram, memory = row
+                group_live, key_live = groups.get(group, 0), keys.get(key, 0)
+                name = owner or self._names(key)
+                events.append(
+                    HistoryEvent(kind, at, group, name, label, vram, memory, None, None, group_live, key_live)
+                )
+                groups[group], keys[key] = group_live + vram, key_live + vram
+            elif kind == "plan":
+                _, _, group, plan, requests, stack = row
+                detail = f"{requests} request(s), {plan.runs} runs"
+                events.append(
+                    HistoryEvent(
+                        kind,
+                        at,
+                        group,
+                        nbytes=plan.planned_bytes,
+                        chunks=plan.chunks,
+                        chunk_length=plan.chunk_length,
+                        detail=detail,
+                        stack=stack,
+                    )
+                )
+            elif kind == "regroup":
+                _, _, key, old, new, nbytes = row
+                groups[old], groups[new] = groups.get(old, 0) + nbytes, groups.get(new, 0) - nbytes
+            else:
+                _, _, group, nbytes, detail, held = row
+                if held is not None:  # a context reset: before it, this was held
+                    groups, keys = dict(held[0]), dict(held[1])
+                events.append(HistoryEvent(kind, at, group, nbytes=nbytes, detail=detail))
+        events.reverse()
+        return History(tuple(events), self.wall_base, self.max_entries, self.recorded - len(rows))

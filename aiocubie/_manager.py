@@ -535,10 +535,10 @@ class MemoryManager:
         old, new = self._registry.move(member, new_group)
         if old is not new:
             # what it holds counts in its new group from now on, as its budget does
-            self._account.ledger.regroup(member.key, new.name)
             if self._account.history is not None:
                 held = self._account.ledger.live_by_key.get(member.key, 0)
-                self._account.history.regrouped(member.name, old.name, new.name, held)
+                self._account.history.regrouped(member.key, old.name, new.name, held)
+            self._account.ledger.regroup(member.key, new.name)
             moving = self._schedulers[old.name].take(member.key) if old.name in self._schedulers else []
             target = self._scheduler_of(new.name)
             if target is not None:
@@ -1041,13 +1041,11 @@ class MemoryManager:
         if not enabled:
             self._account.history = None
             return
-        ledger, members = self._account.ledger, self._registry.members
         self._history = self._account.history = HistoryRecorder(
             max_entries,
             stacks=stacks,
+            ledger=self._account.ledger,
             names=self._registry.name_of,  # type: ignore[arg-type]
-            groups={name: live for name, live in ledger.live_by_group.items() if live},
-            instances={m.name: ledger.live_by_key.get(m.key, 0) for m in members.values()},
             dump_on_oom=dump_on_oom,
         )
 

@@ -89,7 +89,11 @@ def _matplotlib(history: History, path: Path) -> None:
         size, unit = _unit(max((max(v) for _, v in series.values() if v), default=0))
         for index, (name, (times, values)) in enumerate(sorted(series.items())):
             ax.step(
-                [*times, end], [v / size for v in (*values, values[-1])], where="post", label=name, color=COLOURS[index % 9]
+                [*times, end],
+                [v / size for v in (*values, values[-1])],
+                where="post",
+                label=name,
+                color=COLOURS[index % 9],
             )
         for t, event in marks:
             ax.axvline(t, color=_MARKED[event.kind], alpha=0.25 if event.kind is EventKind.PLAN else 0.8, lw=0.8)
@@ -104,9 +108,7 @@ def _matplotlib(history: History, path: Path) -> None:
 _WIDTH, _HEIGHT, _LEFT, _TOP, _BOTTOM = 900, 260, 70, 16, 28
 
 
-def _svg(
-    series: dict[str, tuple[list[float], list[int]]], marks: list[tuple[float, HistoryEvent]], end: float
-) -> str:
+def _svg(series: dict[str, tuple[list[float], list[int]]], marks: list[tuple[float, HistoryEvent]], end: float) -> str:
     peak = max((max(v) for _, v in series.values() if v), default=0)
     size, unit = _unit(peak)
     top = max(peak / size, 1e-9) * 1.08

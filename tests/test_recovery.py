@@ -12,7 +12,15 @@ from pathlib import Path
 import pytest
 from simkit import TOTAL, Part, vec
 
-from aiocubie import ArrayResponse, ConfigurationError, EventKind, History, MemoryManager, OutOfMemoryError, SimulatorBackend
+from aiocubie import (
+    ArrayResponse,
+    ConfigurationError,
+    EventKind,
+    History,
+    MemoryManager,
+    OutOfMemoryError,
+    SimulatorBackend,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -106,9 +114,7 @@ async def test_reclaim_hooks_run_after_the_cache_and_the_allocation_goes_on(pool
     ]
 
 
-async def test_out_of_memory_after_every_step_says_what_each_group_holds(
-    sim: SimulatorBackend, tmp_path: Path
-) -> None:
+async def test_out_of_memory_after_every_step_says_what_each_group_holds(sim: SimulatorBackend, tmp_path: Path) -> None:
     async with MemoryManager(sim) as mgr:
         mgr.record_history(dump_on_oom=tmp_path / "oom.json")
         a, b = Part(), Part()
@@ -152,6 +158,7 @@ async def test_one_recovery_step_each_for_injected_out_of_memory(sim: SimulatorB
     async with MemoryManager(sim) as mgr:
         part = Part()
         mgr.register(part)
+
         def hook(nbytes: int) -> int:
             calls.append(nbytes)
             return 0

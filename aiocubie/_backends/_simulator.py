@@ -498,7 +498,9 @@ class SimulatorBackend(Backend):
         if not self._pooled:
             return PoolFacts(held=self._used, in_use=self._used, largest_free=0)
         return PoolFacts(
-            held=self._pool_in_use + sum(self.cached), in_use=self._pool_in_use, largest_free=max(self.cached, default=0)
+            held=self._pool_in_use + sum(self.cached),
+            in_use=self._pool_in_use,
+            largest_free=max(self.cached, default=0),
         )
 
     def release_cached(self) -> int:
