@@ -82,6 +82,7 @@ def test_every_example_is_tested(path: Path) -> None:
     assert path.stem.removeprefix("test_") in {
         "async_pipeline",
         "data_loader",
+        "history",
         "managed_prefetch",
         "plot_stats",
         "torch_interop",
