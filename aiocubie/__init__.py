@@ -46,6 +46,7 @@ from ._history import EventKind, History, HistoryEvent
 from ._manager import MemoryManager, PendingRequest, default_manager
 from ._options import Options, Policy
 from ._planner import ChunkPlan, offered_bytes, plan_batch
+from ._plot import render as render_history
 from ._recorder import Recorder
 from ._requests import ArrayRequest, ArrayResponse, MemoryKind
 from ._stats import Percentiles, PinnedStats, RecoveryStats, Snapshot, UsageStats
@@ -107,6 +108,7 @@ __all__ = [
     "gpu_status",
     "offered_bytes",
     "plan_batch",
+    "render_history",
     "select_backend",
     "walk_chunks",
     "walk_requests",

@@ -207,13 +207,13 @@ class HistoryRecorder:
     ----------
     max_entries : int
         The ring's size (the most recent events are kept).
-    stacks : bool
-        Record where each plan and allocation was asked from (``traceback.extract_stack``).
     ledger : Ledger
         The ledger the events are about. The recorder is told of every change to it:
         allocations, releases, regroupings and context resets.
     names : callable
         Instance key -> name (of a registered instance).
+    stacks : bool
+        Record where each plan and allocation was asked from (``traceback.extract_stack``).
     dump_on_oom : str, optional
         Write the history there when an allocation fails after every recovery step.
     """
@@ -222,9 +222,9 @@ class HistoryRecorder:
         self,
         max_entries: int = MAX_ENTRIES,
         *,
+        ledger: Ledger,
+        names: Callable[[Hashable], str],
         stacks: bool = False,
-        ledger: Ledger | None = None,
-        names: Callable[[Hashable], str] = str,
         dump_on_oom: str | os.PathLike[str] | None = None,
     ) -> None:
         if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
@@ -235,7 +235,7 @@ class HistoryRecorder:
         self.wall_base = time.time() - time.monotonic()
         self.recorded = 0
         self._events: deque[tuple[Any, ...]] = deque(maxlen=max_entries)
-        self._ledger = Ledger() if ledger is None else ledger
+        self._ledger = ledger
         self._names = names
 
     def __len__(self) -> int:

@@ -18,8 +18,7 @@ from pathlib import Path
 import anyio
 import numpy as np
 
-from aiocubie import ArrayRequest, ArrayResponse, History, MemoryManager, SimulatorBackend, walk_chunks
-from aiocubie._plot import render
+from aiocubie import ArrayRequest, ArrayResponse, History, MemoryManager, SimulatorBackend, render_history, walk_chunks
 
 MiB = 1 << 20
 
@@ -82,9 +81,9 @@ def main(out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     history.to_json(out_dir / "history.json")
     print(summary)
-    print(f"recorded {len(history.events)} events; wrote {render(history, out_dir / 'history.html')}")
+    print(f"recorded {len(history.events)} events; wrote {render_history(history, out_dir / 'history.html')}")
     try:
-        print(f"wrote {render(history, out_dir / 'history.png')}")
+        print(f"wrote {render_history(history, out_dir / 'history.png')}")
     except Exception as exc:  # no matplotlib: the HTML page is enough
         print(f"no picture: {exc}")
 
