@@ -302,7 +302,11 @@ class HistoryRecorder:
         self._events.append((kind, time.monotonic(), group, nbytes, detail, None))
 
     def history(self) -> History:
-        """The events so far, as a :class:`History`."""
+        """The events so far, as a :class:`History`.
+
+        A release is named after the instance that allocated it; if that allocation has left
+        the ring, after the instance registered under its key now.
+        """
         rows = list(self._events)
         names: dict[Hashable, str] = {}
         released_by: list[str | None] = []  # a release takes the name its key had when it allocated

@@ -26,6 +26,9 @@ from aiocubie import (
     UnknownAllocatorError,
 )
 from aiocubie._cli import main as cli
+from aiocubie._history import HistoryRecorder
+from aiocubie._ledger import Allocation, Ledger
+from aiocubie._planner import ChunkPlan
 from aiocubie._plot import render, to_html
 
 pytestmark = pytest.mark.anyio
@@ -324,3 +327,35 @@ async def test_environment_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: 
             with pytest.raises(error, match=f"environment variable {variable}={value!r}"):
                 MemoryManager()
     await anyio.lowlevel.checkpoint()
+
+
+def test_recorder_works_out_live_bytes_across_moves_resets_and_reused_keys() -> None:
+    ledger = Ledger()
+    names = {1: "first"}
+    recorder = HistoryRecorder(5, ledger=ledger, names=names.__getitem__)
+    plan = ChunkPlan(1, 1, 1, 100, 10, 10)
+
+    def add(key: int, group: str, vram: int) -> list[Allocation]:
+        allocs = [Allocation(None, "x", key, group, MemoryKind.DEVICE, vram)]
+        owner = object()
+        ledger.add(owner, allocs, vram)
+        recorder.allocated([allocs], plan)
+        return allocs
+
+    add(1, "g", 10)  # dropped from the ring of 5, yet what follows knows it was there
+    second = add(1, "g", 5)
+    recorder.regrouped(1, "g", "h", 15)
+    ledger.regroup(1, "h")
+    recorder.released(ledger.pop_where(lambda a: a is second[0]))
+    recorder.reset("context reset", context=True)
+    ledger.pop_where(lambda a: True)
+    ledger.forget(1)
+    names[1] = "second"  # the key is reused by a new instance
+    add(1, "g", 7)
+    events = recorder.history().events
+    assert recorder.history().dropped == 1 and len(events) == 4  # the regroup row takes a slot, no event
+    allocated, release, reset, allocate = events
+    assert (allocated.group, allocated.instance, allocated.group_live, allocated.nbytes) == ("g", "first", 15, 5)
+    assert (release.group, release.instance, release.group_live, release.instance_live) == ("h", "first", 10, 10)
+    assert reset.kind is EventKind.RESET and reset.detail == "context: context reset"
+    assert (allocate.group, allocate.instance, allocate.group_live, allocate.instance_live) == ("g", "second", 7, 7)
