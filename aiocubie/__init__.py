@@ -14,6 +14,7 @@ from ._backends import (
     Event,
     Faults,
     MemoryInfo,
+    PoolFacts,
     SimulatorBackend,
     TimelineEntry,
     create_backend,
@@ -33,6 +34,7 @@ from ._errors import (
     InsufficientMemoryError,
     InvalidRequestError,
     ManagerStateError,
+    OutOfMemoryError,
     PlanningError,
     RegistrationError,
     ReleasedError,
@@ -40,12 +42,14 @@ from ._errors import (
     UnchunkableTooLargeError,
     UnknownAllocatorError,
 )
+from ._history import EventKind, History, HistoryEvent
 from ._manager import MemoryManager, PendingRequest, default_manager
 from ._options import Options, Policy
 from ._planner import ChunkPlan, offered_bytes, plan_batch
+from ._plot import render as render_history
 from ._recorder import Recorder
 from ._requests import ArrayRequest, ArrayResponse, MemoryKind
-from ._stats import Percentiles, PinnedStats, Snapshot, UsageStats
+from ._stats import Percentiles, PinnedStats, RecoveryStats, Snapshot, UsageStats
 from ._walk import DEFAULT_DEPTH, Chunk, walk_chunks, walk_requests
 
 __version__ = "0.2.0.dev0"
@@ -68,7 +72,10 @@ __all__ = [
     "ContextResetError",
     "Engines",
     "Event",
+    "EventKind",
     "Faults",
+    "History",
+    "HistoryEvent",
     "InsufficientMemoryError",
     "InvalidRequestError",
     "LimitMode",
@@ -77,12 +84,15 @@ __all__ = [
     "MemoryKind",
     "MemoryManager",
     "Options",
+    "OutOfMemoryError",
     "PendingRequest",
     "Percentiles",
     "PinnedStats",
     "PlanningError",
     "Policy",
+    "PoolFacts",
     "Recorder",
+    "RecoveryStats",
     "RegistrationError",
     "ReleasedError",
     "RunLengthMismatchError",
@@ -98,6 +108,7 @@ __all__ = [
     "gpu_status",
     "offered_bytes",
     "plan_batch",
+    "render_history",
     "select_backend",
     "walk_chunks",
     "walk_requests",

@@ -1,25 +1,39 @@
 """The device account: the backend, the budget, the ledger and the free-memory reading, together.
 
 It alone allocates and frees through the backend for the manager and the schedulers, keeps the
-ledger in step with the device, and says how many bytes a group is offered. It knows nothing
-of tickets, tasks or the event loop.
+ledger in step with the device, says how many bytes a group is offered, and recovers from
+out-of-memory (cached blocks, then reclaim hooks). It knows nothing of tickets, tasks, the event
+loop or the manager: hooks and the history recorder are handed to it.
 """
 
 from __future__ import annotations
 
+import inspect
+import logging
 import math
 import time
 from collections.abc import Callable, Collection, Hashable, Sequence
 from typing import Any
 
+import attrs
+
 from ._backends import Backend, Event
 from ._budget import Budget, group_available
+from ._errors import OutOfMemoryError
+from ._history import HistoryRecorder
 from ._ledger import Allocation, Ledger
 from ._options import Options
 from ._planner import ChunkPlan, offered_bytes
 from ._requests import ArrayResponse, RequestSet
+from ._stats import RecoveryStats, format_bytes
 
-__all__ = ["DeviceAccount"]
+__all__ = ["DeviceAccount", "ReclaimHook"]
+
+log = logging.getLogger("aiocubie")
+
+#: A reclaim hook: called with the bytes an allocation needs, it frees what it can (releases
+#: arrays, spills) and returns the bytes it freed, or None if it cannot say.
+ReclaimHook = Callable[[int], "int | None"]
 
 
 class DeviceAccount:
@@ -35,13 +49,32 @@ class DeviceAccount:
     on_release : callable
         Called with no argument after memory is released while batches may wait for it
         (active mode, policy wait).
+    reclaim_hooks : list of callable, optional
+        Called in order when an allocation is out of memory even after the pool's cached
+        blocks were released (see :data:`ReclaimHook`); read live.
+
+    Attributes
+    ----------
+    history : HistoryRecorder or None
+        Where plans, allocations, releases and recovery steps are recorded (None: nowhere).
+    recovery : RecoveryStats
+        The out-of-memory recovery steps taken so far.
     """
 
-    def __init__(self, backend: Backend, options: Options, on_release: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        options: Options,
+        on_release: Callable[[], None],
+        reclaim_hooks: list[ReclaimHook] | None = None,
+    ) -> None:
         self.backend = backend
         self.options = options
         self.budget = Budget(backend.memory_info().total)
         self.ledger = Ledger()
+        self.history: HistoryRecorder | None = None
+        self.reclaim_hooks = [] if reclaim_hooks is None else reclaim_hooks
+        self.recovery = RecoveryStats()
         self._on_release = on_release
         self._free_reading = 0
         self._free_at = -math.inf
@@ -108,9 +141,43 @@ class DeviceAccount:
         """Allocate every array of a batch with ``plan``'s shapes, then record an event.
 
         All or nothing: if anything fails, what was allocated is freed before the error
-        propagates. Returns one response per entry (entered in the ledger) and the event
-        recorded after the last allocation and zero fill.
+        propagates. Out of memory, it frees the pool's cached blocks and tries again, then
+        calls the reclaim hooks and tries again, then raises :class:`OutOfMemoryError` saying
+        what each group holds. Returns one response per entry (entered in the ledger) and the
+        event recorded after the last allocation and zero fill.
         """
+        history, debug = self.history, log.isEnabledFor(logging.DEBUG)
+        if history is not None:
+            history.plan(group, plan, len(entries))
+        if debug:
+            log.debug(
+                "group %r: plan for %d request(s) of %d runs: %d chunk(s) of %d runs, %d bytes of %d offered",
+                group,
+                len(entries),
+                plan.runs,
+                plan.chunks,
+                plan.chunk_length,
+                plan.planned_bytes,
+                plan.offered,
+            )
+        try:
+            batch, totals, event = self._allocate(entries, group, plan, stream)
+        except OutOfMemoryError as exc:
+            batch, totals, event = self._recover(entries, group, plan, stream, exc)
+        responses = [
+            self.respond(requests, allocs, plan, stream, vram)
+            for (_, requests), allocs, vram in zip(entries, batch, totals)
+        ]
+        if history is not None:
+            history.allocated(batch, plan)
+        if debug:
+            log.debug("group %r: allocated %d array(s), %d bytes", group, sum(map(len, batch)), sum(totals))
+        return responses, event
+
+    def _allocate(
+        self, entries: Sequence[tuple[Hashable, RequestSet]], group: str, plan: ChunkPlan, stream: Any
+    ) -> tuple[list[list[Allocation]], list[int], Event]:
+        """One try at the batch: its allocations per entry, their VRAM bytes, the event; all or nothing."""
         backend = self.backend
         batch: list[list[Allocation]] = []
         totals: list[int] = []
@@ -143,11 +210,89 @@ class DeviceAccount:
                 for alloc in allocs:
                     backend.free(alloc.array)
             raise
-        responses = [
-            self.respond(requests, allocs, plan, stream, vram)
-            for (_, requests), allocs, vram in zip(entries, batch, totals)
-        ]
-        return responses, event
+        return batch, totals, event
+
+    def _recover(
+        self,
+        entries: Sequence[tuple[Hashable, RequestSet]],
+        group: str,
+        plan: ChunkPlan,
+        stream: Any,
+        error: OutOfMemoryError,
+    ) -> tuple[list[list[Allocation]], list[int], Event]:
+        """Out of memory: free the pool's cache and retry, call the reclaim hooks and retry, or raise."""
+        asked, history = plan.planned_bytes, self.history
+        self._count(out_of_memory=1)
+        log.warning(
+            "group %r: out of memory for %s (%s): freeing the pool's cached blocks", group, format_bytes(asked), error
+        )
+        freed = self.backend.release_cached()
+        self._count(cache_releases=1, cache_bytes_freed=freed)
+        if history is not None:
+            history.recovery(group, freed, "released the pool's cached blocks")
+        try:
+            return self._retried(entries, group, plan, stream)
+        except OutOfMemoryError as exc:
+            error = exc
+        hooks = list(self.reclaim_hooks)
+        if hooks:
+            reclaimed = sum(self._call(hook, asked, group) for hook in hooks)
+            self._count(hook_calls=len(hooks), hook_bytes_freed=reclaimed)
+            log.warning("group %r: %d reclaim hook(s) freed %s", group, len(hooks), format_bytes(reclaimed))
+            try:
+                return self._retried(entries, group, plan, stream)
+            except OutOfMemoryError as exc:
+                error = exc
+        self._count(failed=1)
+        held = ", ".join(
+            f"{name!r} {format_bytes(live)}" for name, live in sorted(self.ledger.live_by_group.items()) if live
+        )
+        info, pool = self.backend.memory_info(), self.backend.pool_facts()
+        message = (
+            f"out of memory: group {group!r} asked for {format_bytes(asked)} ({len(entries)} request(s), "
+            f"{plan.chunks} chunk(s) of {plan.chunk_length} runs); releasing {format_bytes(freed)} of cached pool "
+            f"blocks and calling {len(hooks)} reclaim hook(s) did not make room. Held through this manager: "
+            f"{held or 'nothing'}; device: {format_bytes(info.free)} free of {format_bytes(info.total)}; pool: "
+            f"{format_bytes(pool.held)} held, {format_bytes(pool.in_use)} in use. Release arrays (mgr.release, "
+            f"mgr.free), ask for fewer runs, or register a reclaim hook that frees or spills "
+            f"(mgr.add_reclaim_hook). The device said: {error}"
+        )
+        log.error("%s", message)
+        if history is not None:
+            history.failure(group, asked, error)
+            if history.dump_on_oom is not None:
+                history.history().to_json(history.dump_on_oom)
+                log.error("allocation history written to %s", history.dump_on_oom)
+        raise OutOfMemoryError(message) from error
+
+    def _retried(
+        self, entries: Sequence[tuple[Hashable, RequestSet]], group: str, plan: ChunkPlan, stream: Any
+    ) -> tuple[list[list[Allocation]], list[int], Event]:
+        result = self._allocate(entries, group, plan, stream)
+        self._count(recovered=1)
+        log.warning("group %r: allocation recovered from out of memory", group)
+        return result
+
+    def _call(self, hook: ReclaimHook, nbytes: int, group: str) -> int:
+        """Call one reclaim hook; the bytes it says it freed (0 if it failed or cannot say)."""
+        try:
+            freed = hook(nbytes)
+        except Exception:
+            log.exception("reclaim hook %r raised; going on with the next step", hook)
+            return 0
+        if inspect.isawaitable(freed):  # not awaited on the allocation path: refuse it loudly
+            getattr(freed, "close", lambda: None)()
+            log.error("reclaim hook %r returned an awaitable: reclaim hooks must be plain functions", hook)
+            return 0
+        nbytes = freed if isinstance(freed, int) and freed > 0 else 0
+        if self.history is not None:
+            self.history.recovery(group, nbytes, f"reclaim hook {getattr(hook, '__qualname__', hook)!r}")
+        return nbytes
+
+    def _count(self, **steps: int) -> None:
+        self.recovery = attrs.evolve(
+            self.recovery, **{name: getattr(self.recovery, name) + n for name, n in steps.items()}
+        )
 
     def respond(
         self, requests: RequestSet, allocations: list[Allocation], plan: ChunkPlan, stream: Any, vram: int = 0
@@ -191,6 +336,8 @@ class DeviceAccount:
         """Free ``allocations`` (already out of the ledger) on the device."""
         if not allocations:
             return
+        if self.history is not None:
+            self.history.released(allocations)
         free = self.backend.free
         for alloc in allocations:
             free(alloc.array)
@@ -200,6 +347,8 @@ class DeviceAccount:
 
     def forget_all(self) -> None:
         """The context that held every array is gone: empty the ledger, read the device anew."""
+        if self.history is not None:
+            self.history.reset("every array forgotten", context=True)
         self.ledger.pop_where(lambda a: True)
         self._free_delta = 0
         self._free_at = -math.inf

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ._backends import Backend, Event, MemoryInfo
-from ._errors import AllocationError
+from ._backends import Backend, Event, MemoryInfo, PoolFacts
+from ._errors import OutOfMemoryError
 from ._manager import MemoryManager
 from ._requests import ArrayRequest, MemoryKind
 
@@ -69,12 +69,18 @@ class InstantBackend(Backend):
         array = np.empty(shape, dtype)
         if kind.uses_vram:
             if array.nbytes > self.total - self.used:
-                raise AllocationError(f"out of memory: {array.nbytes} bytes asked, {self.total - self.used} free")
+                raise OutOfMemoryError(f"out of memory: {array.nbytes} bytes asked, {self.total - self.used} free")
             self.used += array.nbytes
         return array
 
     def zero(self, array: Any, stream: Any) -> None:
         array.fill(0)
+
+    def pool_facts(self) -> PoolFacts:
+        return PoolFacts(self.used, self.used, 0)  # no pool: nothing cached
+
+    def release_cached(self) -> int:
+        return 0
 
     def free(self, array: Any) -> None:
         self.used -= array.nbytes  # the benchmark frees device arrays only

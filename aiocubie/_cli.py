@@ -1,4 +1,4 @@
-"""The command line (``python -m aiocubie`` / ``aiocubie``): info, demo and bench.
+"""The command line (``python -m aiocubie`` / ``aiocubie``): info, demo, bench and history.
 
 It picks the backend before anything imports numba.cuda, because numba's CUDA simulator is
 chosen by NUMBA_ENABLE_CUDASIM at that first import. It holds no library logic of its own, and
@@ -102,6 +102,17 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _history(args: argparse.Namespace) -> int:
+    from ._history import History
+    from ._plot import render
+
+    history = History.load(args.file)
+    out = args.out if args.out is not None else args.file.with_suffix(".html")
+    written = render(history, out)
+    print(f"{len(history.events)} events ({history.dropped} dropped) drawn in {written}")
+    return 0
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text.replace("_", ""))
@@ -116,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aiocubie", description="aiocubie: an async GPU memory allocation service.")
     parser.add_argument("--version", action="version", version=f"aiocubie {_version('aiocubie')}")
     parser.add_argument("--debug", action="store_true", help="print the traceback of an error too")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{info,demo,bench}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{info,demo,bench,history}")
     backend = argparse.ArgumentParser(add_help=False)
     backend.add_argument(
         "--backend",
@@ -149,13 +160,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--quick", action="store_true", help="a smoke run of a second (noisy figures)")
     bench.add_argument("--out", type=Path, default=None, metavar="FILE", help="also write the figures as JSON")
+    history = commands.add_parser(
+        "history", help="draw an allocation history (mgr.history().to_json(FILE)): memory over time, plans marked"
+    )
+    history.add_argument("file", type=Path, metavar="FILE.json", help="a history written by History.to_json")
+    history.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="PICTURE",
+        help="page.html (self-contained), or picture.png/.svg/.pdf (needs matplotlib); default FILE.html",
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status (1 for an aiocubie error, 2 for bad options)."""
     args = _parser().parse_args(argv)
-    command = {"info": _info, "demo": _demo, "bench": _bench}[args.command]
+    command = {"info": _info, "demo": _demo, "bench": _bench, "history": _history}[args.command]
     try:
         return command(args)
     except Exception as exc:

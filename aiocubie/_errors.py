@@ -21,6 +21,7 @@ __all__ = [
     "InsufficientMemoryError",
     "InvalidRequestError",
     "ManagerStateError",
+    "OutOfMemoryError",
     "PlanningError",
     "RegistrationError",
     "ReleasedError",
@@ -94,6 +95,11 @@ class InsufficientMemoryError(PlanningError):
 
 class AllocationError(AiocubieError, MemoryError):
     """The backend failed to allocate (out of memory, or an injected fault)."""
+
+
+class OutOfMemoryError(AllocationError):
+    """The device or its pool had no room. The manager tries to recover first (frees the pool's
+    cached blocks, calls reclaim hooks); the message says what each group holds and what was asked."""
 
 
 class BackendError(AiocubieError):

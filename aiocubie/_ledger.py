@@ -95,6 +95,15 @@ class Ledger:
             if live > self.peak_by_group[group]:
                 self.peak_by_group[group] = live
 
+    def reset_peaks(self, *, keys: Iterable[Hashable] = (), groups: Iterable[str] = (), total: bool = False) -> None:
+        """Peaks start again from what is live now: of ``keys``, of ``groups``, and the total if ``total``."""
+        for key in keys:
+            self.peak_by_key[key] = self.live_by_key.get(key, 0)
+        for group in groups:
+            self.peak_by_group[group] = self.live_by_group.get(group, 0)
+        if total:
+            self.peak = self.live
+
     def pop_owner(self, owner: object) -> list[Allocation]:
         """Remove and return everything ``owner`` holds (nothing if already released)."""
         allocs = self._by_owner.pop(id(owner), None)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Generator, Mapping, Sequence
 from functools import partial
@@ -22,8 +24,8 @@ import anyio
 import anyio.abc
 import numpy as np
 
-from ._accounting import DeviceAccount
-from ._backends import ALLOCATORS, Advice, Backend, MemoryInfo, create_backend, parse_array_type
+from ._accounting import DeviceAccount, ReclaimHook
+from ._backends import ALLOCATORS, BACKENDS, Advice, Backend, MemoryInfo, create_backend, parse_array_type
 from ._budget import LimitMode
 from ._completion import Loop, wait_event
 from ._errors import (
@@ -41,13 +43,14 @@ from ._errors import (
     shown,
     warn,
 )
+from ._history import MAX_ENTRIES, History, HistoryRecorder
 from ._ledger import Allocation
-from ._options import Options, Policy
+from ._options import Options, Policy, from_environment, parse_history, parse_mode
 from ._planner import plan_chunks
 from ._registry import Group, InvalidateHook, Member, ReadyHook, Registry, await_hook, call_hook
 from ._requests import ArrayRequest, ArrayResponse, MemoryKind, RequestSet, check_device, check_requests
 from ._scheduler import GroupScheduler
-from ._stats import PinnedStats, Snapshot, Telemetry, UsageStats
+from ._stats import PinnedStats, Snapshot, Telemetry, UsageStats, summary
 from ._tickets import Ticket
 
 __all__ = ["MemoryManager", "PendingRequest", "default_manager"]
@@ -98,11 +101,13 @@ class MemoryManager:
 
     Parameters
     ----------
-    backend : {"auto", "simulator", "cuda"} or Backend
-        ``"auto"`` uses the GPU when there is a usable one and the simulator otherwise.
-    mode : {"passive", "active"}
-        Passive: use free memory, chunk only when needed. Active: each group is limited to
-        the sum of its members' caps minus what they hold.
+    backend : {"auto", "simulator", "cuda"} or Backend, optional
+        ``"auto"`` (the default) uses the GPU when there is a usable one and the simulator
+        otherwise. Not given: ``AIOCUBIE_BACKEND``, else ``"auto"``.
+    mode : {"passive", "active"}, optional
+        Passive (the default): use free memory, chunk only when needed. Active: each group is
+        limited to the sum of its members' caps minus what they hold. Not given:
+        ``AIOCUBIE_MODE``, else ``"passive"``.
     policy : {"chunk", "wait", "fail"}
         What an active-mode batch does when it does not fit now (see :class:`Policy`).
     headroom : float
@@ -116,11 +121,15 @@ class MemoryManager:
         How long a free-memory reading is reused (it costs tens of microseconds on a GPU);
         a batch about to be chunked always reads the device again.
     allocator : {"default", "cupy", "cupy_async"}, optional
-        Allocator plugin to start with.
+        Allocator plugin to start with. Not given: ``AIOCUBIE_ALLOCATOR`` for a backend the
+        manager creates (a backend passed in keeps its own).
     array_type : {"cupy", "numba"}, optional
         What device arrays are: CuPy arrays (the default; numpy's API, DLPack to torch) or
         numba device arrays (the cheapest numba kernel launches). The simulator hands out
         arrays that behave like the chosen type on a GPU.
+
+    Environment variables (``AIOCUBIE_HISTORY`` too: see :meth:`record_history`) are read
+    here; a bad value raises :class:`ConfigurationError` naming the variable.
 
     Examples
     --------
@@ -137,9 +146,9 @@ class MemoryManager:
 
     def __init__(
         self,
-        backend: str | Backend = "auto",
+        backend: str | Backend | None = None,
         *,
-        mode: LimitMode | str = "passive",
+        mode: LimitMode | str | None = None,
         policy: Policy | str = "chunk",
         headroom: float = 0.05,
         batch_window: float = 0.002,
@@ -148,6 +157,16 @@ class MemoryManager:
         allocator: str | None = None,
         array_type: str | None = None,
     ) -> None:
+        environ = os.environ
+        if backend is None:
+            backend = from_environment(environ, "AIOCUBIE_BACKEND", None, _backend_name)
+            backend = "auto" if backend is None else backend
+        if mode is None:
+            mode = from_environment(environ, "AIOCUBIE_MODE", None, parse_mode)
+            mode = LimitMode.PASSIVE if mode is None else mode
+        if not isinstance(backend, Backend):
+            allocator = from_environment(environ, "AIOCUBIE_ALLOCATOR", allocator, _allocator_name)
+        history = from_environment(environ, "AIOCUBIE_HISTORY", None, parse_history)
         self._options = Options(
             mode=mode,
             policy=policy,
@@ -174,7 +193,9 @@ class MemoryManager:
         if allocator is not None and not self._owns_backend and allocator != self.backend.allocator:
             self.backend.set_allocator(allocator)
         self._telemetry = Telemetry()
-        self._account = DeviceAccount(self.backend, self._options, self._memory_released)
+        self._reclaim_hooks: list[ReclaimHook] = []
+        self._account = DeviceAccount(self.backend, self._options, self._memory_released, self._reclaim_hooks)
+        self._history: HistoryRecorder | None = None  # the last one recorded, kept once stopped
         self._registry = Registry(self.backend.create_stream, self._telemetry)
         self._schedulers: dict[str, GroupScheduler] = {}  # one per live group, while running
         self._draining: list[GroupScheduler] = []  # of emptied groups, until their flights land
@@ -183,6 +204,8 @@ class MemoryManager:
         self._loop: Loop | None = None  # while serving (between __aenter__ and aclose)
         self._closed = False  # close() was called: never runs again
         self._backend_closed = False  # our own backend was closed when the last `async with` ended
+        if history:
+            self.record_history(dump_on_oom=history if isinstance(history, str) else None)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> MemoryManager:
@@ -512,6 +535,9 @@ class MemoryManager:
         old, new = self._registry.move(member, new_group)
         if old is not new:
             # what it holds counts in its new group from now on, as its budget does
+            if self._account.history is not None:
+                held = self._account.ledger.live_by_key.get(member.key, 0)
+                self._account.history.regrouped(member.key, old.name, new.name, held)
             self._account.ledger.regroup(member.key, new.name)
             moving = self._schedulers[old.name].take(member.key) if old.name in self._schedulers else []
             target = self._scheduler_of(new.name)
@@ -924,7 +950,142 @@ class MemoryManager:
             instances[name] = UsageStats.of(counters, live, max(peak, counters.peak_bytes), cap)
         pool = self.backend.pinned_pool
         pinned = PinnedStats(pool.held, pool.in_use, pool.peak_in_use, pool.pinned)
-        return Snapshot(Snapshot.now(), info.free, info.total, ledger.live, ledger.peak, groups, instances, pinned)
+        return Snapshot(
+            Snapshot.now(),
+            info.free,
+            info.total,
+            ledger.live,
+            ledger.peak,
+            groups,
+            instances,
+            pinned,
+            time.time(),
+            self.backend.pool_facts(),
+            self._account.recovery,
+        )
+
+    def memory_summary(self) -> str:
+        """A table of :meth:`stats` to read at a glance: device and pool bytes, then per group
+        and per instance live, peak and cap bytes, requests, batches, chunks, failures and the
+        wait and ready latencies (median / 99th percentile), then the recovery counts.
+
+        Examples
+        --------
+        >>> print(mgr.memory_summary())   # doctest: +SKIP
+        """
+        return summary(self.stats())
+
+    def reset_peak_stats(self, *, group: str | None = None, instance: object | None = None) -> None:
+        """Peaks start again from what is held now: of ``group``, of ``instance``, or (neither given) all of them.
+
+        Raises
+        ------
+        RegistrationError
+            For a group that does not exist, or an instance that is not registered.
+        """
+        ledger, telemetry = self._account.ledger, self._telemetry
+        if group is None and instance is None:
+            ledger.reset_peaks(keys=list(ledger.peak_by_key), groups=list(ledger.peak_by_group), total=True)
+            for counters in (*telemetry.groups.values(), *telemetry.instances.values()):
+                counters.peak_bytes = 0
+            scope = "all"
+        else:
+            names = []
+            if group is not None:
+                name = self._registry.group(group).name
+                ledger.reset_peaks(groups=[name])
+                telemetry.group(name).peak_bytes = 0
+                names.append(f"group {name!r}")
+            if instance is not None:
+                member = self._member(instance)
+                ledger.reset_peaks(keys=[member.key])
+                member.counters.peak_bytes = 0
+                names.append(member.name)
+            scope = ", ".join(names)
+        if self._account.history is not None:
+            self._account.history.reset(f"peak stats ({scope})")
+
+    # -- history and recovery ------------------------------------------------------------
+    def record_history(
+        self,
+        enabled: bool = True,
+        *,
+        max_entries: int = MAX_ENTRIES,
+        stacks: bool = False,
+        dump_on_oom: str | os.PathLike[str] | None = None,
+    ) -> None:
+        """Start (or, ``enabled=False``, stop) recording the allocation history.
+
+        Every plan, allocation, release, failure, out-of-memory recovery step and reset is
+        kept, the most recent ``max_entries`` of them; starting again starts a new history.
+        Off (the default), it costs one attribute check per batch and release. The
+        environment variable ``AIOCUBIE_HISTORY`` (``1`` or ``FILE.json``) starts it when the
+        manager is made.
+
+        Parameters
+        ----------
+        enabled : bool
+            Record (True) or stop recording (False; :meth:`history` still has what was recorded).
+        max_entries : int
+            Events kept (a ring: the oldest go first).
+        stacks : bool
+            Also keep the stack each plan and allocation was made from (costly: for debugging).
+        dump_on_oom : str or path, optional
+            Write the history there (JSON) when an allocation fails after every recovery step.
+
+        Raises
+        ------
+        ConfigurationError
+            For ``max_entries`` that is not an int >= 1.
+        """
+        if not enabled:
+            self._account.history = None
+            return
+        self._history = self._account.history = HistoryRecorder(
+            max_entries,
+            stacks=stacks,
+            ledger=self._account.ledger,
+            names=self._registry.name_of,  # type: ignore[arg-type]
+            dump_on_oom=dump_on_oom,
+        )
+
+    def history(self) -> History:
+        """The allocation history recorded so far (see :meth:`record_history`).
+
+        Raises
+        ------
+        ConfigurationError
+            If no history was ever recorded.
+        """
+        if self._history is None:
+            raise ConfigurationError(
+                "no allocation history was recorded: call mgr.record_history() first (or set AIOCUBIE_HISTORY=1)"
+            )
+        return self._history.history()
+
+    def add_reclaim_hook(self, hook: ReclaimHook) -> None:
+        """Call ``hook(nbytes)`` when an allocation is out of memory even with the pool's cache freed.
+
+        The hook frees what it can (``mgr.release``, ``mgr.free``, spilling to the host) and
+        returns the bytes it freed, or None if it cannot say; the allocation is then tried
+        once more. Hooks run in the order added, synchronously on the allocation's path (in
+        the requesting task, or the group's): they must not block long, and cannot await.
+        A hook that raises is logged and skipped. The manager holds ``hook`` until
+        :meth:`remove_reclaim_hook`.
+
+        Raises
+        ------
+        ConfigurationError
+            If ``hook`` is not callable.
+        """
+        if not callable(hook):
+            raise ConfigurationError(f"a reclaim hook must be callable as hook(nbytes), got {shown(hook)}")
+        self._reclaim_hooks.append(hook)
+
+    def remove_reclaim_hook(self, hook: ReclaimHook) -> None:
+        """Stop calling ``hook`` (nothing if it was not added)."""
+        if hook in self._reclaim_hooks:
+            self._reclaim_hooks.remove(hook)
 
     # -- wiring ----------------------------------------------------------------------------
     def _scheduler_of(self, name: str) -> GroupScheduler | None:
@@ -953,6 +1114,18 @@ class MemoryManager:
     def _every_scheduler(self) -> list[GroupScheduler]:
         """The schedulers of live groups, and of emptied ones whose batches are still in flight."""
         return [*self._schedulers.values(), *self._draining] if self._draining else list(self._schedulers.values())
+
+
+def _backend_name(value: str) -> str:
+    if value not in BACKENDS:
+        raise ConfigurationError(f"unknown backend {value!r}: use one of {', '.join(BACKENDS)}")
+    return value
+
+
+def _allocator_name(value: str) -> str:
+    if value not in ALLOCATORS:
+        raise UnknownAllocatorError(f"unknown allocator {value!r}: use one of {', '.join(ALLOCATORS)}")
+    return value
 
 
 _default: MemoryManager | None = None

@@ -9,14 +9,26 @@ from __future__ import annotations
 import enum
 import math
 import numbers
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import attrs
 
 from ._budget import LimitMode
 from ._errors import ConfigurationError, shown
 
-__all__ = ["Options", "Policy"]
+__all__ = ["ENVIRONMENT", "Options", "Policy", "from_environment", "parse_history", "parse_mode"]
+
+T = TypeVar("T")
+
+#: The environment variables a :class:`~aiocubie.MemoryManager` reads for the arguments it is
+#: not given (an explicit argument always wins).
+ENVIRONMENT = {
+    "AIOCUBIE_BACKEND": "backend: auto, simulator or cuda",
+    "AIOCUBIE_MODE": "mode: passive or active",
+    "AIOCUBIE_ALLOCATOR": "allocator of a backend the manager creates: default, cupy or cupy_async",
+    "AIOCUBIE_HISTORY": "record the allocation history: 1 (on), 0 (off), or FILE.json (on, written there on out-of-memory)",
+}
 
 
 class Policy(str, enum.Enum):
@@ -118,3 +130,38 @@ class Options:
     def replace(self, **changes: Any) -> Options:
         """A copy with ``changes`` applied, validated like the original."""
         return attrs.evolve(self, **changes)
+
+
+def from_environment(
+    environ: Mapping[str, str], variable: str, explicit: T | None, parse: Callable[[str], T]
+) -> T | None:
+    """``explicit`` if given, else ``variable``'s value in ``environ`` parsed, else None.
+
+    Raises
+    ------
+    ConfigurationError
+        If the variable is set to a value ``parse`` refuses (naming the variable).
+    """
+    if explicit is not None:
+        return explicit
+    value = environ.get(variable)
+    if value is None or not value.strip():
+        return None
+    try:
+        return parse(value.strip())
+    except ConfigurationError as exc:
+        raise type(exc)(f"environment variable {variable}={value!r}: {exc}") from None
+
+
+def parse_mode(value: str) -> LimitMode:
+    """The limit mode ``value`` names (for :data:`ENVIRONMENT`)."""
+    return _mode(value)
+
+
+def parse_history(value: str) -> str | bool:
+    """``AIOCUBIE_HISTORY``: True for ``1``, False for ``0``, or the ``.json`` file to write on out-of-memory."""
+    if value in ("0", "1"):
+        return value == "1"
+    if not value.endswith(".json"):
+        raise ConfigurationError("use 1 (record), 0 (do not) or a FILE.json to write the history to on out-of-memory")
+    return value

@@ -25,7 +25,14 @@ import attrs
 
 from ._accounting import DeviceAccount
 from ._completion import Loop, Signal
-from ._errors import AiocubieError, AllocationError, BackendError, InsufficientMemoryError, PlanningError
+from ._errors import (
+    AiocubieError,
+    AllocationError,
+    BackendError,
+    InsufficientMemoryError,
+    OutOfMemoryError,
+    PlanningError,
+)
 from ._options import Options, Policy
 from ._planner import ChunkPlan, plan_chunks, warn_if_oversubscribed
 from ._registry import Group, Member, await_hook, call_hook
@@ -321,6 +328,10 @@ class GroupScheduler:
             log.exception("group %r: batch of %d failed unexpectedly", self.name, len(batch))
             error = BackendError(f"allocation failed unexpectedly: {exc!r}")
             error.__cause__ = exc
+        history = self._account.history
+        if history is not None and not isinstance(exc, OutOfMemoryError):  # the account recorded that one
+            needed = sum(t.requests.fixed + t.requests.per_run * t.requests.runs for t in batch)
+            history.failure(self.name, needed, error)
         for ticket in batch:
             if ticket.pending:
                 for counters in ticket.counters:

@@ -1,7 +1,7 @@
-"""Observability: counters and latency samples per stream group and per instance.
+"""Observability: counters and latency samples per stream group and per instance, and their reports.
 
 Recording is a few integer adds and a deque append per request, cheap enough to stay on.
-Pure: no device calls, no event loop.
+Pure: no device calls, no event loop, no I/O (a report is a string the caller prints).
 """
 
 from __future__ import annotations
@@ -9,11 +9,24 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterable
+from typing import Any
 
 import attrs
 import numpy as np
 
-__all__ = ["Counters", "Percentiles", "PinnedStats", "Snapshot", "Telemetry", "UsageStats"]
+__all__ = [
+    "Counters",
+    "Percentiles",
+    "PinnedStats",
+    "PoolFacts",
+    "RecoveryStats",
+    "Snapshot",
+    "Telemetry",
+    "UsageStats",
+    "format_bytes",
+    "format_seconds",
+    "summary",
+]
 
 #: Latency samples kept per group and instance (the most recent ones).
 SAMPLES = 4096
@@ -164,8 +177,51 @@ class PinnedStats:
 
 
 @attrs.frozen
+class PoolFacts:
+    """What the allocator's pool holds, so fragmentation shows (None where the allocator cannot say).
+
+    ``held``: device bytes the pool has taken from the device (in use or cached for reuse);
+    ``in_use``: bytes of the blocks handed out now; ``largest_free``: the largest cached block,
+    the biggest allocation the pool can serve without asking the device. ``held - in_use``
+    bytes are cached: counted as free by the planner, yet only reusable in blocks of at most
+    ``largest_free`` bytes until they are released to the device.
+    """
+
+    held: int | None = None
+    in_use: int | None = None
+    largest_free: int | None = None
+
+    @property
+    def cached(self) -> int | None:
+        """Bytes the pool keeps but no array uses (None if unknown)."""
+        return None if self.held is None or self.in_use is None else self.held - self.in_use
+
+
+@attrs.frozen
+class RecoveryStats:
+    """Out-of-memory recovery so far (see :meth:`MemoryManager.add_reclaim_hook`).
+
+    ``out_of_memory``: allocations that found no room at first; ``cache_releases`` and
+    ``cache_bytes_freed``: step 1, the pool's cached blocks given back to the device;
+    ``hook_calls`` and ``hook_bytes_freed``: step 2, reclaim hooks called and the bytes they
+    said they freed; ``recovered``: allocations that succeeded on a retry; ``failed``: those
+    that failed after every step.
+    """
+
+    out_of_memory: int = 0
+    cache_releases: int = 0
+    cache_bytes_freed: int = 0
+    hook_calls: int = 0
+    hook_bytes_freed: int = 0
+    recovered: int = 0
+    failed: int = 0
+
+
+@attrs.frozen
 class Snapshot:
     """Everything :meth:`MemoryManager.stats` reports at one moment.
+
+    Units: bytes for memory, seconds for times and latencies.
 
     Attributes
     ----------
@@ -174,11 +230,18 @@ class Snapshot:
     free, total : int
         Device memory as the backend last reported it.
     live_bytes, peak_bytes : int
-        VRAM held through the manager, now and at its highest.
+        VRAM held through the manager, now and at its highest (since the last
+        :meth:`MemoryManager.reset_peak_stats`).
     groups, instances : dict
         Name -> :class:`UsageStats`.
     pinned : PinnedStats
         The pinned staging pool: bytes held against bytes needed.
+    wall_time : float
+        ``time.time()`` when it was taken (seconds since the epoch).
+    pool : PoolFacts
+        The device allocator's pool: bytes held against bytes in use, largest cached block.
+    recovery : RecoveryStats
+        Out-of-memory recovery steps taken so far.
     """
 
     time: float
@@ -189,8 +252,108 @@ class Snapshot:
     groups: dict[str, UsageStats]
     instances: dict[str, UsageStats]
     pinned: PinnedStats = PinnedStats()
+    wall_time: float = 0.0
+    pool: PoolFacts = PoolFacts()
+    recovery: RecoveryStats = RecoveryStats()
 
     @staticmethod
     def now() -> float:
         """The clock snapshots use."""
         return time.monotonic()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The snapshot as plain JSON-serialisable values (``json.dumps`` takes it as is).
+
+        Memory is in bytes, times and latencies in seconds: ``time`` is ``time.monotonic()``
+        and ``wall_time`` seconds since the epoch; unknown values are None. Each group and
+        instance also gets ``over_cap``.
+        """
+        data = attrs.asdict(self)
+        for name in ("groups", "instances"):
+            for usage, entry in zip(getattr(self, name).values(), data[name].values()):
+                entry["over_cap"] = usage.over_cap
+        return data
+
+
+_BYTE_UNITS = ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
+
+
+def format_bytes(nbytes: int | None) -> str:
+    """``nbytes`` for a person: ``"512 B"``, ``"1.5 KiB"``, ``"12.0 MiB"`` (``"-"`` for None)."""
+    if nbytes is None:
+        return "-"
+    for size, unit in _BYTE_UNITS:
+        if abs(nbytes) >= size:
+            return f"{nbytes / size:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def format_seconds(seconds: float | None) -> str:
+    """``seconds`` for a person: ``"850 ns"``, ``"12.3 µs"``, ``"4.1 ms"``, ``"2.00 s"`` (``"-"`` for None)."""
+    if seconds is None:
+        return "-"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.1f} ms"
+    if seconds >= 1e-6:
+        return f"{seconds * 1e6:.1f} µs"
+    return f"{seconds * 1e9:.0f} ns"
+
+
+_COLUMNS = ("live", "peak", "cap", "requests", "batches", "chunks", "fail", "wait p50/p99", "ready p50/p99")
+
+
+def _row(name: str, usage: UsageStats) -> list[str]:
+    wait, ready = usage.queue_wait, usage.ready_latency
+    return [
+        name,
+        format_bytes(usage.live_bytes),
+        format_bytes(usage.peak_bytes),
+        format_bytes(usage.cap_bytes) + (" OVER" if usage.over_cap else ""),
+        str(usage.requests),
+        str(usage.batches),
+        str(usage.chunks),
+        str(usage.failures),
+        f"{format_seconds(wait.p50)} / {format_seconds(wait.p99)}",
+        f"{format_seconds(ready.p50)} / {format_seconds(ready.p99)}",
+    ]
+
+
+def _table(title: str, rows: list[list[str]]) -> list[str]:
+    header = [title, *_COLUMNS]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        first = cells[0].ljust(widths[0])
+        return "  ".join([first, *(cell.rjust(width) for cell, width in zip(cells[1:], widths[1:]))]).rstrip()
+
+    return [line(header), line(["-" * w for w in widths]), *(line(row) for row in rows or [["(none)"] + [""] * 9])]
+
+
+def summary(snapshot: Snapshot) -> str:
+    """A table of ``snapshot`` a person reads at a glance (see :meth:`MemoryManager.memory_summary`).
+
+    Device memory and the pool first, then one row per stream group and per instance: live,
+    peak and cap bytes, requests, batches, chunks, failures, and the queue-wait and ready
+    latencies (median / 99th percentile). Then the pinned staging pool and recovery counts.
+    """
+    pool, pinned, rec = snapshot.pool, snapshot.pinned, snapshot.recovery
+    used = snapshot.total - snapshot.free
+    lines = [
+        f"device: {format_bytes(used)} used of {format_bytes(snapshot.total)} ({format_bytes(snapshot.free)} free); "
+        f"through this manager {format_bytes(snapshot.live_bytes)} live, {format_bytes(snapshot.peak_bytes)} peak",
+        f"pool: {format_bytes(pool.held)} held, {format_bytes(pool.in_use)} in use, "
+        f"{format_bytes(pool.cached)} cached, largest cached block {format_bytes(pool.largest_free)}",
+        "",
+        *_table("group", [_row(name, usage) for name, usage in sorted(snapshot.groups.items())]),
+        "",
+        *_table("instance", [_row(name, usage) for name, usage in sorted(snapshot.instances.items())]),
+        "",
+        f"pinned staging: {format_bytes(pinned.held)} held, {format_bytes(pinned.in_use)} in use, "
+        f"{format_bytes(pinned.peak_in_use)} peak",
+        f"out of memory: {rec.out_of_memory} times; freed {format_bytes(rec.cache_bytes_freed)} cached in "
+        f"{rec.cache_releases} releases, {format_bytes(rec.hook_bytes_freed)} by {rec.hook_calls} reclaim-hook "
+        f"calls; {rec.recovered} recovered, {rec.failed} failed",
+    ]
+    return "\n".join(lines)

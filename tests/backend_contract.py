@@ -20,6 +20,7 @@ from aiocubie import (
     ConfigurationError,
     InvalidRequestError,
     MemoryKind,
+    OutOfMemoryError,
     UnknownAllocatorError,
 )
 from aiocubie._backends import ALLOCATORS, ARRAY_TYPES, Backend, create_backend
@@ -40,6 +41,7 @@ __all__ = [
     "test_host_array",
     "test_managed_prefetch_and_advice",
     "test_pinned_host_memory_is_known",
+    "test_pool_facts_and_releasing_cached_blocks",
     "test_protocol_attributes",
     "test_unknown_names_are_clear_errors",
     "test_zero_every_kind",
@@ -254,10 +256,31 @@ def test_allocation_beyond_the_device_fails_cleanly(contract: Contract) -> None:
     backend = contract.backend
     stream = backend.create_stream()
     total = backend.memory_info().total
-    with pytest.raises(AllocationError):
+    with pytest.raises(OutOfMemoryError):  # no room: the kind of failure the manager recovers from
         backend.allocate((total + (1 << 30),), np.dtype(np.uint8), MemoryKind.DEVICE, stream)
     with pytest.raises(AllocationError):
         backend.allocate((total + (1 << 30),), np.dtype(np.uint8), MemoryKind.MANAGED, stream)
+    small = backend.allocate((1024,), np.dtype(np.uint8), MemoryKind.DEVICE, stream)  # still works
+    assert backend.nbytes(small) == 1024
+
+
+def test_pool_facts_and_releasing_cached_blocks(contract: Contract) -> None:
+    backend = contract.backend
+    stream = backend.create_stream()
+    arrays = [backend.allocate((1 << 20,), np.dtype(np.uint8), MemoryKind.DEVICE, stream) for _ in range(4)]
+    _sync(backend, stream)
+    using = backend.pool_facts()
+    if using.in_use is not None:  # an allocator that cannot say reports None
+        assert using.held is not None and using.held >= using.in_use >= 4 << 20
+    for array in arrays:
+        backend.free(array)
+    del arrays, array  # the last references: a GPU pool gets the blocks back now
+    cached = backend.pool_facts()
+    assert backend.release_cached() >= 0
+    after = backend.pool_facts()
+    if cached.cached is not None and after.cached is not None:
+        assert after.cached <= cached.cached
+    assert after.largest_free is None or after.largest_free >= 0
     small = backend.allocate((1024,), np.dtype(np.uint8), MemoryKind.DEVICE, stream)  # still works
     assert backend.nbytes(small) == 1024
 

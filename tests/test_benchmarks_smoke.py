@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = ("core", "latency", "throughput", "bridge", "chunking", "walk")
+BENCHMARKS = ("core", "history", "latency", "throughput", "bridge", "chunking", "walk")
 
 
 def test_quick_simulator_run_writes_json_and_markdown(tmp_path: Path) -> None:

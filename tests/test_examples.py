@@ -55,6 +55,18 @@ def test_plot_stats(tmp_path: Path) -> None:
         assert f"wrote {png}" in out and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_history(tmp_path: Path) -> None:
+    out = _run(str(EXAMPLES / "history.py"), str(tmp_path))
+    assert re.search(r"out of memory: 2 times; .* by 1 reclaim-hook calls; 2 recovered, 0 failed", out)
+    assert f"wrote {tmp_path / 'history.html'}" in out and (tmp_path / "history.json").exists()
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "no picture" in out
+    else:
+        assert (tmp_path / "history.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_user_code_tests_pass() -> None:
     out = _run("-m", "pytest", "-q", "-p", "no:cacheprovider", str(EXAMPLES / "test_user_code.py"), cwd=EXAMPLES.parent)
     assert re.search(r"\b2 passed\b", out)
@@ -70,6 +82,7 @@ def test_every_example_is_tested(path: Path) -> None:
     assert path.stem.removeprefix("test_") in {
         "async_pipeline",
         "data_loader",
+        "history",
         "managed_prefetch",
         "plot_stats",
         "torch_interop",

@@ -11,13 +11,14 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from .._errors import ConfigurationError, UnknownAllocatorError, warn
-from ._base import ALLOCATORS, ARRAY_TYPES, Advice, Backend, Event, MemoryInfo, parse_array_type
+from ._base import ALLOCATORS, ARRAY_TYPES, Advice, Backend, Event, MemoryInfo, PoolFacts, parse_array_type
 from ._simulator import DEFAULT_TOTAL, Engines, Faults, SimStream, SimulatorBackend, TimelineEntry
 from ._staging import PinnedPool
 
 __all__ = [
     "ALLOCATORS",
     "ARRAY_TYPES",
+    "BACKENDS",
     "Advice",
     "Backend",
     "Engines",
@@ -25,6 +26,7 @@ __all__ = [
     "Faults",
     "MemoryInfo",
     "PinnedPool",
+    "PoolFacts",
     "SimulatorBackend",
     "TimelineEntry",
     "create_backend",

@@ -17,9 +17,10 @@ import numpy as np
 
 from .._errors import ConfigurationError, shown
 from .._requests import MemoryKind
+from .._stats import PoolFacts
 from ._staging import PinnedPool
 
-__all__ = ["ALLOCATORS", "ARRAY_TYPES", "Advice", "Backend", "Event", "MemoryInfo", "parse_array_type"]
+__all__ = ["ALLOCATORS", "ARRAY_TYPES", "Advice", "Backend", "Event", "MemoryInfo", "PoolFacts", "parse_array_type"]
 
 #: Allocator plugins a backend can switch between with ``set_allocator`` (seed 000): which
 #: pool supplies device blocks (numba's own allocations included).
@@ -125,8 +126,23 @@ class Backend(abc.ABC):
 
         Raises
         ------
+        OutOfMemoryError
+            When the device (or pool) has no room: the caller may release cached blocks
+            (:meth:`release_cached`) and try again.
         AllocationError
-            When the device (or pool) has no room, or an injected fault fires.
+            When it fails otherwise, or an injected fault fires.
+        """
+
+    @abc.abstractmethod
+    def pool_facts(self) -> PoolFacts:
+        """Bytes the allocator's pool holds, bytes in use, the largest cached block (None where unknown)."""
+
+    @abc.abstractmethod
+    def release_cached(self) -> int:
+        """Give the blocks the pool caches (and frees the allocator deferred) back to the device.
+
+        Returns the bytes this made free on the device (0 if none, or unknown). Arrays in
+        use stay valid.
         """
 
     @abc.abstractmethod

@@ -4,7 +4,9 @@ It models total and free memory, stream order (one worker thread per stream runs
 in order, each item taking ``latency`` seconds), events that complete only after the work
 queued before them, the engines (a compute engine per stream, one copy engine per direction,
 each with a bandwidth and a per-operation latency, logged on a timeline) and faults injected
-on demand. Device-side kinds (device, managed, mapped)
+on demand. The ``cupy`` and ``cupy_async`` allocators keep freed device blocks cached in a pool,
+as CuPy's pools do: a cached block serves a request of its size or smaller (split, never merged),
+so a pool can hold free bytes yet fail a larger request. Device-side kinds (device, managed, mapped)
 are handed out as the chosen array type's model (``_simarrays``), host kinds as numpy arrays,
 as on a GPU. It imports neither numba.cuda nor cupy (numba's simulator only for numba arrays).
 """
@@ -33,19 +35,20 @@ from .._errors import (
     BackendError,
     ConfigurationError,
     InvalidRequestError,
+    OutOfMemoryError,
     UnknownAllocatorError,
     shown,
 )
 from .._requests import MAX_NBYTES, MemoryKind, check_device
-from ._base import ALLOCATORS, Advice, Backend, Event, MemoryInfo, parse_array_type
+from ._base import ALLOCATORS, Advice, Backend, Event, MemoryInfo, PoolFacts, parse_array_type
 from ._simarrays import host_data, sim_array
 
 __all__ = ["Engines", "Faults", "SimEvent", "SimStream", "SimulatorBackend", "TimelineEntry"]
 
 log = logging.getLogger("aiocubie")
 
-FaultSite = Literal["allocate", "record_event", "copy", "prefetch"]
-_FAULT_SITES = ("allocate", "record_event", "copy", "prefetch")
+FaultSite = Literal["allocate", "oom", "record_event", "copy", "prefetch"]
+_FAULT_SITES = ("allocate", "oom", "record_event", "copy", "prefetch")
 
 
 class Faults:
@@ -55,6 +58,7 @@ class Faults:
     --------
     >>> sim = SimulatorBackend(total=1 << 20)
     >>> sim.faults.inject("allocate", after=2)      # the 3rd allocation from now fails once
+    >>> sim.faults.inject("oom", times=2)           # the next 2 allocations find no room
     >>> sim.faults.inject("copy", probability=0.1, times=None, seed=0)  # 10% of copies fail
     """
 
@@ -76,8 +80,10 @@ class Faults:
 
         Parameters
         ----------
-        site : {"allocate", "record_event", "copy", "prefetch"}
-            Which operation fails.
+        site : {"allocate", "oom", "record_event", "copy", "prefetch"}
+            Which operation fails: ``"allocate"`` raises AllocationError (a failure the
+            manager does not retry), ``"oom"`` OutOfMemoryError (no room: the manager tries
+            to recover), both from ``allocate``.
         after : int
             Let this many operations at ``site`` succeed first.
         times : int or None
@@ -368,6 +374,8 @@ class SimulatorBackend(Backend):
     ----------
     faults : Faults
         Inject allocation, event, copy and prefetch failures.
+    cached : list of int
+        Sizes of the free device blocks the pool keeps (allocators ``cupy`` and ``cupy_async``).
     timeline : collections.deque of TimelineEntry
         The copies and kernels the engines ran, in the order they ended (the most recent
         ``TIMELINE_LENGTH``).
@@ -418,7 +426,9 @@ class SimulatorBackend(Backend):
         self.resets = 0
         self._reserved = reserved
         self._used = 0
-        self._live: dict[int, int] = {}  # id(array) -> VRAM bytes
+        self._live: dict[int, tuple[int, bool]] = {}  # id(array) -> (VRAM bytes, from the pool)
+        self.cached: list[int] = []
+        self._pool_in_use = 0
         self._streams: weakref.WeakSet[SimStream] = weakref.WeakSet()  # closed on reset; not kept alive
 
     # -- memory ---------------------------------------------------------------------------
@@ -429,26 +439,37 @@ class SimulatorBackend(Backend):
 
     def occupy(self, nbytes: int) -> None:
         """Pretend another process took (positive) or released (negative) ``nbytes``."""
-        if not _count(nbytes, -self._reserved) or self._reserved + nbytes > self.total - self._used:
+        room = self.total - self._used - self._reserved - sum(self.cached)
+        if not _count(nbytes, -self._reserved) or nbytes > room:
             raise ConfigurationError(
-                f"cannot occupy {shown(nbytes)} bytes: pass an int from {-self._reserved} to "
-                f"{self.total - self._used - self._reserved} ({self.memory_info()})"
+                f"cannot occupy {shown(nbytes)} bytes: pass an int from {-self._reserved} to {room} "
+                f"({self.memory_info()}, {sum(self.cached)} bytes cached in the pool)"
             )
         self._reserved += nbytes
 
     def memory_info(self) -> MemoryInfo:
+        # blocks the pool caches count as free, as CuPy's pools report them through numba
         return MemoryInfo(free=self.total - self._used - self._reserved, total=self.total)
+
+    @property
+    def _pooled(self) -> bool:
+        return self.allocator != "default"
 
     def allocate(self, shape: tuple[int, ...], dtype: np.dtype[Any], kind: MemoryKind, stream: Any) -> Any:
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if self.faults.check("allocate"):
             raise AllocationError(f"injected fault: allocating {nbytes} bytes of {kind.value} {shape} {dtype}")
-        if kind.uses_vram:
-            free = self.memory_info().free
-            if nbytes > free:
-                raise AllocationError(
-                    f"out of memory: asked for {nbytes} bytes of {kind.value} memory "
-                    f"({shape}, {dtype}) with {free} of {self.total} free"
+        if self.faults.check("oom"):
+            raise OutOfMemoryError(f"injected out of memory: allocating {nbytes} bytes of {kind.value} {shape} {dtype}")
+        pooled = kind is MemoryKind.DEVICE and self._pooled and nbytes > 0
+        if kind.uses_vram and not (pooled and self._take_cached(nbytes)):
+            cached = sum(self.cached)
+            room = self.total - self._used - self._reserved - cached
+            if nbytes > room:
+                raise OutOfMemoryError(
+                    f"out of memory: asked for {nbytes} bytes of {kind.value} memory ({shape}, {dtype}) with "
+                    f"{room} of {self.total} free on the device and {cached} cached in the pool (largest "
+                    f"block {max(self.cached, default=0)})"
                 )
         data = _host_memory(shape, dtype, kind)
         array = data if kind in (MemoryKind.HOST, MemoryKind.PINNED) else sim_array(data, self.array_type, stream)
@@ -456,15 +477,47 @@ class SimulatorBackend(Backend):
             self._pinned[id(data)] = data
         if kind.uses_vram:
             self._used += nbytes
-            self._live[id(array)] = nbytes
+            self._live[id(array)] = (nbytes, pooled)
+            if pooled:
+                self._pool_in_use += nbytes
         return array
+
+    def _take_cached(self, nbytes: int) -> bool:
+        """Serve ``nbytes`` from the smallest cached block that holds them (its rest stays cached)."""
+        fits = [size for size in self.cached if size >= nbytes]
+        if not fits:
+            return False
+        block = min(fits)
+        self.cached.remove(block)
+        if block > nbytes:
+            self.cached.append(block - nbytes)
+        return True
+
+    def pool_facts(self) -> PoolFacts:
+        """The pool's bytes (allocators ``cupy``, ``cupy_async``); without a pool nothing is cached."""
+        if not self._pooled:
+            return PoolFacts(held=self._used, in_use=self._used, largest_free=0)
+        return PoolFacts(
+            held=self._pool_in_use + sum(self.cached),
+            in_use=self._pool_in_use,
+            largest_free=max(self.cached, default=0),
+        )
+
+    def release_cached(self) -> int:
+        freed = sum(self.cached)
+        self.cached.clear()
+        return freed
 
     def zero(self, array: Any, stream: SimStream) -> None:
         data = host_data(array)
         stream.enqueue(lambda: data.fill(0))
 
     def free(self, array: Any) -> None:
-        self._used -= self._live.pop(id(array), 0)
+        nbytes, pooled = self._live.pop(id(array), (0, False))
+        self._used -= nbytes
+        if pooled:  # the pool keeps the block for reuse
+            self._pool_in_use -= nbytes
+            self.cached.append(nbytes)
 
     def nbytes(self, array: Any) -> int:
         return int(array.nbytes)
@@ -590,7 +643,8 @@ class SimulatorBackend(Backend):
     def reset(self) -> None:
         self.resets += 1
         self._live.clear()
-        self._used = 0
+        self.cached.clear()
+        self._used = self._pool_in_use = 0
         self.close()
 
     def close(self) -> None:

@@ -23,7 +23,7 @@ from numba.cuda.cudadrv.error import CudaDriverError, CudaSupportError
 
 from ..._errors import AllocationError, BackendError, ConfigurationError, InvalidRequestError, UnknownAllocatorError
 from ..._requests import MemoryKind
-from .._base import ALLOCATORS, Advice, Backend, MemoryInfo, parse_array_type
+from .._base import ALLOCATORS, Advice, Backend, MemoryInfo, PoolFacts, parse_array_type
 from . import _arrays, _pools
 from ._errors import check, map_exceptions
 from ._events import EVENT_FLAGS, EVENT_MECHANISMS, CudaEvent, EventMechanism, StreamWaiter
@@ -202,6 +202,25 @@ class CudaBackend(Backend):
                 f"refusing {nbytes} bytes of managed memory ({shape}, {dtype}): only {free} of "
                 f"{total} bytes are free on {self.device_name}, less a {self.granule}-byte margin"
             )
+
+    def pool_facts(self) -> PoolFacts:
+        """The CuPy pool's bytes (``total_bytes``, ``used_bytes``); None for numba's default manager.
+
+        Neither CuPy pool says how large its largest cached block is: ``largest_free`` is None.
+        """
+        pool = getattr(self._context.memory_manager, "pool", None)
+        total, used = getattr(pool, "total_bytes", None), getattr(pool, "used_bytes", None)
+        if total is None or used is None:
+            return PoolFacts()
+        with map_exceptions("reading the pool's bytes"):
+            return PoolFacts(held=int(total()), in_use=int(used()))
+
+    def release_cached(self) -> int:
+        """Run numba's deferred frees and empty the pools' caches; the bytes the device got back."""
+        before, _ = self._driver_memory()
+        self._release_slack()
+        after, _ = self._driver_memory()
+        return max(0, after - before)
 
     def _driver_memory(self) -> tuple[int, int]:
         with map_exceptions("reading device memory"):

@@ -15,7 +15,7 @@ from cuda.bindings import driver as binding
 from numba.cuda.cudadrv import driver as nbdriver
 from numba.cuda.cudadrv.error import CudaDriverError
 
-from ..._errors import AiocubieError, AllocationError, BackendError
+from ..._errors import AiocubieError, BackendError, OutOfMemoryError
 
 __all__ = ["check", "is_oom", "map_exceptions"]
 
@@ -39,7 +39,7 @@ def _is_device_error(exc: BaseException) -> bool:
 class map_exceptions:
     """Translate CuPy/numba/driver errors raised in the block into aiocubie's.
 
-    Out-of-memory errors become :class:`AllocationError`, other device errors
+    Out-of-memory errors become :class:`OutOfMemoryError`, other device errors
     :class:`BackendError`; the message is ``what`` plus the library's, and ``detail()`` (called
     only on failure) adds context such as free memory.
 
@@ -71,7 +71,7 @@ class map_exceptions:
             except Exception:  # the detail is a courtesy: never hide the real error behind it
                 extra = ""
         if is_oom(exc):
-            raise AllocationError(f"out of memory {what}{extra} ({exc})") from exc
+            raise OutOfMemoryError(f"out of memory {what}{extra} ({exc})") from exc
         if _is_device_error(exc):
             raise BackendError(f"{what} failed: {exc}{extra}") from exc
         return False

@@ -1,0 +1,375 @@
+"""The allocation history: every plan, allocation, release, failure, recovery step and reset, in a ring.
+
+Opt-in (``MemoryManager.record_history``): when off, the hot path pays one ``is not None``
+check. Pure: no device and no event loop; the only I/O is the explicit :meth:`History.to_json`
+and :meth:`History.load`.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import attrs
+
+from ._errors import ConfigurationError, shown
+from ._ledger import Allocation, Ledger
+from ._planner import ChunkPlan
+
+__all__ = ["EventKind", "History", "HistoryEvent", "HistoryRecorder"]
+
+#: Events a history keeps by default (the most recent ones).
+MAX_ENTRIES = 100_000
+#: The version of the JSON layout :meth:`History.to_dict` writes.
+FORMAT = 1
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+class EventKind(str, enum.Enum):
+    """What a :class:`HistoryEvent` records."""
+
+    PLAN = "plan"  #: a batch's chunk plan, before its arrays are allocated
+    ALLOCATE = "allocate"  #: one array handed out
+    RELEASE = "release"  #: one array given back
+    FAILURE = "failure"  #: a batch failed (planning or allocation)
+    RECOVERY = "recovery"  #: an out-of-memory recovery step
+    RESET = "reset"  #: peak stats reset, or a context reset (every array gone)
+
+
+@attrs.frozen
+class HistoryEvent:
+    """One event of a :class:`History`. Bytes are bytes, times seconds.
+
+    Attributes
+    ----------
+    kind : EventKind
+        What happened.
+    time : float
+        ``time.monotonic()`` when it happened; add :attr:`History.wall_base` for the wall clock.
+    group, instance, label : str or None
+        Who it concerned (None where it concerned no one in particular).
+    nbytes : int
+        VRAM bytes: of the array (allocate, release), of the batch (plan, failure), freed
+        (recovery).
+    memory_kind : str or None
+        ``"device"``, ``"managed"``, ... for allocate and release.
+    chunks, chunk_length : int or None
+        The batch's chunk plan (plan, allocate).
+    group_live, instance_live : int or None
+        VRAM bytes the group and the instance hold after the event (allocate, release).
+    detail : str
+        Words: the plan's runs and requests, the error, the recovery step, what was reset.
+    stack : tuple of str or None
+        Where it was asked from, innermost last (``record_history(stacks=True)`` only).
+    """
+
+    kind: EventKind = attrs.field(converter=EventKind)
+    time: float
+    group: str | None = None
+    instance: str | None = None
+    label: str | None = None
+    nbytes: int = 0
+    memory_kind: str | None = None
+    chunks: int | None = None
+    chunk_length: int | None = None
+    group_live: int | None = None
+    instance_live: int | None = None
+    detail: str = ""
+    stack: tuple[str, ...] | None = attrs.field(default=None, converter=attrs.converters.optional(tuple))
+
+
+_FIELDS = tuple(field.name for field in attrs.fields(HistoryEvent))
+
+
+@attrs.frozen
+class History:
+    """A recorded allocation history (see :meth:`MemoryManager.history`).
+
+    Attributes
+    ----------
+    events : tuple of HistoryEvent
+        Oldest first.
+    wall_base : float
+        ``time.time() - time.monotonic()`` when recording started: an event's wall-clock
+        time is ``wall_base + event.time`` seconds since the epoch.
+    max_entries : int
+        The ring's size: older events were dropped.
+    dropped : int
+        Events dropped to keep at most ``max_entries``.
+    """
+
+    events: tuple[HistoryEvent, ...]
+    wall_base: float
+    max_entries: int = MAX_ENTRIES
+    dropped: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-serialisable values: bytes in bytes, times in seconds (``time`` monotonic)."""
+        return {
+            "format": FORMAT,
+            "wall_base": self.wall_base,
+            "max_entries": self.max_entries,
+            "dropped": self.dropped,
+            "events": [
+                {name: (value.value if isinstance(value, EventKind) else value) for name, value in zip(_FIELDS, row)}
+                for row in (attrs.astuple(event, recurse=False) for event in self.events)
+            ],
+        }
+
+    def to_json(self, path: str | os.PathLike[str]) -> None:
+        """Write :meth:`to_dict` to ``path`` as JSON."""
+        with open(path, "w", encoding="utf-8") as file:
+            json.dump(self.to_dict(), file)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> History:
+        """The history :meth:`to_dict` gave.
+
+        Raises
+        ------
+        ConfigurationError
+            If ``data`` is not such a mapping (naming what is wrong).
+        """
+        try:
+            if data.get("format") != FORMAT:
+                raise ConfigurationError(
+                    f"not an aiocubie history of format {FORMAT} (format {shown(data.get('format'))}): "
+                    "write it with mgr.history().to_json(path)"
+                )
+            events = tuple(HistoryEvent(**event) for event in data["events"])
+            return cls(events, float(data["wall_base"]), int(data["max_entries"]), int(data["dropped"]))
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise ConfigurationError(
+                f"not an aiocubie history: {exc!r}; write one with mgr.history().to_json(path)"
+            ) from exc
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> History:
+        """Read a history :meth:`to_json` wrote.
+
+        Raises
+        ------
+        ConfigurationError
+            If the file is not JSON or not a history.
+        """
+        try:
+            with open(path, encoding="utf-8") as file:
+                data = json.load(file)
+        except json.JSONDecodeError as exc:
+            raise ConfigurationError(
+                f"{os.fspath(path)!r} is not JSON ({exc}): pass a file History.to_json wrote"
+            ) from exc
+        except OSError as exc:
+            raise ConfigurationError(f"cannot read the history {os.fspath(path)!r}: {exc.strerror or exc}") from exc
+        return cls.from_dict(data)
+
+    def series(self, by: str = "group") -> dict[str, tuple[list[float], list[int]]]:
+        """Live VRAM bytes over time of each group (``by="group"``) or instance (``"instance"``).
+
+        Returns name -> (times in seconds since the first event, bytes held after each
+        change). A context reset brings every series to zero.
+        """
+        if by not in ("group", "instance"):
+            raise ConfigurationError(f"series by {shown(by)}: use 'group' or 'instance'")
+        live_field = f"{by}_live"
+        start = self.events[0].time if self.events else 0.0
+        out: dict[str, tuple[list[float], list[int]]] = {}
+        for event in self.events:
+            t = event.time - start
+            if event.kind is EventKind.RESET and event.detail.startswith("context"):
+                for times, values in out.values():
+                    times.append(t)
+                    values.append(0)
+                continue
+            name, live = getattr(event, by), getattr(event, live_field)
+            if name is None or live is None:
+                continue
+            times, values = out.setdefault(name, ([], []))
+            times.append(t)
+            values.append(live)
+        return out
+
+
+class HistoryRecorder:
+    """Keeps history events in a bounded ring as plain tuples (cheap), made into a :class:`History` on demand.
+
+    A row holds references to what the caller has already (names, sizes, the plan's numbers)
+    and one timestamp; what each group and instance holds after an event is worked out when
+    :meth:`history` is called, walking back from what the ledger holds then.
+
+    Parameters
+    ----------
+    max_entries : int
+        The ring's size (the most recent events are kept).
+    ledger : Ledger
+        The ledger the events are about. The recorder is told of every change to it:
+        allocations, releases, regroupings and context resets.
+    names : callable
+        Instance key -> name (of a registered instance).
+    stacks : bool
+        Record where each plan and allocation was asked from (``traceback.extract_stack``).
+    dump_on_oom : str, optional
+        Write the history there when an allocation fails after every recovery step.
+    """
+
+    def __init__(
+        self,
+        max_entries: int = MAX_ENTRIES,
+        *,
+        ledger: Ledger,
+        names: Callable[[Hashable], str],
+        stacks: bool = False,
+        dump_on_oom: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
+            raise ConfigurationError(f"max_entries must be an int >= 1, got {shown(max_entries)}")
+        self.max_entries = max_entries
+        self.stacks = bool(stacks)
+        self.dump_on_oom = dump_on_oom
+        self.wall_base = time.time() - time.monotonic()
+        self.recorded = 0
+        self._events: deque[tuple[Any, ...]] = deque(maxlen=max_entries)
+        self._ledger = ledger
+        self._names = names
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def _stack(self) -> tuple[str, ...]:
+        frames = traceback.extract_stack()
+        return tuple(f"{f.filename}:{f.lineno} in {f.name}" for f in frames if not f.filename.startswith(_PACKAGE))
+
+    # One row layout per kind, decoded by history(). Rows hold only strings, numbers and tuples of
+    # them, so the garbage collector stops tracking them: a full ring costs collections nothing.
+    def plan(self, group: str, plan: ChunkPlan, requests: int) -> None:
+        """A batch of ``requests`` requests of ``group`` is about to be allocated with ``plan``."""
+        self.recorded += 1
+        stack = self._stack() if self.stacks else None
+        self._events.append(("plan", time.monotonic(), group, plan, requests, stack))
+
+    def allocated(self, batch: Sequence[Sequence[Allocation]], plan: ChunkPlan) -> None:
+        """A batch was handed out with ``plan``: the allocations of each response (one key, one group each)."""
+        # never the Allocation itself: it holds the array, and its group changes when it moves
+        now, stack, append = time.monotonic(), self._stack() if self.stacks else None, self._events.append
+        for allocations in batch:
+            if not allocations:
+                continue
+            name = self._names(allocations[0].key)
+            self.recorded += len(allocations)
+            for a in allocations:
+                append(("allocate", now, a.group, a.key, a.label, a.vram, a.kind._value_, name, plan, stack))
+
+    def released(self, allocations: Sequence[Allocation]) -> None:
+        """``allocations`` were given back (and are out of the ledger)."""
+        now, append = time.monotonic(), self._events.append
+        self.recorded += len(allocations)
+        for a in allocations:
+            append(("release", now, a.group, a.key, a.label, a.vram, a.kind._value_))
+
+    def regrouped(self, key: Hashable, old: str, new: str, nbytes: int) -> None:
+        """What instance ``key`` holds (``nbytes``) counts in group ``new`` from now on."""
+        self.recorded += 1
+        self._events.append(("regroup", time.monotonic(), key, old, new, nbytes))
+
+    def failure(self, group: str, nbytes: int, error: BaseException) -> None:
+        """A batch of ``group`` needing ``nbytes`` failed with ``error``."""
+        self._note("failure", group, nbytes, f"{type(error).__name__}: {error}")
+
+    def recovery(self, group: str, nbytes: int, detail: str) -> None:
+        """An out-of-memory recovery step for ``group`` freed ``nbytes`` (``detail`` says which)."""
+        self._note("recovery", group, nbytes, detail)
+
+    def reset(self, detail: str, *, context: bool = False) -> None:
+        """Peak stats were reset (``detail`` says which), or (``context``) every array is about to be forgotten.
+
+        A context reset is recorded before the ledger forgets: the row keeps what was held.
+        """
+        held = None
+        if context:
+            held = (dict(self._ledger.live_by_group), dict(self._ledger.live_by_key))
+            detail = f"context: {detail}"
+        self.recorded += 1
+        self._events.append(("reset", time.monotonic(), None, 0, detail, held))
+
+    def _note(self, kind: str, group: str | None, nbytes: int, detail: str) -> None:
+        self.recorded += 1
+        self._events.append((kind, time.monotonic(), group, nbytes, detail, None))
+
+    def history(self) -> History:
+        """The events so far, as a :class:`History`.
+
+        A release is named after the instance that allocated it; if that allocation has left
+        the ring, after the instance registered under its key now.
+        """
+        rows = list(self._events)
+        names: dict[Hashable, str] = {}
+        released_by: list[str | None] = []  # a release takes the name its key had when it allocated
+        for row in rows:
+            if row[0] == "allocate":
+                names[row[3]] = row[7]
+            released_by.append(names.get(row[3]) if row[0] == "release" else None)
+        # What each group and key holds after each row, walking back from what the ledger holds now.
+        groups, keys = dict(self._ledger.live_by_group), dict(self._ledger.live_by_key)
+        events: list[HistoryEvent] = []
+        for row, owner in zip(reversed(rows), reversed(released_by)):
+            kind, at = row[0], row[1]
+            if kind == "allocate":
+                _, _, group, key, label, vram, memory, name, plan, stack = row
+                group_live, key_live = groups.get(group, 0), keys.get(key, 0)
+                events.append(
+                    HistoryEvent(
+                        kind,
+                        at,
+                        group,
+                        name,
+                        label,
+                        vram,
+                        memory,
+                        plan.chunks,
+                        plan.chunk_length,
+                        group_live,
+                        key_live,
+                        "",
+                        stack,
+                    )
+                )
+                groups[group], keys[key] = group_live - vram, key_live - vram
+            elif kind == "release":
+                _, _, group, key, label, vram, memory = row
+                group_live, key_live = groups.get(group, 0), keys.get(key, 0)
+                name = owner or self._names(key)
+                events.append(
+                    HistoryEvent(kind, at, group, name, label, vram, memory, None, None, group_live, key_live)
+                )
+                groups[group], keys[key] = group_live + vram, key_live + vram
+            elif kind == "plan":
+                _, _, group, plan, requests, stack = row
+                detail = f"{requests} request(s), {plan.runs} runs"
+                events.append(
+                    HistoryEvent(
+                        kind,
+                        at,
+                        group,
+                        nbytes=plan.planned_bytes,
+                        chunks=plan.chunks,
+                        chunk_length=plan.chunk_length,
+                        detail=detail,
+                        stack=stack,
+                    )
+                )
+            elif kind == "regroup":
+                _, _, key, old, new, nbytes = row
+                groups[old], groups[new] = groups.get(old, 0) + nbytes, groups.get(new, 0) - nbytes
+            else:
+                _, _, group, nbytes, detail, held = row
+                if held is not None:  # a context reset: before it, this was held
+                    groups, keys = dict(held[0]), dict(held[1])
+                events.append(HistoryEvent(kind, at, group, nbytes=nbytes, detail=detail))
+        events.reverse()
+        return History(tuple(events), self.wall_base, self.max_entries, self.recorded - len(rows))

@@ -1,0 +1,361 @@
+"""Observability: the allocation history (contents, bounds, JSON, pictures, CLI), the memory summary,
+peak resets, pool facts, Snapshot.to_dict, DEBUG logs and the environment variables."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+from pathlib import Path
+
+import anyio
+import numpy as np
+import pytest
+from simkit import TOTAL, Part, vec
+
+from aiocubie import (
+    AiocubieWarning,
+    ConfigurationError,
+    EventKind,
+    History,
+    LimitMode,
+    MemoryKind,
+    MemoryManager,
+    SimulatorBackend,
+    UnknownAllocatorError,
+)
+from aiocubie._cli import main as cli
+from aiocubie._history import HistoryRecorder
+from aiocubie._ledger import Allocation, Ledger
+from aiocubie._planner import ChunkPlan
+from aiocubie._plot import render, to_html
+
+pytestmark = pytest.mark.anyio
+
+
+async def _work(mgr: MemoryManager, sim: SimulatorBackend) -> tuple[Part, Part]:
+    """Two groups: one whole batch, one chunked batch; everything released."""
+    a, b = Part(), Part()
+    mgr.register(a, stream_group="solve", name="a")
+    mgr.register(b, stream_group="load", name="b")
+    async with mgr.request(a, {"x": vec(1000), "p": vec(10, unchunkable=True)}):
+        pass
+    async with mgr.request(b, {"y": vec(TOTAL // 8 * 3)}) as big:  # over free: chunked
+        assert big.chunks > 1
+    return a, b
+
+
+async def test_history_records_plans_allocations_and_releases(sim: SimulatorBackend) -> None:
+    async with MemoryManager(sim) as mgr:
+        mgr.record_history()
+        await _work(mgr, sim)
+        history = mgr.history()
+    kinds = [e.kind for e in history.events]
+    assert kinds == [
+        EventKind.PLAN,
+        EventKind.ALLOCATE,
+        EventKind.ALLOCATE,
+        EventKind.RELEASE,
+        EventKind.RELEASE,
+        EventKind.PLAN,
+        EventKind.ALLOCATE,
+        EventKind.RELEASE,
+    ]
+    plan, x, p = history.events[:3]
+    assert (plan.group, plan.chunks, plan.chunk_length, plan.nbytes) == ("solve", 1, 1000, 8080)
+    assert (x.group, x.instance, x.label, x.nbytes, x.memory_kind) == ("solve", "a", "x", 8000, "device")
+    assert (x.group_live, p.group_live, p.instance_live) == (8000, 8080, 8080)
+    assert [e.group_live for e in history.events[3:5]] == [80, 0]  # released in the order allocated
+    big_plan, big = history.events[5:7]
+    assert big_plan.chunks > 1 and big.chunks == big_plan.chunks and big.chunk_length == big_plan.chunk_length
+    assert big.nbytes == big.chunk_length * 8 and big.stack is None
+    assert history.events == tuple(sorted(history.events, key=lambda e: e.time))
+    assert history.series("group")["load"][1] == [big.nbytes, 0]
+    assert history.series("instance")["a"][1][-1] == 0
+    assert math.isclose(history.wall_base + history.events[0].time, history.wall_base + plan.time)
+
+
+async def test_history_is_a_bounded_ring_and_stops_when_asked(sim: SimulatorBackend) -> None:
+    async with MemoryManager(sim) as mgr:
+        with pytest.raises(ConfigurationError, match="record_history"):
+            mgr.history()
+        with pytest.raises(ConfigurationError, match="max_entries"):
+            mgr.record_history(max_entries=0)
+        mgr.record_history(max_entries=3)
+        await _work(mgr, sim)
+        history = mgr.history()
+        assert len(history.events) == 3 and history.dropped == 5 and history.max_entries == 3
+        assert [e.kind for e in history.events] == [EventKind.PLAN, EventKind.ALLOCATE, EventKind.RELEASE]
+        mgr.record_history(False)
+        part = Part()
+        mgr.register(part)
+        async with mgr.request(part, {"x": vec(10)}):
+            pass
+        assert mgr.history() == history  # what was recorded stays; nothing more is
+
+
+async def test_history_stacks_name_the_requesting_code(sim: SimulatorBackend) -> None:
+    async with MemoryManager(sim) as mgr:
+        mgr.record_history(stacks=True)
+        part = Part()
+        mgr.register(part)
+        async with mgr.request(part, {"x": vec(10)}):  # served inline: in this task
+            pass
+        plan, alloc, release = mgr.history().events
+    assert plan.stack is not None and alloc.stack is not None and release.stack is None
+    assert any("test_history_stacks_name_the_requesting_code" in frame for frame in alloc.stack)
+    assert not any("/aiocubie/_" in frame for frame in alloc.stack)
+
+
+async def test_history_marks_failures_resets_and_group_moves(sim: SimulatorBackend) -> None:
+    async with MemoryManager(sim) as mgr:
+        part = Part()
+        mgr.register(part, stream_group="g", name="p")
+        held = await mgr.request(part, {"x": vec(100)})  # before recording: the totals start from it
+        mgr.record_history()
+        mgr.reset_peak_stats()
+        sim.faults.inject("allocate")
+        with pytest.raises(Exception, match="injected fault"):
+            await mgr.request(part, {"y": vec(10)})
+        mgr.change_stream_group(part, "h")
+        mgr.release(held)
+        with pytest.warns(AiocubieWarning, match="resets the device context"):
+            mgr.set_allocator("cupy")
+        events = mgr.history().events
+    assert [e.kind for e in events] == [
+        EventKind.RESET,
+        EventKind.PLAN,
+        EventKind.FAILURE,
+        EventKind.RELEASE,
+        EventKind.RESET,
+    ]
+    assert events[0].detail == "peak stats (all)"
+    assert events[2].group == "g" and "injected fault" in events[2].detail and events[2].nbytes == 80
+    assert (events[3].group, events[3].group_live, events[3].instance_live) == ("h", 0, 0)
+    assert events[4].detail.startswith("context")
+
+
+async def test_history_json_round_trip_and_refusals(sim: SimulatorBackend, tmp_path: Path) -> None:
+    async with MemoryManager(sim) as mgr:
+        mgr.record_history(stacks=True)
+        await _work(mgr, sim)
+        history = mgr.history()
+    path = tmp_path / "h.json"
+    history.to_json(path)
+    data = json.loads(path.read_text())
+    assert data["format"] == 1 and data["events"][0]["kind"] == "plan" and data["dropped"] == 0
+    assert History.load(path) == history
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ConfigurationError, match="is not JSON"):
+        History.load(tmp_path / "bad.json")
+    (tmp_path / "other.json").write_text('{"format": 9}')
+    with pytest.raises(ConfigurationError, match="not an aiocubie history of format 1"):
+        History.load(tmp_path / "other.json")
+    with pytest.raises(ConfigurationError, match="cannot read"):
+        History.load(tmp_path / "missing.json")
+
+
+async def test_history_pictures_html_and_matplotlib(sim: SimulatorBackend, tmp_path: Path) -> None:
+    async with MemoryManager(sim) as mgr:
+        mgr.record_history()
+        await _work(mgr, sim)
+        history = mgr.history()
+    page = to_html(history)
+    assert page.startswith("<!DOCTYPE html>") and page.count("<svg") == 2
+    assert "<script" not in page and "http://www.w3.org/2000/svg" in page and "https://" not in page
+    for name in ("solve", "load", "a", "b", "plan, group solve: 1 chunk(s) of 1000 runs"):
+        assert name in page
+    assert render(history, tmp_path / "h.html").read_text() == page
+    with pytest.raises(ConfigurationError, match="no allocations"):
+        to_html(History((), 0.0))
+    pytest.importorskip("matplotlib")
+    png = render(history, tmp_path / "h.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+async def test_a_picture_without_matplotlib_says_what_to_install(
+    sim: SimulatorBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with MemoryManager(sim) as mgr:
+        mgr.record_history()
+        await _work(mgr, sim)
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import fails as if not installed
+    with pytest.raises(ConfigurationError, match=r"aiocubie\[plot\]"):
+        render(mgr.history(), tmp_path / "h.png")
+
+
+async def test_cli_history_verb(sim: SimulatorBackend, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    async with MemoryManager(sim) as mgr:
+        mgr.record_history()
+        await _work(mgr, sim)
+        mgr.history().to_json(tmp_path / "h.json")
+    assert cli(["history", str(tmp_path / "h.json")]) == 0
+    assert "8 events (0 dropped) drawn in" in capsys.readouterr().out
+    assert (tmp_path / "h.html").read_text().startswith("<!DOCTYPE html>")
+    assert cli(["history", str(tmp_path / "h.json"), "--out", str(tmp_path / "page.htm")]) == 0
+    assert (tmp_path / "page.htm").exists()
+    assert cli(["history", str(tmp_path / "none.json")]) == 1
+    assert "cannot read the history" in capsys.readouterr().err
+
+
+async def test_memory_summary_reads_at_a_glance(sim: SimulatorBackend) -> None:
+    sim.set_allocator("cupy")
+    async with MemoryManager(sim, mode="active") as mgr:
+        a, _ = await _work(mgr, sim)
+        kept = await mgr.request(a, {"x": vec(200_000 // 8)})
+        text = mgr.memory_summary()
+        mgr.release(kept)
+    lines = text.splitlines()
+    assert lines[0].startswith("device: ") and "976.6 KiB" in lines[0]  # TOTAL in KiB
+    assert lines[1].startswith("pool: ") and "largest cached block" in lines[1]
+    header = next(line for line in lines if line.startswith("group"))
+    for column in ("live", "peak", "cap", "requests", "batches", "chunks", "wait p50/p99", "ready p50/p99"):
+        assert column in header
+    row = next(line for line in lines if line.startswith("solve "))
+    assert "195.3 KiB" in row  # live: the 200 kB kept
+    assert " µs" in row or " ms" in row
+    assert any(line.startswith("a ") for line in lines) and any(line.startswith("b ") for line in lines)
+    assert lines[-1].startswith("out of memory: 0 times")
+
+
+async def test_reset_peak_stats_scopes(sim: SimulatorBackend) -> None:
+    async with MemoryManager(sim) as mgr:
+        a, b = await _work(mgr, sim)
+        held = await mgr.request(a, {"x": vec(100)})
+        stats = mgr.stats()
+        assert stats.groups["load"].peak_bytes > 800 and stats.instances["a"].peak_bytes == 8080
+
+        mgr.reset_peak_stats(group="load")
+        stats = mgr.stats()
+        assert stats.groups["load"].peak_bytes == 0 and stats.instances["b"].peak_bytes > 0
+        assert stats.groups["solve"].peak_bytes == 8080
+
+        mgr.reset_peak_stats(instance=a)
+        stats = mgr.stats()
+        assert stats.instances["a"].peak_bytes == 800 and stats.groups["solve"].peak_bytes == 8080
+
+        mgr.reset_peak_stats()
+        stats = mgr.stats()
+        assert stats.peak_bytes == stats.live_bytes == 800
+        assert stats.groups["solve"].peak_bytes == 800 and stats.instances["b"].peak_bytes == 0
+
+        mgr.unregister(b)  # a departed instance's kept peak is reset too
+        async with mgr.request(a, {"x": vec(1000)}):
+            pass
+        mgr.reset_peak_stats()
+        assert mgr.stats().instances["b"].peak_bytes == 0 and mgr.stats().instances["a"].peak_bytes == 800
+        with pytest.raises(Exception, match="no stream group 'nope'"):
+            mgr.reset_peak_stats(group="nope")
+        mgr.release(held)
+
+
+async def test_snapshot_to_dict_is_json_with_wall_clock_and_units(sim: SimulatorBackend) -> None:
+    async with MemoryManager(sim, mode="active") as mgr:
+        parts = await _work(mgr, sim)  # held: a collected instance leaves its group
+        snapshot = mgr.stats()
+        del parts
+    data = json.loads(json.dumps(snapshot.to_dict()))
+    assert data["total"] == TOTAL and data["wall_time"] == snapshot.wall_time > 1.6e9  # seconds since the epoch
+    assert data["groups"]["solve"]["requests"] == 1 and data["groups"]["solve"]["over_cap"] is False
+    assert data["groups"]["solve"]["cap_bytes"] > 0
+    assert data["instances"]["a"]["queue_wait"]["p50"] >= 0
+    assert set(data["pool"]) == {"held", "in_use", "largest_free"} and data["recovery"]["out_of_memory"] == 0
+
+
+def test_simulator_pool_facts_show_cached_blocks() -> None:
+    sim = SimulatorBackend(total=TOTAL)
+    stream = sim.create_stream()
+    u8 = np.dtype(np.uint8)
+    a = sim.allocate((1000,), u8, MemoryKind.DEVICE, stream)
+    assert sim.pool_facts() == type(sim.pool_facts())(1000, 1000, 0)  # default: no pool
+    sim.free(a)
+    assert sim.pool_facts().held == 0 and sim.release_cached() == 0
+    sim.set_allocator("cupy")
+    arrays = [sim.allocate((n,), u8, MemoryKind.DEVICE, stream) for n in (300, 500)]
+    for array in arrays:
+        sim.free(array)
+    facts = sim.pool_facts()
+    assert (facts.held, facts.in_use, facts.cached, facts.largest_free) == (800, 0, 800, 500)
+    b = sim.allocate((200,), u8, MemoryKind.DEVICE, stream)  # from the 300-byte block: split, the rest stays cached
+    facts = sim.pool_facts()
+    assert (facts.held, facts.in_use, facts.largest_free) == (800, 200, 500) and sorted(sim.cached) == [100, 500]
+    assert sim.memory_info().free == TOTAL - 200  # cached blocks count as free, as CuPy's pools report them
+    assert sim.release_cached() == 600 and sim.pool_facts().held == 200
+    sim.free(b)
+    sim.close()
+
+
+async def test_debug_logs_plans_and_allocations(sim: SimulatorBackend, caplog: pytest.LogCaptureFixture) -> None:
+    async with MemoryManager(sim) as mgr:
+        part = Part()
+        mgr.register(part, stream_group="g")
+        with caplog.at_level(logging.INFO, logger="aiocubie"):
+            async with mgr.request(part, {"x": vec(10)}):
+                pass
+        assert not [r for r in caplog.records if r.levelno == logging.DEBUG]
+        with caplog.at_level(logging.DEBUG, logger="aiocubie"):
+            async with mgr.request(part, {"x": vec(10)}):
+                pass
+    messages = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert "group 'g': plan for 1 request(s) of 10 runs: 1 chunk(s) of 10 runs, 80 bytes of" in messages[0]
+    assert "group 'g': allocated 1 array(s), 80 bytes" in messages[1]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_environment_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("AIOCUBIE_MODE", "active")
+    monkeypatch.setenv("AIOCUBIE_BACKEND", "simulator")
+    monkeypatch.setenv("AIOCUBIE_ALLOCATOR", "cupy")
+    monkeypatch.setenv("AIOCUBIE_HISTORY", "1")
+    mgr = MemoryManager()
+    assert mgr.mode is LimitMode.ACTIVE and mgr.backend.name == "simulator" and mgr.backend.allocator == "cupy"
+    assert mgr.history().events == ()
+    mgr.close()
+    explicit = MemoryManager(backend=SimulatorBackend(TOTAL), mode="passive", allocator="default")
+    assert explicit.mode is LimitMode.PASSIVE and explicit.backend.allocator == "default"  # arguments win
+    monkeypatch.setenv("AIOCUBIE_HISTORY", str(tmp_path / "oom.json"))
+    assert MemoryManager(SimulatorBackend(TOTAL)).history().events == ()
+    for variable, value, error in (
+        ("AIOCUBIE_MODE", "busy", ConfigurationError),
+        ("AIOCUBIE_BACKEND", "tpu", ConfigurationError),
+        ("AIOCUBIE_ALLOCATOR", "jemalloc", UnknownAllocatorError),
+        ("AIOCUBIE_HISTORY", "yes", ConfigurationError),
+    ):
+        with monkeypatch.context() as env:
+            env.setenv(variable, value)
+            with pytest.raises(error, match=f"environment variable {variable}={value!r}"):
+                MemoryManager()
+    await anyio.lowlevel.checkpoint()
+
+
+def test_recorder_works_out_live_bytes_across_moves_resets_and_reused_keys() -> None:
+    ledger = Ledger()
+    names = {1: "first"}
+    recorder = HistoryRecorder(5, ledger=ledger, names=names.__getitem__)
+    plan = ChunkPlan(1, 1, 1, 100, 10, 10)
+
+    def add(key: int, group: str, vram: int) -> list[Allocation]:
+        allocs = [Allocation(None, "x", key, group, MemoryKind.DEVICE, vram)]
+        owner = object()
+        ledger.add(owner, allocs, vram)
+        recorder.allocated([allocs], plan)
+        return allocs
+
+    add(1, "g", 10)  # dropped from the ring of 5, yet what follows knows it was there
+    second = add(1, "g", 5)
+    recorder.regrouped(1, "g", "h", 15)
+    ledger.regroup(1, "h")
+    recorder.released(ledger.pop_where(lambda a: a is second[0]))
+    recorder.reset("context reset", context=True)
+    ledger.pop_where(lambda a: True)
+    ledger.forget(1)
+    names[1] = "second"  # the key is reused by a new instance
+    add(1, "g", 7)
+    events = recorder.history().events
+    assert recorder.history().dropped == 1 and len(events) == 4  # the regroup row takes a slot, no event
+    allocated, release, reset, allocate = events
+    assert (allocated.group, allocated.instance, allocated.group_live, allocated.nbytes) == ("g", "first", 15, 5)
+    assert (release.group, release.instance, release.group_live, release.instance_live) == ("h", "first", 10, 10)
+    assert reset.kind is EventKind.RESET and reset.detail == "context: context reset"
+    assert (allocate.group, allocate.instance, allocate.group_live, allocate.instance_live) == ("g", "second", 7, 7)

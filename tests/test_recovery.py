@@ -1,0 +1,189 @@
+"""Out-of-memory recovery, in order: the pool's cached blocks, then reclaim hooks, then an error with the summary.
+
+Real out-of-memory on the simulator (a pool of cached blocks, another process taking memory
+after the last reading) and injected ones (the "oom" fault site), on asyncio and trio.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from simkit import TOTAL, Part, vec
+
+from aiocubie import (
+    ArrayResponse,
+    ConfigurationError,
+    EventKind,
+    History,
+    MemoryManager,
+    OutOfMemoryError,
+    SimulatorBackend,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def pooled(sim: SimulatorBackend) -> SimulatorBackend:
+    """The simulator with CuPy's pool model: freed device blocks stay cached."""
+    sim.set_allocator("cupy")
+    return sim
+
+
+async def test_cached_blocks_are_freed_first_and_the_allocation_goes_on(
+    pooled: SimulatorBackend, caplog: pytest.LogCaptureFixture
+) -> None:
+    hook_calls: list[int] = []
+    async with MemoryManager(pooled) as mgr:
+        mgr.add_reclaim_hook(lambda n: hook_calls.append(n) or 0)
+        part = Part()
+        mgr.register(part, stream_group="g")
+        for _ in range(10):  # ten 50 kB blocks end up cached in the pool
+            mgr.allocate_all(part, {"x": vec(50_000 // 8)})
+        mgr.free_all()
+        assert mgr.stats().pool.cached == 500_000
+        pooled.occupy(400_000)  # another process: 100 kB stay free on the device
+        mgr.record_history()
+        with caplog.at_level(logging.WARNING, logger="aiocubie"):
+            async with mgr.request(part, {"x": vec(200_000 // 8)}) as response:  # larger than any cached block
+                assert response.arrays["x"].shape == (25_000,)
+        stats = mgr.stats()
+    assert hook_calls == []
+    recovery = stats.recovery
+    assert (recovery.out_of_memory, recovery.cache_releases, recovery.cache_bytes_freed) == (1, 1, 500_000)
+    assert (recovery.hook_calls, recovery.recovered, recovery.failed) == (0, 1, 0)
+    assert [e.kind for e in mgr.history().events][:3] == [EventKind.PLAN, EventKind.RECOVERY, EventKind.ALLOCATE]
+    messages = [r.getMessage() for r in caplog.records]
+    assert "freeing the pool's cached blocks" in messages[0] and "recovered" in messages[1]
+
+
+class Spiller:
+    """Holds a response it gives up when asked to reclaim; notes what it saw."""
+
+    def __init__(self, mgr: MemoryManager, sim: SimulatorBackend) -> None:
+        self.mgr, self.sim = mgr, sim
+        self.held: ArrayResponse | None = None
+        self.calls: list[tuple[int, list[int]]] = []
+
+    def reclaim(self, nbytes: int) -> int | None:
+        self.calls.append((nbytes, list(self.sim.cached)))
+        if self.held is None:
+            return None
+        self.mgr.release(self.held)
+        self.held = None
+        return 300_000
+
+
+async def test_reclaim_hooks_run_after_the_cache_and_the_allocation_goes_on(pooled: SimulatorBackend) -> None:
+    async with MemoryManager(pooled, free_cache_seconds=3600) as mgr:  # the reading stays cached
+        spiller = Spiller(mgr, pooled)
+        mgr.register(spiller, stream_group="spill")
+        part = Part()
+        mgr.register(part, stream_group="g", name="worker")
+        spiller.held = mgr.allocate_all(spiller, {"table": vec(300_000 // 8)})
+        broken: list[int] = []
+
+        def raises(nbytes: int) -> int:
+            broken.append(nbytes)
+            raise RuntimeError("a broken hook")
+
+        async def awaitable(nbytes: int) -> int:  # reclaim hooks are plain functions
+            return 0
+
+        mgr.add_reclaim_hook(raises)
+        mgr.add_reclaim_hook(awaitable)  # type: ignore[arg-type]
+        mgr.add_reclaim_hook(spiller.reclaim)
+        pooled.occupy(600_000)  # unseen: the manager plans on its last reading
+        mgr.record_history()
+        async with mgr.request(part, {"x": vec(250_000 // 8)}) as response:
+            assert response.chunks == 1
+        recovery = mgr.stats().recovery
+        events = mgr.history().events
+    assert broken == [250_000] and spiller.calls == [(250_000, [])]  # the cache was empty by then
+    assert (recovery.out_of_memory, recovery.cache_releases, recovery.hook_calls) == (1, 1, 3)
+    assert (recovery.hook_bytes_freed, recovery.recovered, recovery.failed) == (300_000, 1, 0)
+    steps = [e.detail for e in events if e.kind is EventKind.RECOVERY]
+    assert steps[0] == "released the pool's cached blocks" and "Spiller.reclaim" in steps[-1]
+    assert [e.kind for e in events if e.kind is not EventKind.RECOVERY] == [
+        EventKind.PLAN,
+        EventKind.RELEASE,  # the hook's release, inside the recovery
+        EventKind.ALLOCATE,
+        EventKind.RELEASE,
+    ]
+
+
+async def test_out_of_memory_after_every_step_says_what_each_group_holds(sim: SimulatorBackend, tmp_path: Path) -> None:
+    async with MemoryManager(sim) as mgr:
+        mgr.record_history(dump_on_oom=tmp_path / "oom.json")
+        a, b = Part(), Part()
+        mgr.register(a, stream_group="solve")
+        mgr.register(b, stream_group="load")
+        held = await mgr.request(b, {"y": vec(20_000)})
+        mgr.add_reclaim_hook(lambda nbytes: None)
+        sim.faults.inject("oom", times=3)  # the try, the retry after the cache, the retry after the hooks
+        with pytest.raises(OutOfMemoryError) as info:
+            await mgr.request(a, {"x": vec(1000)})
+        recovery = mgr.stats().recovery
+        mgr.release(held)
+        async with mgr.request(a, {"x": vec(1000)}):  # the device is fine again
+            pass
+    message = str(info.value)
+    assert "group 'solve' asked for 7.8 KiB (1 request(s), 1 chunk(s) of 1000 runs)" in message
+    assert "calling 1 reclaim hook(s) did not make room" in message
+    assert "Held through this manager: 'load' 156.2 KiB" in message and "mgr.add_reclaim_hook" in message
+    assert "injected out of memory" in message
+    assert (recovery.out_of_memory, recovery.cache_releases, recovery.hook_calls, recovery.failed) == (1, 1, 1, 1)
+    assert recovery.recovered == 0
+    dumped = History.load(tmp_path / "oom.json")
+    assert dumped.events[-1].kind is EventKind.FAILURE and "OutOfMemoryError" in dumped.events[-1].detail
+    assert [e.kind for e in mgr.history().events].count(EventKind.FAILURE) == 1
+
+
+async def test_an_injected_allocation_fault_is_not_out_of_memory(sim: SimulatorBackend) -> None:
+    calls: list[int] = []
+    async with MemoryManager(sim) as mgr:
+        mgr.add_reclaim_hook(calls.append)  # type: ignore[arg-type]
+        part = Part()
+        mgr.register(part)
+        sim.faults.inject("allocate")
+        with pytest.raises(Exception, match="injected fault"):
+            await mgr.request(part, {"x": vec(10)})
+        assert mgr.stats().recovery.out_of_memory == 0 and calls == []
+
+
+async def test_one_recovery_step_each_for_injected_out_of_memory(sim: SimulatorBackend) -> None:
+    calls: list[int] = []
+    async with MemoryManager(sim) as mgr:
+        part = Part()
+        mgr.register(part)
+
+        def hook(nbytes: int) -> int:
+            calls.append(nbytes)
+            return 0
+
+        mgr.add_reclaim_hook(hook)
+        sim.faults.inject("oom", times=1)  # the cache release is enough
+        async with mgr.request(part, {"x": vec(10)}):
+            pass
+        assert calls == []
+        sim.faults.inject("oom", times=2)  # the hooks are needed
+        async with mgr.request(part, {"x": vec(10)}):
+            pass
+        assert calls == [80]
+        mgr.remove_reclaim_hook(hook)
+        mgr.remove_reclaim_hook(print)  # not added: nothing happens
+        sim.faults.inject("oom", times=2)
+        with pytest.raises(OutOfMemoryError, match="calling 0 reclaim hook"):  # no hooks: no third try
+            await mgr.request(part, {"x": vec(10)})
+        assert calls == [80]
+        recovery = mgr.stats().recovery
+    assert (recovery.out_of_memory, recovery.cache_releases, recovery.hook_calls) == (3, 3, 1)
+    assert (recovery.recovered, recovery.failed) == (2, 1)
+
+
+def test_a_reclaim_hook_must_be_callable() -> None:
+    mgr = MemoryManager(SimulatorBackend(TOTAL))
+    with pytest.raises(ConfigurationError, match="callable"):
+        mgr.add_reclaim_hook(42)  # type: ignore[arg-type]
