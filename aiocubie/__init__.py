@@ -18,10 +18,12 @@ from ._backends import (
     TimelineEntry,
     create_backend,
     current_cupy_stream,
+    device_count,
     gpu_status,
     select_backend,
 )
 from ._budget import MIN_AUTO_POOL, LimitMode
+from ._devices import DeviceSet
 from ._errors import (
     AiocubieError,
     AiocubieWarning,
@@ -66,6 +68,7 @@ __all__ = [
     "ChunkPlan",
     "ConfigurationError",
     "ContextResetError",
+    "DeviceSet",
     "Engines",
     "Event",
     "Faults",
@@ -95,6 +98,7 @@ __all__ = [
     "create_backend",
     "current_cupy_stream",
     "default_manager",
+    "device_count",
     "gpu_status",
     "offered_bytes",
     "plan_batch",
