@@ -897,7 +897,7 @@ class MemoryManager:
         """
         return self.backend.activate()
 
-    async def prefetch(self, instance: object, array: Any, device: int | None | Literal["own"] = "own") -> None:
+    async def prefetch(self, instance: object, array: Any, device: int | Literal["own"] | None = "own") -> None:
         """Prefetch managed ``array`` to ``device`` (``"own"``: this manager's; None: the CPU)
         on ``instance``'s stream."""
         stream = self.get_stream(instance)
@@ -912,7 +912,7 @@ class MemoryManager:
         loop = self._loop
         await (loop.wait(event) if loop is not None and loop.thread == get_ident() else wait_event(event))
 
-    def advise(self, array: Any, advice: Advice, device: int | None | Literal["own"] = "own") -> None:
+    def advise(self, array: Any, advice: Advice, device: int | Literal["own"] | None = "own") -> None:
         """Give managed-memory ``advice`` (preferred_location, accessed_by, read_mostly) about
         ``device`` (``"own"``: this manager's; None: the CPU).
 

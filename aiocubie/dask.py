@@ -26,7 +26,7 @@ __all__ = ["PLUGIN_NAME", "ManagerPlugin", "get_manager"]
 PLUGIN_NAME = "aiocubie"
 
 
-class ManagerPlugin(WorkerPlugin):  # type: ignore[misc]  # distributed is untyped here
+class ManagerPlugin(WorkerPlugin):
     """A ``distributed.WorkerPlugin`` that runs a :class:`MemoryManager` on each worker.
 
     ``client.register_plugin(ManagerPlugin(mode="active", policy="wait"))`` builds a manager

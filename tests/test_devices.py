@@ -97,7 +97,9 @@ async def test_a_managers_prefetch_goes_to_its_own_device_by_default() -> None:
 
 def _set(totals: list[int], **options: object) -> DeviceSet:
     return DeviceSet(
-        range(len(totals)), backend=lambda d: SimulatorBackend(total=totals[d], device=d, devices=len(totals)), **options
+        range(len(totals)),
+        backend=lambda d: SimulatorBackend(total=totals[d], device=d, devices=len(totals)),
+        **options,
     )
 
 
