@@ -126,12 +126,13 @@ class ManagerPlugin(WorkerPlugin):
             await serving
 
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
-        """Cancel a running task that Dask released (``executing`` -> ``cancelled``).
+        """Cancel a running task that Dask released (``executing`` -> ``released``, which leaves
+        it ``cancelled``: distributed lets a running task finish and drops its result).
 
         Only tasks that called :func:`get_manager` are watched; distributed names a task's
         asyncio task ``execute(<key>)``, which is how the plugin finds it.
         """
-        if finish != "cancelled" or start not in ("executing", "long-running"):
+        if finish not in ("released", "cancelled") or start not in ("executing", "long-running"):
             return
         name = f"execute({key!r})"
         for task in list(self._tasks):
