@@ -109,14 +109,26 @@ class Lane:
         self.host_x = mgr.create_host_array((w.rows, w.cols), np.float32, "pinned")
         self.host_x[...] = np.linspace(0, 1, w.cols, dtype=np.float32)
         self.host_y = mgr.create_host_array((w.rows, w.cols), np.float32, "pinned")
+        self.located: set[int] = set()  # the devices the driver says this lane's arrays are on
 
     async def job(self) -> None:
         mgr, w = self.mgr, self.w
         async with mgr.request(self, requests(w)) as response:
             async for chunk in walk_chunks(mgr, self, response, inputs={"x": self.host_x}, outputs={"y": self.host_y}):
+                if chunk.index == 0 and w.iters:
+                    self.located.add(device_of(chunk.device["x"]))
                 self.kernel.launch(mgr, chunk.stream, chunk.device["x"], chunk.device["y"])
         if w.iters:  # the GPU computed it: check a corner
             assert np.isclose(self.host_y[-1, 1], self.kernel.expected(float(self.host_x[-1, 1])), rtol=1e-3)
+
+
+def device_of(array: Any) -> int:
+    """The GPU a CuPy array's memory is on, as the driver says."""
+    from cuda.bindings import driver
+
+    attribute = driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+    err, ordinal = driver.cuPointerGetAttribute(attribute, array.data.ptr)
+    return int(ordinal) if err == driver.CUresult.CUDA_SUCCESS else -1
 
 
 def register(devices: DeviceSet, w: Workload, kernel: Kernel) -> list[Lane]:
@@ -154,12 +166,20 @@ def device_set(backend: str, ids: list[int]) -> DeviceSet:
     return DeviceSet(ids, backend=lambda d: SimulatorBackend(64 * MiB, device=d, devices=2, engines=engines), **options)
 
 
-def peaks(devices: DeviceSet, run: str) -> list[dict[str, Any]]:
+def peaks(devices: DeviceSet, run: str, lanes: list[Lane]) -> list[dict[str, Any]]:
     rows = []
+    located = {lane.name: lane.located for lane in lanes}
     for device, snapshot in devices.stats().items():
         for group, usage in snapshot.groups.items():
             rows.append(
-                {"run": run, "device": device, "group": group, "peak": usage.peak_bytes, "cap": usage.cap_bytes}
+                {
+                    "run": run,
+                    "device": device,
+                    "group": group,
+                    "peak": usage.peak_bytes,
+                    "cap": usage.cap_bytes,
+                    "on": located.get(group, set()),
+                }
             )
     return rows
 
@@ -175,7 +195,7 @@ async def bench_device_set(backend: str, w: Workload) -> tuple[list[float], list
             one = await run_lanes(lanes[:1], w.jobs)
             two = await run_lanes(lanes, w.jobs)
             ratios.append(one / two)
-        rows = peaks(both, "device set")
+        rows = peaks(both, "device set", lanes)
         for lane in lanes:
             both.unregister(lane)
     return ratios, rows
@@ -199,7 +219,7 @@ async def dask_job(w: Workload) -> dict[str, Any]:
         mgr.register(lane, stream_group="lane", proportion=w.cap / mgr.memory_info().total)
     await lane.job()
     usage = mgr.stats().groups["lane"]
-    return {"worker": key, "peak": usage.peak_bytes, "cap": usage.cap_bytes}
+    return {"worker": key, "peak": usage.peak_bytes, "cap": usage.cap_bytes, "on": lane.located}
 
 
 async def bench_dask(backend: str, w: Workload) -> tuple[list[float], list[dict[str, Any]]]:
@@ -246,6 +266,7 @@ async def bench_dask(backend: str, w: Workload) -> tuple[list[float], list[dict[
                     "group": "lane",
                     "peak": max(r["peak"] for r in mine),
                     "cap": min(r["cap"] for r in mine),
+                    "on": set().union(*(r["on"] for r in mine)),
                 }
             )
     return ratios, rows
@@ -278,12 +299,16 @@ def report(args: argparse.Namespace, w: Workload, results: dict[str, list[float]
             f"| {name} | {', '.join(f'{r:.2f}x' for r in ratios)} | {median:.2f}x | >= 1.8x "
             f"{'met' if median >= 1.8 else 'NOT met'} |"
         )
-    lines += ["", "| run | device | group | peak MiB | cap MiB | peak <= cap |", "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| run | device | group | peak MiB | cap MiB | peak <= cap | arrays on (driver's device ordinal) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
         ok = row["cap"] is not None and row["peak"] <= row["cap"]
         lines.append(
             f"| {row['run']} | {row['device']} | {row['group']} | {row['peak'] / MiB:.1f} | "
-            f"{(row['cap'] or 0) / MiB:.1f} | {'yes' if ok else 'NO'} |"
+            f"{(row['cap'] or 0) / MiB:.1f} | {'yes' if ok else 'NO'} | {sorted(row['on']) or 'not checked'} |"
         )
     return "\n".join(lines) + "\n"
 
