@@ -123,12 +123,14 @@ class Lane:
 
 
 def device_of(array: Any) -> int:
-    """The GPU a CuPy array's memory is on, as the driver says."""
-    from cuda.bindings import driver
+    """The GPU a CuPy array's memory is on, as the CUDA runtime says (cudaPointerGetAttributes).
 
-    attribute = driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
-    err, ordinal = driver.cuPointerGetAttribute(attribute, array.data.ptr)
-    return int(ordinal) if err == driver.CUresult.CUDA_SUCCESS else -1
+    Not the driver's CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, which read 0 for device 1's memory
+    on the two-H200 run (results/h200x2-multigpu.md).
+    """
+    import cupy
+
+    return int(cupy.cuda.runtime.pointerGetAttributes(array.data.ptr).device)
 
 
 def register(devices: DeviceSet, w: Workload, kernel: Kernel) -> list[Lane]:
@@ -301,7 +303,7 @@ def report(args: argparse.Namespace, w: Workload, results: dict[str, list[float]
         )
     lines += [
         "",
-        "| run | device | group | peak MiB | cap MiB | peak <= cap | arrays on (driver's device ordinal) |",
+        "| run | device | group | peak MiB | cap MiB | peak <= cap | arrays on device |",
         "|---|---|---|---|---|---|---|",
     ]
     for row in rows:

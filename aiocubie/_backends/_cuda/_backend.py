@@ -164,7 +164,12 @@ class CudaBackend(Backend):
                     f"{'' if visible is None else f', CUDA_VISIBLE_DEVICES={visible!r}'}); pass one of those"
                 )
             # The primary context is never destroyed (see reset): look it up once, not per call.
+            # numba's first lookup of another device's context leaves the thread with none
+            # current (cuda.core sets it, numba pops it): put back the one that was.
+            current = binding.cuCtxGetCurrent()[1]
             self._context = cuda.gpus[device].get_primary_context()
+            if int(binding.cuCtxGetCurrent()[1]) != int(current):
+                check(binding.cuCtxSetCurrent(current), "restoring the thread's CUDA context")
             self._handle = int(self._context.handle)
             self._device_id = self.device = device
             self.device_name = _device_name(device)
