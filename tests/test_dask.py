@@ -18,7 +18,7 @@ pytest.importorskip("distributed")
 import anyio
 from distributed import Client, LocalCluster, Worker
 
-from aiocubie import ArrayRequest, ArrayResponse, ManagerStateError, MemoryManager, SimulatorBackend
+from aiocubie import AllocationError, ArrayRequest, ArrayResponse, ManagerStateError, MemoryManager, SimulatorBackend
 from aiocubie.dask import PLUGIN_NAME, ManagerPlugin, get_manager
 
 MiB = 1 << 20
@@ -174,5 +174,20 @@ def test_a_closed_worker_frees_its_own_arrays_only() -> None:
             assert backends[1].used == 3 * MiB  # type: ignore[attr-defined]
             survivor = HELD[workers[1].address]["responses"][0]
             assert survivor.arrays["x"].nbytes == 3 * MiB  # still valid, still held
+
+    run(main)
+
+
+def test_a_failed_allocation_reaches_the_task_and_the_client() -> None:
+    """Failing a batch copies its error for each task: with distributed's tblib pickling installed too."""
+
+    async def main() -> None:
+        async with cluster(1, ManagerPlugin(backend="simulator", batch_window=0)) as (client, workers):
+            mgr = manager_of(workers[0])
+            mgr.backend.faults.inject("allocate")  # type: ignore[attr-defined]
+            with pytest.raises(AllocationError, match="injected fault"):
+                await client.submit(chunk_sum, 0)
+            assert await client.submit(chunk_sum, 1) == (0, 1, 1000.0)  # the manager serves on
+            assert mgr.stats().live_bytes == 0
 
     run(main)
