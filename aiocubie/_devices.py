@@ -37,8 +37,10 @@ class DeviceSet:
         The device ids to manage (``"all"``: every GPU the process sees; one simulated device
         when the backend is the simulator).
     backend : {"auto", "simulator", "cuda"} or callable
-        A backend name, used for every device (the simulator models a host with as many
-        devices as the highest id asks for), or ``backend(device) -> Backend`` to build each.
+        A backend name, used for every device as ``MemoryManager(backend, device=d)`` (on the
+        simulator, device ``d`` of a host of ``d + 1``), or ``backend(device) -> Backend`` to
+        build each (``lambda d: SimulatorBackend(device=d, devices=2)`` models one host whose
+        devices can prefetch to each other).
     **options
         Passed to every :class:`MemoryManager` (``mode``, ``policy``, ``allocator``,
         ``array_type``, ``batch_window``...).

@@ -13,7 +13,7 @@ from typing import Any
 
 try:
     from distributed import WorkerPlugin, get_worker
-except ImportError as exc:  # pragma: no cover - the test extra installs distributed
+except ImportError as exc:
     raise ImportError(f"aiocubie.dask needs Dask's distributed ({exc}): pip install 'aiocubie[dask]'") from exc
 
 from ._backends import Backend
