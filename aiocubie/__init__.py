@@ -19,10 +19,12 @@ from ._backends import (
     TimelineEntry,
     create_backend,
     current_cupy_stream,
+    device_count,
     gpu_status,
     select_backend,
 )
 from ._budget import MIN_AUTO_POOL, LimitMode
+from ._devices import DeviceSet
 from ._errors import (
     AiocubieError,
     AiocubieWarning,
@@ -70,6 +72,7 @@ __all__ = [
     "ChunkPlan",
     "ConfigurationError",
     "ContextResetError",
+    "DeviceSet",
     "Engines",
     "Event",
     "EventKind",
@@ -105,6 +108,7 @@ __all__ = [
     "create_backend",
     "current_cupy_stream",
     "default_manager",
+    "device_count",
     "gpu_status",
     "offered_bytes",
     "plan_batch",

@@ -93,7 +93,9 @@ class InsufficientMemoryError(PlanningError):
     """Not even one run of the batch fits, or (policy "fail") the batch does not fit unchunked."""
 
 
-class AllocationError(AiocubieError, MemoryError):
+# MemoryError first: copies and pickles go through MemoryError.__new__ where tblib (which distributed
+# installs) handles exceptions, and that refuses a subclass whose layout comes from another base.
+class AllocationError(MemoryError, AiocubieError):
     """The backend failed to allocate (out of memory, or an injected fault)."""
 
 

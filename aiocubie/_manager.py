@@ -15,10 +15,11 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Generator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from functools import partial
 from threading import get_ident
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import anyio.abc
@@ -148,6 +149,7 @@ class MemoryManager:
         self,
         backend: str | Backend | None = None,
         *,
+        device: int | None = None,
         mode: LimitMode | str | None = None,
         policy: Policy | str = "chunk",
         headroom: float = 0.05,
@@ -183,7 +185,12 @@ class MemoryManager:
             raise ConfigurationError(f"allocator must be a name or None, got {allocator!r}")
         self._owns_backend = not isinstance(backend, Backend)
         if isinstance(backend, str):
-            backend = create_backend(backend, allocator=allocator, array_type=array_type)
+            backend = create_backend(backend, allocator=allocator, array_type=array_type, device=device or 0)
+        elif device is not None and device != backend.device:
+            raise ConfigurationError(
+                f"device={device!r} but the backend given drives device {backend.device}: "
+                "pass device to the backend, or a backend name"
+            )
         elif array_type is not None and parse_array_type(array_type) != backend.array_type:
             raise ConfigurationError(
                 f"array_type={array_type!r} but the backend given hands out {backend.array_type!r} arrays: "
@@ -899,19 +906,37 @@ class MemoryManager:
         """Wait until everything queued on ``instance``'s stream is done (without blocking)."""
         await self._wait_for(self.get_stream(instance))
 
-    async def prefetch(self, instance: object, array: Any, device: int | None = 0) -> None:
-        """Prefetch managed ``array`` to ``device`` (None: the CPU) on ``instance``'s stream."""
+    @property
+    def device(self) -> int:
+        """The id of the device this manager drives."""
+        return self.backend.device
+
+    def on_device(self) -> AbstractContextManager[Any]:
+        """A context manager that makes this manager's device current in the calling thread.
+
+        Launch kernels and CuPy work on a manager's arrays inside it when the program uses
+        several devices (``with mgr.on_device(): kernel[blocks, threads, stream](...)``).
+        """
+        return self.backend.activate()
+
+    async def prefetch(self, instance: object, array: Any, device: int | Literal["own"] | None = "own") -> None:
+        """Prefetch managed ``array`` to ``device`` (``"own"``: this manager's; None: the CPU)
+        on ``instance``'s stream."""
         stream = self.get_stream(instance)
-        self.backend.prefetch(array, device, stream)
+        self.backend.prefetch(array, self._location(device), stream)
         await self._wait_for(stream)
+
+    def _location(self, device: Any) -> Any:
+        return self.device if isinstance(device, str) and device == "own" else device
 
     async def _wait_for(self, stream: Any) -> None:
         event = self.backend.record_event(stream)
         loop = self._loop
         await (loop.wait(event) if loop is not None and loop.thread == get_ident() else wait_event(event))
 
-    def advise(self, array: Any, advice: Advice, device: int | None = 0) -> None:
-        """Give managed-memory ``advice`` (preferred_location, accessed_by, read_mostly).
+    def advise(self, array: Any, advice: Advice, device: int | Literal["own"] | None = "own") -> None:
+        """Give managed-memory ``advice`` (preferred_location, accessed_by, read_mostly) about
+        ``device`` (``"own"``: this manager's; None: the CPU).
 
         Raises
         ------
@@ -924,7 +949,7 @@ class MemoryManager:
             raise InvalidRequestError(
                 f"advice must be a string (preferred_location, accessed_by, read_mostly), got {shown(advice)}"
             )
-        check_device(device)
+        device = check_device(self._location(device))
         self.backend.advise(array, advice, device)
 
     # -- observability ---------------------------------------------------------------------

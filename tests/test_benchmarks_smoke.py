@@ -71,3 +71,16 @@ def test_simulator_run_does_not_import_gpu_libraries(tmp_path: Path) -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 0, result.stderr
+
+
+def test_multigpu_benchmark_quick_on_the_simulator(tmp_path: Path) -> None:
+    """bench_multigpu --quick: the device set and Dask both run, and every peak is within its cap."""
+    out = tmp_path / "multigpu.md"
+    script = str(ROOT / "benchmarks" / "bench_multigpu.py")
+    result = subprocess.run(
+        [sys.executable, script, "--quick", "--out", str(out)], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    table = out.read_text()
+    assert "| device set, one program |" in table and "| Dask, one worker per GPU |" in table
+    assert table.count("| yes |") == 4 and "| NO |" not in table

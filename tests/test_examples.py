@@ -81,6 +81,7 @@ def test_torch_interop() -> None:
 def test_every_example_is_tested(path: Path) -> None:
     assert path.stem.removeprefix("test_") in {
         "async_pipeline",
+        "dask_chunked",
         "data_loader",
         "history",
         "managed_prefetch",
@@ -88,3 +89,10 @@ def test_every_example_is_tested(path: Path) -> None:
         "torch_interop",
         "user_code",
     }
+
+
+def test_dask_chunked() -> None:
+    pytest.importorskip("distributed")
+    out = _run(str(EXAMPLES / "dask_chunked.py"))
+    assert len(re.findall(r"piece \d: 4096 rows in \d+ chunks on (simulator|cuda)", out)) == 8
+    assert re.search(r"8 pieces on [12] worker\(s\), every result correct", out)

@@ -31,6 +31,7 @@ __all__ = [
     "TimelineEntry",
     "create_backend",
     "current_cupy_stream",
+    "device_count",
     "gpu_status",
     "parse_array_type",
     "select_backend",
@@ -77,8 +78,36 @@ def gpu_status() -> tuple[bool, str]:
     return cuda_usable()
 
 
-def create_backend(name: str = "auto", *, allocator: str | None = None, array_type: str | None = None) -> Backend:
-    """Create the backend ``name``: ``"auto"``, ``"simulator"`` or ``"cuda"``.
+def device_count(name: str = "auto") -> int:
+    """How many devices backend ``name`` offers: the GPUs this process sees, or 1 for the simulator.
+
+    ``"auto"`` counts the GPUs when a usable one is present (else 1, the simulator's).
+    ``CUDA_VISIBLE_DEVICES`` limits and renumbers the GPUs a process sees.
+
+    Raises
+    ------
+    ConfigurationError
+        For an unknown backend name, or ``"cuda"`` without a usable GPU.
+    """
+    if name not in BACKENDS:
+        raise ConfigurationError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
+    if name == "simulator":
+        return 1
+    usable, why = gpu_status()
+    if not usable and name == "cuda":
+        raise ConfigurationError(f"backend 'cuda' is not usable here: {why}; use 'simulator'")
+    return _driver_devices()[0] if usable else 1
+
+
+def create_backend(
+    name: str = "auto",
+    *,
+    allocator: str | None = None,
+    array_type: str | None = None,
+    device: int = 0,
+    devices: int | None = None,
+) -> Backend:
+    """Create the backend ``name``: ``"auto"``, ``"simulator"`` or ``"cuda"``, on ``device``.
 
     ``"auto"`` picks ``"cuda"`` when a usable GPU is present and the simulator otherwise, and
     logs which and why at INFO level.
@@ -91,18 +120,26 @@ def create_backend(name: str = "auto", *, allocator: str | None = None, array_ty
         One of :data:`ALLOCATORS` (None: ``"default"``).
     array_type : {"cupy", "numba"}, optional
         The arrays handed out for device-side kinds (None: ``"cupy"``).
+    device : int
+        Which device: a GPU id among those the process sees, or a simulated device's id.
+    devices : int, optional
+        The simulator only: how many devices the simulated host has (None: ``device + 1``).
+        A GPU's count is the driver's.
 
     Raises
     ------
     ConfigurationError
-        For an unknown backend name or array type, ``"cuda"`` without a usable GPU, or
-        CuPy arrays on a GPU without CuPy (the message names the extra to install).
+        For an unknown backend name or array type, ``"cuda"`` without a usable GPU, a device
+        that does not exist (the message says how many there are), or CuPy arrays on a GPU
+        without CuPy (the message names the extra to install).
     UnknownAllocatorError
         For an unknown allocator name.
     """
     if name not in BACKENDS:
         raise ConfigurationError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
     array_type = parse_array_type(array_type)
+    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+        raise ConfigurationError(f"device must be a device number (an int >= 0, e.g. 0), got {device!r}")
     if allocator is not None and allocator not in ALLOCATORS:
         raise UnknownAllocatorError(f"unknown allocator {allocator!r}: use one of {', '.join(ALLOCATORS)}")
     if name == "auto":
@@ -112,14 +149,20 @@ def create_backend(name: str = "auto", *, allocator: str | None = None, array_ty
         if not usable:
             _warn_simulator_fallback(why)
     if name == "simulator":
-        backend: Backend = SimulatorBackend(array_type=array_type)
+        backend: Backend = SimulatorBackend(array_type=array_type, device=device, devices=devices)
     else:
         usable, why = gpu_status()
         if not usable:
             raise ConfigurationError(f"backend 'cuda' is not usable here: {why}; use 'simulator'")
+        count = _driver_devices()[0]
+        if device >= count:
+            raise ConfigurationError(
+                f"no CUDA device {device}: this process sees {count} (ids 0 to {count - 1}; "
+                "CUDA_VISIBLE_DEVICES limits them); pass one of those"
+            )
         from ._cuda import CudaBackend
 
-        return CudaBackend(allocator=allocator or "default", array_type=array_type)
+        return CudaBackend(allocator=allocator or "default", array_type=array_type, device=device)
     if allocator is not None:
         backend.set_allocator(allocator)
     return backend

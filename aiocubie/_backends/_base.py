@@ -9,6 +9,7 @@ or cupy, and they translate those libraries' errors into aiocubie's.
 from __future__ import annotations
 
 import abc
+import contextlib
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -101,6 +102,8 @@ class Backend(abc.ABC):
         Bytes the planner keeps free for allocator rounding and fragmentation.
     device_name : str
         Human-readable device name.
+    device : int
+        The device's id among those the process sees (default 0, the first).
     """
 
     name: str
@@ -108,6 +111,7 @@ class Backend(abc.ABC):
     array_type: str
     granule: int
     device_name: str
+    device: int = 0
 
     @abc.abstractmethod
     def memory_info(self) -> MemoryInfo:
@@ -237,6 +241,14 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def reset(self) -> None:
         """Reset the context: every array and stream handed out before is invalid."""
+
+    def activate(self) -> contextlib.AbstractContextManager[Any]:
+        """A context manager that makes this device current in the calling thread.
+
+        Kernels and CuPy work on this backend's arrays need their device current; a backend
+        with one device (the simulator) has nothing to switch.
+        """
+        return contextlib.nullcontext()
 
     def close(self) -> None:  # noqa: B027 - optional: a backend that holds nothing need not override it
         """Release what the backend holds (threads, pools). Idempotent."""

@@ -360,15 +360,21 @@ class SimulatorBackend(Backend):
         Bytes taken by "other processes" at the start (see :meth:`occupy`).
     engines : Engines, optional
         Bandwidths and latencies of the copy engines and kernels (default: instant).
+    array_type : {"cupy", "numba"}, optional
+        What device-side arrays model: ``cupy.ndarray`` (the default) or numba's
+        ``DeviceNDArray`` (see :data:`ARRAY_TYPES`).
+    device : int
+        Which device of the simulated host this backend is (default 0).
+    devices : int, optional
+        How many devices the simulated host has (None: ``device + 1``). Each backend models
+        one device with its own memory; managed memory can be prefetched (and advised) to
+        any device id below ``devices``.
 
     Raises
     ------
     ConfigurationError
         For a setting of the wrong type or out of range (``SimulatorBackend("1GB")``,
-        ``SimulatorBackend(-1)``), or an unknown array type.
-    array_type : {"cupy", "numba"}, optional
-        What device-side arrays model: ``cupy.ndarray`` (the default) or numba's
-        ``DeviceNDArray`` (see :data:`ARRAY_TYPES`).
+        ``SimulatorBackend(-1)``, ``device=2, devices=2``), or an unknown array type.
 
     Attributes
     ----------
@@ -392,8 +398,19 @@ class SimulatorBackend(Backend):
         reserved: int = 0,
         array_type: str | None = None,
         engines: Engines | None = None,
+        device: int = 0,
+        devices: int | None = None,
     ) -> None:
         self.array_type = parse_array_type(array_type)
+        if not _count(device, 0):
+            raise ConfigurationError(f"device must be a device number (an int >= 0), got {shown(device)}")
+        if devices is None:
+            devices = int(device) + 1
+        if not _count(devices, 1) or device >= devices:
+            raise ConfigurationError(
+                f"devices must be the simulated host's device count, an int > device ({device}), got {shown(devices)}"
+            )
+        self.device, self.devices = int(device), int(devices)
         self.engines = Engines() if engines is None else engines
         self.timeline: collections.deque[TimelineEntry] = collections.deque(maxlen=TIMELINE_LENGTH)
         self._copy_engines = {"h2d": threading.Lock(), "d2h": threading.Lock()}
@@ -421,7 +438,7 @@ class SimulatorBackend(Backend):
         self.latency = float(latency)
         self.granule = granule
         self.allocator = "default"
-        self.device_name = f"aiocubie simulator ({total:,} bytes)"
+        self.device_name = f"aiocubie simulator device {self.device} of {self.devices} ({total:,} bytes)"
         self.faults = Faults()
         self.resets = 0
         self._reserved = reserved
@@ -622,8 +639,17 @@ class SimulatorBackend(Backend):
 
         stream.enqueue(run)
 
+    def _check_location(self, device: int | None) -> None:
+        """Refuse a location the simulated host does not have, as the driver does."""
+        location = check_device(device)
+        if location is not None and location >= self.devices:
+            raise BackendError(
+                f"no device {device} on this simulated host: it has {self.devices} "
+                f"(ids 0 to {self.devices - 1}); pass devices= to SimulatorBackend for more"
+            )
+
     def prefetch(self, array: Any, device: int | None, stream: SimStream) -> None:
-        check_device(device)  # as the driver refuses a bad location
+        self._check_location(device)
         if self.faults.check("prefetch"):
             raise BackendError(f"injected fault: prefetching {array.nbytes} bytes on {stream}")
         stream.enqueue(lambda: None)  # ordered like real work; data never moves on a CPU
@@ -631,7 +657,7 @@ class SimulatorBackend(Backend):
     def advise(self, array: Any, advice: Advice, device: int | None) -> None:
         if not isinstance(advice, str) or advice not in ("preferred_location", "accessed_by", "read_mostly"):
             raise BackendError(f"unknown managed-memory advice {shown(advice)}")
-        check_device(device)
+        self._check_location(device)
 
     # -- context ----------------------------------------------------------------------------
     def set_allocator(self, name: str) -> None:

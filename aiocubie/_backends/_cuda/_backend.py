@@ -9,11 +9,14 @@ error escape untranslated (``_errors.map_exceptions``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
+import os
 import threading
 import weakref
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 from cuda.bindings import driver as binding
@@ -60,16 +63,42 @@ def cuda_usable() -> tuple[bool, str]:
         return False, f"numba.cuda cannot open a context: {exc}"
 
 
-def _device_name() -> str:
-    name = cuda.get_current_device().name
+def _device_name(device: int | None = None) -> str:
+    name = (cuda.get_current_device() if device is None else cuda.gpus[device]).name
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
-class CudaBackend(Backend):
-    """A real GPU: device 0's primary context, shared with the whole process.
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
-    numba's memory manager is process-global, so use one CudaBackend per process:
-    ``set_allocator`` swaps it for every user of numba.cuda in the process.
+
+def _on_device(method: Callable[Concatenate[CudaBackend, _P], _R]) -> Callable[Concatenate[CudaBackend, _P], _R]:
+    """Run ``method`` with the backend's context current in the calling thread.
+
+    Streams, events, allocations, memsets, copies and memory readings all act on the current
+    context: when another device's is current (a second manager's, or the user's), push ours
+    for the call and pop it after. The common case, ours already current, costs one driver query.
+    """
+
+    @functools.wraps(method)
+    def on_device(self: CudaBackend, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if int(binding.cuCtxGetCurrent()[1]) == self._handle:
+            return method(self, *args, **kwargs)
+        self._context.push()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._context.pop()
+
+    return on_device
+
+
+class CudaBackend(Backend):
+    """A real GPU: one device's primary context, shared with the whole process.
+
+    One CudaBackend per device: numba's memory manager class is process-global, so
+    ``set_allocator`` also chooses it for contexts numba creates later; each device's context
+    has its own manager and pool.
 
     Parameters
     ----------
@@ -81,13 +110,16 @@ class CudaBackend(Backend):
         (None, the default) or numba ``DeviceNDArray``. ``pinned`` and ``host`` are numpy arrays.
     event_mechanism : {"thread", "host_func"}
         How events report completion (see :data:`EVENT_MECHANISMS`).
+    device : int
+        Which GPU, among those the process sees (``CUDA_VISIBLE_DEVICES`` renumbers them from 0).
 
     Raises
     ------
     BackendError
         If no CUDA context can be opened.
     ConfigurationError
-        For an unknown array type, or CuPy arrays without CuPy (naming the extra to install).
+        For an unknown array type, CuPy arrays without CuPy (naming the extra to install), or
+        a device the process does not see (naming how many it sees).
     UnknownAllocatorError
         For an unknown allocator, or a CuPy one without CuPy.
 
@@ -106,6 +138,7 @@ class CudaBackend(Backend):
         *,
         array_type: str | None = None,
         event_mechanism: EventMechanism = "thread",
+        device: int = 0,
     ) -> None:
         if event_mechanism not in EVENT_MECHANISMS:
             raise ValueError(f"unknown event mechanism {event_mechanism!r}: use one of {', '.join(EVENT_MECHANISMS)}")
@@ -122,10 +155,24 @@ class CudaBackend(Backend):
         # Recorded events come back here when dropped (CudaEvent.__del__) and are recorded again.
         self._spare_events: list[Any] = []
         try:
+            cuda.current_context()  # as numba's first use: the thread has a context (device 0's) current
+            count = len(cuda.gpus)
+            if isinstance(device, bool) or not isinstance(device, int) or not 0 <= device < count:
+                visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+                raise ConfigurationError(
+                    f"no CUDA device {device!r}: this process sees {count} (ids 0 to {count - 1}"
+                    f"{'' if visible is None else f', CUDA_VISIBLE_DEVICES={visible!r}'}); pass one of those"
+                )
             # The primary context is never destroyed (see reset): look it up once, not per call.
-            self._context = cuda.current_context()
-            self._device_id = int(self._context.device.id)
-            self.device_name = _device_name()
+            # numba's first lookup of another device's context leaves the thread with none
+            # current (cuda.core sets it, numba pops it): put back the one that was.
+            current = binding.cuCtxGetCurrent()[1]
+            self._context = cuda.gpus[device].get_primary_context()
+            if int(binding.cuCtxGetCurrent()[1]) != int(current):
+                check(binding.cuCtxSetCurrent(current), "restoring the thread's CUDA context")
+            self._handle = int(self._context.handle)
+            self._device_id = self.device = device
+            self.device_name = _device_name(device)
         except (CudaSupportError, CudaDriverError) as exc:
             raise BackendError(f"cannot open a CUDA context: {exc}") from exc
         if allocator in _pools.PLUGINS and type(self._context.memory_manager) is _pools.PLUGINS[allocator]:
@@ -134,11 +181,13 @@ class CudaBackend(Backend):
             self.set_allocator(allocator)
 
     # -- memory ------------------------------------------------------------------------------
+    @_on_device
     def memory_info(self) -> MemoryInfo:
         with map_exceptions("reading device memory"):
             free, total = self._context.get_memory_info()
         return MemoryInfo(free=int(free), total=int(total))
 
+    @_on_device
     def allocate(self, shape: tuple[int, ...], dtype: np.dtype[Any], kind: MemoryKind, stream: Any) -> Any:
         if not isinstance(dtype, np.dtype):
             dtype = np.dtype(dtype)
@@ -241,6 +290,7 @@ class CudaBackend(Backend):
             cupy_stream = self._cupy_streams[stream] = cupy_view(import_cupy(), stream)
         return cupy_stream  # type: ignore[no-any-return]
 
+    @_on_device
     def zero(self, array: Any, stream: Any) -> None:
         """Queue a memset on ``stream`` for device-side arrays; fill host arrays now.
 
@@ -261,6 +311,7 @@ class CudaBackend(Backend):
     def nbytes(self, array: Any) -> int:
         return int(array.nbytes)
 
+    @_on_device
     def host_array(self, shape: tuple[int, ...], dtype: np.dtype[Any], kind: MemoryKind) -> np.ndarray[Any, Any]:
         kind = MemoryKind(kind)
         if kind is MemoryKind.HOST:
@@ -273,14 +324,16 @@ class CudaBackend(Backend):
         return array
 
     # -- streams, events, copies -------------------------------------------------------------
+    @_on_device
     def create_stream(self) -> Any:
         with map_exceptions("creating a stream"):
-            return cuda.stream()
+            return self._context.create_stream()
 
     def _cupy_async_pool(self, pool: Any) -> bool:
         # MemoryAsyncPool allocates on CuPy's current stream: the general path binds the group's
         return isinstance(pool, self._cupy.cuda.MemoryAsyncPool)
 
+    @_on_device
     def record_event(self, stream: Any) -> CudaEvent:
         spare = self._spare_events
         if spare:
@@ -299,10 +352,11 @@ class CudaBackend(Backend):
         with self._lock:
             waiter = self._waiters.get(key)
             if waiter is None:
-                context = binding.cuCtxGetCurrent()[1]
+                context = binding.CUcontext(self._handle)
                 waiter = self._waiters[key] = StreamWaiter(context, f"aiocubie-events-{key:#x}")
             return waiter
 
+    @_on_device
     def wait_event(self, stream: Any, event: Any) -> None:
         """``cuStreamWaitEvent``: ``stream`` waits on the GPU, the host does not."""
         result = binding.cuStreamWaitEvent(binding.CUstream(stream_ptr(stream)), event.handle, 0)
@@ -316,6 +370,7 @@ class CudaBackend(Backend):
         err, kind = binding.cuPointerGetAttribute(_MEMORY_TYPE, array.ctypes.data)
         return err == binding.CUresult.CUDA_SUCCESS and int(kind) == int(binding.CUmemorytype.CU_MEMORYTYPE_HOST)
 
+    @_on_device
     def copy(self, src: Any, dst: Any, stream: Any, *, tag: object = None) -> None:
         """Queue one ``cuMemcpyAsync``; unified addressing tells the direction.
 
@@ -340,7 +395,24 @@ class CudaBackend(Backend):
                 f"copying {nbytes} bytes",
             )
 
+    @_on_device
+    def _launch_host_func(self, stream: Any, function: Any, key: int) -> None:
+        result = binding.cuLaunchHostFunc(binding.CUstream(stream_ptr(stream)), function, key)
+        if result[0] != binding.CUresult.CUDA_SUCCESS:
+            check(result, "cuLaunchHostFunc")
+
+    @contextlib.contextmanager
+    def activate(self) -> Iterator[None]:
+        """Make this GPU current in the calling thread: numba's context and CuPy's device."""
+        self._context.push()
+        try:
+            with contextlib.nullcontext() if self._cupy is None else self._cupy.cuda.Device(self._device_id):
+                yield
+        finally:
+            self._context.pop()
+
     # -- managed memory ----------------------------------------------------------------------
+    @_on_device
     def prefetch(self, array: Any, device: int | None, stream: Any) -> None:
         ptr, size = self._managed_extent(array)
         fn = getattr(binding, "cuMemPrefetchAsync_v2", None)  # CUDA 12.2+; CUDA 13 renamed it back
@@ -348,6 +420,7 @@ class CudaBackend(Backend):
             fn = binding.cuMemPrefetchAsync
         check(fn(ptr, size, _location(device), 0, binding.CUstream(stream_ptr(stream))), "cuMemPrefetchAsync")
 
+    @_on_device
     def advise(self, array: Any, advice: Advice, device: int | None) -> None:
         if advice not in _ADVICE:
             raise BackendError(f"unknown managed-memory advice {advice!r}: use one of {', '.join(_ADVICE)}")
@@ -367,6 +440,7 @@ class CudaBackend(Backend):
         return binding.CUdeviceptr(ptr), int(array.nbytes)
 
     # -- context -----------------------------------------------------------------------------
+    @_on_device
     def set_allocator(self, name: str) -> None:
         """Swap numba's memory manager for ``name``'s, on the live context (see :meth:`reset`)."""
         if name not in ALLOCATORS:
@@ -387,6 +461,7 @@ class CudaBackend(Backend):
         self._release_slack()
         self.allocator = name
 
+    @_on_device
     def reset(self) -> None:
         """Wait for queued work, run pending callbacks, then return deferred frees and pool slack.
 
@@ -398,6 +473,7 @@ class CudaBackend(Backend):
         self._quiesce()
         self._release_slack()
 
+    @_on_device
     def close(self) -> None:
         self.reset()
         spares, self._spare_events = self._spare_events, []
@@ -407,7 +483,7 @@ class CudaBackend(Backend):
     def _quiesce(self) -> None:
         """Let queued work finish and every pending callback run, then stop the helper threads."""
         try:
-            cuda.synchronize()
+            self._context.synchronize()
         except CudaDriverError:
             log.exception("aiocubie: synchronizing the device failed; going on")
         with self._lock:

@@ -18,7 +18,6 @@ from cuda.bindings import driver as binding
 
 from .._base import Event
 from ._errors import check
-from ._streams import stream_ptr
 
 __all__ = ["EVENT_FLAGS", "EVENT_MECHANISMS", "CudaEvent", "EventMechanism", "StreamWaiter"]
 
@@ -138,7 +137,8 @@ class CudaEvent(Event):
         else:
             key = next(_host_keys)
             _host_callbacks[key] = callback
-            result = binding.cuLaunchHostFunc(binding.CUstream(stream_ptr(self.stream)), _HOST_FN, key)
-            if result[0] != binding.CUresult.CUDA_SUCCESS:
+            try:
+                self._backend._launch_host_func(self.stream, _HOST_FN, key)
+            except BaseException:
                 del _host_callbacks[key]
-                check(result, "cuLaunchHostFunc")
+                raise
