@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from numba.cuda.cudadrv import driver as nbdriver
 
 from aiocubie import ArrayRequest, MemoryManager
 
@@ -25,24 +24,28 @@ class Part:
     """A component."""
 
 
-def driver_free() -> int:
-    free, _ = nbdriver.driver.cuMemGetInfo()
+def driver_free(device: int) -> int:
+    """Free bytes on ``device`` (whatever device or context is current: other tests may change it)."""
+    cupy = pytest.importorskip("cupy")
+    with cupy.cuda.Device(device):
+        free, _ = cupy.cuda.runtime.memGetInfo()
     return int(free)
 
 
 class Hog:
-    """Another library's device memory: takes all but ``leave`` bytes of what is free now."""
+    """Another library's memory on ``device``: takes all but ``leave`` bytes of what is free now."""
 
     def __init__(self) -> None:
         self.memory: Any = None
         self.size = 0
 
-    def take(self, leave: int) -> None:
+    def take(self, device: int, leave: int) -> None:
         cupy = pytest.importorskip("cupy")
-        self.size = driver_free() - leave
+        self.size = driver_free(device) - leave
         if self.size <= 0:
             pytest.skip(f"the GPU has less than {leave} bytes free")
-        self.memory = cupy.cuda.Memory(self.size)  # cudaMalloc: plain device memory, no pool
+        with cupy.cuda.Device(device):
+            self.memory = cupy.cuda.Memory(self.size)  # cudaMalloc: plain device memory, no pool
 
     def give_back(self, nbytes: int = 0) -> int:
         freed, self.memory = (self.size if self.memory is not None else 0), None
@@ -67,8 +70,8 @@ async def test_pool_cache_is_freed_for_a_request_larger_than_free(cuda_backend: 
         mgr.free_all()
         facts = mgr.stats().pool
         assert facts.held is not None and facts.in_use is not None and facts.held - facts.in_use >= 2 * GiB
-        hog.take(leave=GiB)  # 1 GiB free on the device, 2 GiB cached in the pool
-        assert driver_free() < 2 * GiB
+        hog.take(cuda_backend.device, leave=GiB)  # 1 GiB free on the device, 2 GiB cached in the pool
+        assert driver_free(cuda_backend.device) < 2 * GiB
         request = {"x": ArrayRequest((5 * GiB // 2,), np.uint8, unchunkable=True)}  # 2.5 GiB: no cached block holds it
         async with mgr.request(part, request) as response:
             assert response.chunks == 1 and response.arrays["x"].nbytes == 5 * GiB // 2
@@ -87,7 +90,7 @@ async def test_reclaim_hook_frees_memory_another_library_holds(cuda_backend: Any
         async with mgr.request(part, {"warm": ArrayRequest((1 << 20,), np.uint8)}):
             pass  # the manager reads the device now, and keeps that reading
         mgr.add_reclaim_hook(hog.give_back)
-        hog.take(leave=GiB)  # unseen by the manager until it reads again
+        hog.take(cuda_backend.device, leave=GiB)  # unseen by the manager until it reads again
         request = {"x": ArrayRequest((2 * GiB,), np.uint8, unchunkable=True)}
         async with mgr.request(part, request) as response:
             assert response.arrays["x"].nbytes == 2 * GiB
