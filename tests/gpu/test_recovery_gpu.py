@@ -7,6 +7,7 @@ asyncio and trio. Skipped without a GPU or CuPy (see conftest.py).
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from typing import Any
 
@@ -62,6 +63,7 @@ def hog() -> Iterator[Hog]:
 async def test_pool_cache_is_freed_for_a_request_larger_than_free(cuda_backend: Any, hog: Hog) -> None:
     pytest.importorskip("cupy")
     async with MemoryManager(cuda_backend, allocator="cupy") as mgr:
+        gc.collect()  # arrays an earlier test's frames still hold go back to the pool first
         cuda_backend.release_cached()  # nothing cached from earlier tests
         part = Part()
         mgr.register(part, stream_group="g")
@@ -84,6 +86,7 @@ async def test_pool_cache_is_freed_for_a_request_larger_than_free(cuda_backend: 
 async def test_reclaim_hook_frees_memory_another_library_holds(cuda_backend: Any, hog: Hog) -> None:
     pytest.importorskip("cupy")
     async with MemoryManager(cuda_backend, allocator="cupy", free_cache_seconds=3600) as mgr:
+        gc.collect()  # arrays an earlier test's frames still hold go back to the pool first
         cuda_backend.release_cached()  # no cached block from earlier tests may serve the request
         part = Part()
         mgr.register(part, stream_group="g")
@@ -95,6 +98,6 @@ async def test_reclaim_hook_frees_memory_another_library_holds(cuda_backend: Any
         async with mgr.request(part, request) as response:
             assert response.arrays["x"].nbytes == 2 * GiB
         recovery = mgr.stats().recovery
-        assert hog.memory is None
+        assert hog.memory is None, f"the hook was not needed: {recovery}, pool {mgr.stats().pool}"
     assert (recovery.out_of_memory, recovery.cache_releases, recovery.hook_calls) == (1, 1, 1)
     assert (recovery.recovered, recovery.failed) == (1, 0) and recovery.hook_bytes_freed >= GiB
