@@ -5,7 +5,7 @@ tasks, and each worker's manager (from ``aiocubie.dask.ManagerPlugin``) plans ea
 the task's budget, chunk by chunk. Runs on a LocalCluster of in-process workers, on the GPU when
 there is one and on the simulator otherwise. For one worker per GPU, start each worker with its
 own CUDA_VISIBLE_DEVICES (dask-cuda's LocalCUDACluster does): each manager drives its device 0.
-Run: python examples/dask_chunked.py
+Needs the dask extra: pip install 'aiocubie[dask]'. Run: python examples/dask_chunked.py
 """
 
 from __future__ import annotations
