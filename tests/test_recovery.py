@@ -235,3 +235,23 @@ async def test_a_reclaim_hook_that_unregisters_or_moves_a_member_of_the_batch_le
         mgr.free_all()
         assert mgr.stats().live_bytes == sim.used == 0
 
+
+async def test_an_unwritable_dump_on_oom_still_raises_out_of_memory(
+    sim: SimulatorBackend, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with MemoryManager(sim) as mgr:
+        part = Part()
+        mgr.register(part)
+        mgr.record_history(dump_on_oom=tmp_path / "no such folder" / "oom.json")
+        sim.faults.inject("oom", times=3)
+        with caplog.at_level(logging.ERROR, logger="aiocubie"):
+            with pytest.raises(OutOfMemoryError, match="did not make room"):
+                await mgr.request(part, {"x": vec(10)})
+    assert any("could not write the allocation history" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("bad", [3, 2.5, b"oom.json"])
+def test_dump_on_oom_must_be_a_path(bad: object) -> None:
+    mgr = MemoryManager(SimulatorBackend(TOTAL))
+    with pytest.raises(ConfigurationError, match="dump_on_oom"):
+        mgr.record_history(dump_on_oom=bad)  # type: ignore[arg-type]
