@@ -261,8 +261,12 @@ class DeviceAccount:
         if history is not None:
             history.failure(group, asked, error)
             if history.dump_on_oom is not None:
-                history.history().to_json(history.dump_on_oom)
-                log.error("allocation history written to %s", history.dump_on_oom)
+                try:
+                    history.history().to_json(history.dump_on_oom)
+                except OSError as exc:  # the out-of-memory error is what the request must see
+                    log.error("could not write the allocation history to %s: %s", history.dump_on_oom, exc)
+                else:
+                    log.error("allocation history written to %s", history.dump_on_oom)
         raise OutOfMemoryError(message) from error
 
     def _retried(

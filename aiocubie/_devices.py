@@ -49,7 +49,8 @@ class DeviceSet:
     ------
     ConfigurationError
         For an empty or repeated list of devices, a device that does not exist, an unknown
-        backend name, or bad manager options.
+        backend name, a backend callable that builds another device's backend, or bad
+        manager options.
 
     Examples
     --------
@@ -87,6 +88,11 @@ class DeviceSet:
                     managers[device] = MemoryManager(backend, device=device, **options)
                 else:
                     managers[device] = MemoryManager(backend(device), **options)
+                    if managers[device].device != device:  # stats and placement would name the wrong device
+                        raise ConfigurationError(
+                            f"backend({device}) drives device {managers[device].device}, not {device}: "
+                            f"build each device's backend for it, e.g. lambda d: SimulatorBackend(device=d, devices=n)"
+                        )
         except BaseException:
             for manager in managers.values():
                 manager.close()
@@ -138,6 +144,8 @@ class DeviceSet:
             If the set does not hold ``device``.
         """
         try:
+            if isinstance(device, bool):  # True == 1 as a key: refused, as the constructor does
+                raise TypeError(device)
             return self._managers[device]
         except (KeyError, TypeError):
             raise ConfigurationError(

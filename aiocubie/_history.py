@@ -229,6 +229,9 @@ class HistoryRecorder:
     ) -> None:
         if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
             raise ConfigurationError(f"max_entries must be an int >= 1, got {shown(max_entries)}")
+        if dump_on_oom is not None and not isinstance(dump_on_oom, (str, os.PathLike)):
+            # open() would take an int as a file descriptor, and close it after writing
+            raise ConfigurationError(f"dump_on_oom must be a file path or None, got {shown(dump_on_oom)}")
         self.max_entries = max_entries
         self.stacks = bool(stacks)
         self.dump_on_oom = dump_on_oom

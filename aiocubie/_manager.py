@@ -1056,12 +1056,13 @@ class MemoryManager:
         stacks : bool
             Also keep the stack each plan and allocation was made from (costly: for debugging).
         dump_on_oom : str or path, optional
-            Write the history there (JSON) when an allocation fails after every recovery step.
+            Write the history there (JSON) when an allocation fails after every recovery step
+            (if it cannot be written, that is logged and the OutOfMemoryError raised all the same).
 
         Raises
         ------
         ConfigurationError
-            For ``max_entries`` that is not an int >= 1.
+            For ``max_entries`` that is not an int >= 1, or ``dump_on_oom`` that is not a path.
         """
         if not enabled:
             self._account.history = None

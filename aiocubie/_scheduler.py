@@ -431,6 +431,17 @@ class GroupScheduler:
             if retry and account.free_memory(fresh=True) < cached:
                 return False
             raise
+        if any(not t.pending for t in batch) or len(self._planning) != len(batch):
+            # a reclaim hook, called while the batch was allocated, unregistered or moved a
+            # member: its tickets ended or left this group, so what they were given goes back
+            ours = {id(t) for t in self._planning}
+            kept = [(t, r) for t, r in zip(batch, responses) if t.pending and id(t) in ours]
+            for ticket, response in zip(batch, responses):
+                if not (ticket.pending and id(ticket) in ours):
+                    account.release(response)
+            if not kept:
+                return True
+            batch, responses = [t for t, _ in kept], [r for _, r in kept]
         now = time.perf_counter()
         chunks = plan.chunks
         for ticket, response in zip(batch, responses):

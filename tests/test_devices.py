@@ -181,3 +181,18 @@ async def test_per_device_stats_and_budgets_held_under_load() -> None:
             for group in snapshot.groups.values():
                 assert group.cap_bytes is not None and group.peak_bytes <= group.cap_bytes
         assert sum(g.requests for s in stats.values() for g in s.groups.values()) == 8 * 3 * 5
+
+
+def test_device_set_refuses_a_backend_of_another_device_and_a_bool_device() -> None:
+    # every manager would drive device 0 while the set named them 0 and 1
+    with pytest.raises(ConfigurationError, match=r"backend\(1\) drives device 0"):
+        DeviceSet([0, 1], backend=lambda d: SimulatorBackend(total=MiB))
+    devices = DeviceSet([0, 1], backend=lambda d: SimulatorBackend(total=MiB, device=d, devices=2))
+    try:
+        with pytest.raises(ConfigurationError, match="device True is not in this set"):
+            devices.register(Component(), device=True)  # True == 1 as a key: refused like DeviceSet([True])
+        with pytest.raises(ConfigurationError, match="not in this set"):
+            devices.manager(True)
+        assert devices.members() == {0: 0, 1: 0}
+    finally:
+        devices.close()

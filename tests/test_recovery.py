@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import anyio
 import pytest
 from simkit import TOTAL, Part, vec
 
@@ -19,6 +20,7 @@ from aiocubie import (
     History,
     MemoryManager,
     OutOfMemoryError,
+    RegistrationError,
     SimulatorBackend,
 )
 
@@ -187,3 +189,69 @@ def test_a_reclaim_hook_must_be_callable() -> None:
     mgr = MemoryManager(SimulatorBackend(TOTAL))
     with pytest.raises(ConfigurationError, match="callable"):
         mgr.add_reclaim_hook(42)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("action", ["unregister", "change_stream_group"])
+async def test_a_reclaim_hook_that_unregisters_or_moves_a_member_of_the_batch_leaks_nothing(
+    sim: SimulatorBackend, action: str
+) -> None:
+    # the hook runs while the batch is allocated: the member's request leaves it (failed, or
+    # served by its new group), and what the retry gave it must not stay held by no one
+    async with MemoryManager(sim, batch_window=0.05) as mgr:
+        a, c = Part(), Part()
+        mgr.register(a, stream_group="g")
+        mgr.register(c, stream_group="g")
+
+        def hook(nbytes: int) -> int:
+            if action == "unregister":
+                mgr.unregister(c)
+            else:
+                mgr.change_stream_group(c, "h")
+            return 0
+
+        mgr.add_reclaim_hook(hook)
+        sim.faults.inject("oom", times=2)  # the batch of both requests needs the hooks
+        outcomes: dict[str, object] = {}
+
+        async def ask(name: str, part: Part) -> None:
+            try:
+                outcomes[name] = await mgr.request(part, {"x": vec(100)})
+            except Exception as exc:
+                outcomes[name] = exc
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask, "a", a)
+            tg.start_soon(ask, "c", c)
+        assert isinstance(outcomes["a"], ArrayResponse)
+        stats = mgr.stats()
+        if action == "unregister":
+            assert isinstance(outcomes["c"], RegistrationError)
+            assert stats.live_bytes == sim.used == 800  # a's array alone
+            assert stats.groups["g"].live_bytes == 800
+        else:
+            assert isinstance(outcomes["c"], ArrayResponse)
+            assert stats.live_bytes == sim.used == 1600
+            assert stats.groups["g"].live_bytes == stats.groups["h"].live_bytes == 800
+        mgr.free_all()
+        assert mgr.stats().live_bytes == sim.used == 0
+
+
+async def test_an_unwritable_dump_on_oom_still_raises_out_of_memory(
+    sim: SimulatorBackend, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with MemoryManager(sim) as mgr:
+        part = Part()
+        mgr.register(part)
+        mgr.record_history(dump_on_oom=tmp_path / "no such folder" / "oom.json")
+        sim.faults.inject("oom", times=3)
+        with caplog.at_level(logging.ERROR, logger="aiocubie"):
+            with pytest.raises(OutOfMemoryError, match="did not make room"):
+                await mgr.request(part, {"x": vec(10)})
+    assert any("could not write the allocation history" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("bad", [3, 2.5, b"oom.json"])
+def test_dump_on_oom_must_be_a_path(bad: object) -> None:
+    mgr = MemoryManager(SimulatorBackend(TOTAL))
+    with pytest.raises(ConfigurationError, match="dump_on_oom"):
+        mgr.record_history(dump_on_oom=bad)  # type: ignore[arg-type]
