@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import numbers
 import time
 from collections.abc import Callable, Collection, Hashable, Sequence
 from typing import Any
@@ -288,7 +289,10 @@ class DeviceAccount:
             getattr(freed, "close", lambda: None)()
             log.error("reclaim hook %r returned an awaitable: reclaim hooks must be plain functions", hook)
             return 0
-        nbytes = freed if isinstance(freed, int) and freed > 0 else 0
+        # what it says it freed: a whole number of bytes (numpy's too), never more than it was asked for
+        # plus the rest of the device; anything else (None, True, a float) counts as "cannot say"
+        counted = isinstance(freed, numbers.Integral) and not isinstance(freed, bool) and int(freed) > 0
+        nbytes = min(int(freed), self.backend.memory_info().total) if counted else 0
         if self.history is not None:
             self.history.recovery(group, nbytes, f"reclaim hook {getattr(hook, '__qualname__', hook)!r}")
         return nbytes

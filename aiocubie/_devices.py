@@ -120,9 +120,18 @@ class DeviceSet:
             await stack.aclose()
 
     def close(self) -> None:
-        """Release every manager's backend resources (see :meth:`MemoryManager.close`)."""
+        """Release every manager's backend resources (see :meth:`MemoryManager.close`).
+
+        Every manager is closed, even when one fails; the first failure is raised after.
+        """
+        failure: BaseException | None = None
         for manager in self._managers.values():
-            manager.close()
+            try:
+                manager.close()
+            except BaseException as exc:  # close the others first
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
     # -- devices and placement ---------------------------------------------------------------
     @property

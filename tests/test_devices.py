@@ -11,6 +11,7 @@ from aiocubie import (
     BackendError,
     ConfigurationError,
     DeviceSet,
+    ManagerStateError,
     MemoryKind,
     MemoryManager,
     RegistrationError,
@@ -196,3 +197,17 @@ def test_device_set_refuses_a_backend_of_another_device_and_a_bool_device() -> N
         assert devices.members() == {0: 0, 1: 0}
     finally:
         devices.close()
+
+
+def test_closing_a_device_set_closes_every_manager_even_when_one_fails() -> None:
+    devices = DeviceSet([0, 1], backend=lambda d: SimulatorBackend(total=MiB, device=d, devices=2))
+    first = devices.manager(0)
+
+    def broken() -> None:
+        raise RuntimeError("device 0 would not close")
+
+    first.close = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="would not close"):
+        devices.close()
+    with pytest.raises(ManagerStateError, match="closed with close"):
+        anyio.run(devices.manager(1).__aenter__)

@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 
 import anyio
+import numpy as np
 import pytest
 from simkit import TOTAL, Part, vec
 
@@ -255,3 +256,22 @@ def test_dump_on_oom_must_be_a_path(bad: object) -> None:
     mgr = MemoryManager(SimulatorBackend(TOTAL))
     with pytest.raises(ConfigurationError, match="dump_on_oom"):
         mgr.record_history(dump_on_oom=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("said", "counted"),
+    [(None, 0), (True, 0), (1.5e6, 0), (-5, 0), (np.int64(4096), 4096), (10**30, "total")],
+)
+async def test_what_a_hook_says_it_freed_is_counted_as_whole_bytes_up_to_the_device(
+    sim: SimulatorBackend, said: object, counted: object
+) -> None:
+    async with MemoryManager(sim) as mgr:
+        part = Part()
+        mgr.register(part)
+        mgr.add_reclaim_hook(lambda nbytes: said)  # type: ignore[arg-type,return-value]
+        sim.faults.inject("oom", times=2)  # the try and the retry after the cache: the hook's retry succeeds
+        async with mgr.request(part, {"x": vec(100)}):
+            pass
+        recovery = mgr.stats().recovery
+    want = sim.memory_info().total if counted == "total" else counted
+    assert (recovery.hook_calls, recovery.hook_bytes_freed, recovery.recovered) == (1, want, 1)
