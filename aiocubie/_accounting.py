@@ -289,10 +289,10 @@ class DeviceAccount:
             getattr(freed, "close", lambda: None)()
             log.error("reclaim hook %r returned an awaitable: reclaim hooks must be plain functions", hook)
             return 0
-        # what it says it freed: a whole number of bytes (numpy's too), never more than it was asked for
-        # plus the rest of the device; anything else (None, True, a float) counts as "cannot say"
-        counted = isinstance(freed, numbers.Integral) and not isinstance(freed, bool) and int(freed) > 0
-        nbytes = min(int(freed), self.backend.memory_info().total) if counted else 0
+        # what it says it freed: a whole number of bytes (numpy's too), at most the device's total;
+        # anything else (None, True, a float, a negative number) counts as "cannot say"
+        said = int(freed) if isinstance(freed, numbers.Integral) and not isinstance(freed, bool) else 0
+        nbytes = min(said, self.backend.memory_info().total) if said > 0 else 0
         if self.history is not None:
             self.history.recovery(group, nbytes, f"reclaim hook {getattr(hook, '__qualname__', hook)!r}")
         return nbytes
