@@ -248,25 +248,38 @@ class HistoryRecorder:
         frames = traceback.extract_stack()
         return tuple(f"{f.filename}:{f.lineno} in {f.name}" for f in frames if not f.filename.startswith(_PACKAGE))
 
-    # One row layout per kind, decoded by history(). Rows hold only strings, numbers and tuples of
-    # them, so the garbage collector stops tracking them: a full ring costs collections nothing.
+    # One row layout per kind, decoded by history(). Rows hold only strings, numbers and exact tuples
+    # of them (never a ChunkPlan: tuple subclasses stay tracked), so the garbage collector stops
+    # tracking them at its first pass: a full ring costs collections nothing.
     def plan(self, group: str, plan: ChunkPlan, requests: int) -> None:
         """A batch of ``requests`` requests of ``group`` is about to be allocated with ``plan``."""
         self.recorded += 1
         stack = self._stack() if self.stacks else None
-        self._events.append(("plan", time.monotonic(), group, plan, requests, stack))
+        self._events.append(
+            (
+                "plan",
+                time.monotonic(),
+                group,
+                (plan.chunks, plan.chunk_length),
+                requests,
+                stack,
+                plan.runs,
+                plan.planned_bytes,
+            )
+        )
 
     def allocated(self, batch: Sequence[Sequence[Allocation]], plan: ChunkPlan) -> None:
         """A batch was handed out with ``plan``: the allocations of each response (one key, one group each)."""
         # never the Allocation itself: it holds the array, and its group changes when it moves
         now, stack, append = time.monotonic(), self._stack() if self.stacks else None, self._events.append
+        shape = (plan.chunks, plan.chunk_length)  # an exact tuple: ChunkPlan, a subclass, would stay tracked
         for allocations in batch:
             if not allocations:
                 continue
             name = self._names(allocations[0].key)
             self.recorded += len(allocations)
             for a in allocations:
-                append(("allocate", now, a.group, a.key, a.label, a.vram, a.kind._value_, name, plan, stack))
+                append(("allocate", now, a.group, a.key, a.label, a.vram, a.kind._value_, name, shape, stack))
 
     def released(self, allocations: Sequence[Allocation]) -> None:
         """``allocations`` were given back (and are out of the ledger)."""
@@ -323,7 +336,7 @@ class HistoryRecorder:
         for row, owner in zip(reversed(rows), reversed(released_by)):
             kind, at = row[0], row[1]
             if kind == "allocate":
-                _, _, group, key, label, vram, memory, name, plan, stack = row
+                _, _, group, key, label, vram, memory, name, (chunks, chunk_length), stack = row
                 group_live, key_live = groups.get(group, 0), keys.get(key, 0)
                 events.append(
                     HistoryEvent(
@@ -334,8 +347,8 @@ class HistoryRecorder:
                         label,
                         vram,
                         memory,
-                        plan.chunks,
-                        plan.chunk_length,
+                        chunks,
+                        chunk_length,
                         group_live,
                         key_live,
                         "",
@@ -352,16 +365,16 @@ class HistoryRecorder:
                 )
                 groups[group], keys[key] = group_live + vram, key_live + vram
             elif kind == "plan":
-                _, _, group, plan, requests, stack = row
-                detail = f"{requests} request(s), {plan.runs} runs"
+                _, _, group, (chunks, chunk_length), requests, stack, runs, planned = row
+                detail = f"{requests} request(s), {runs} runs"
                 events.append(
                     HistoryEvent(
                         kind,
                         at,
                         group,
-                        nbytes=plan.planned_bytes,
-                        chunks=plan.chunks,
-                        chunk_length=plan.chunk_length,
+                        nbytes=planned,
+                        chunks=chunks,
+                        chunk_length=chunk_length,
                         detail=detail,
                         stack=stack,
                     )
