@@ -12,7 +12,6 @@ import json
 import os
 import time
 import traceback
-from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -26,6 +25,8 @@ __all__ = ["EventKind", "History", "HistoryEvent", "HistoryRecorder"]
 
 #: Events a history keeps by default (the most recent ones).
 MAX_ENTRIES = 100_000
+#: Values a row of the recorder's ring holds (an allocation's: the widest).
+_WIDTH = 11
 #: The version of the JSON layout :meth:`History.to_dict` writes.
 FORMAT = 1
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
@@ -197,7 +198,7 @@ class History:
 
 
 class HistoryRecorder:
-    """Keeps history events in a bounded ring as plain tuples (cheap), made into a :class:`History` on demand.
+    """Keeps history events in a bounded ring of plain values (cheap), made into a :class:`History` on demand.
 
     A row holds references to what the caller has already (names, sizes, the plan's numbers)
     and one timestamp; what each group and instance holds after an event is worked out when
@@ -236,31 +237,37 @@ class HistoryRecorder:
         self.stacks = bool(stacks)
         self.dump_on_oom = dump_on_oom
         self.wall_base = time.time() - time.monotonic()
-        self.recorded = 0
-        self._events: deque[tuple[Any, ...]] = deque(maxlen=max_entries)
+        self.recorded = 0  # rows written so far: the ring holds the last max_entries of them
+        # One flat list of atomic values, _WIDTH slots a row, written in place: no object per event
+        # outlives its call, so a full ring gives the garbage collector nothing new to look at (a
+        # ring of tuples kept its young generation full of them, and cost 1.5x per request on Python 3.12).
+        self._flat: list[Any] = [None] * (max_entries * _WIDTH)
         self._ledger = ledger
         self._names = names
 
     def __len__(self) -> int:
-        return len(self._events)
+        return min(self.recorded, self.max_entries)
 
     def _stack(self) -> tuple[str, ...]:
         frames = traceback.extract_stack()
         return tuple(f"{f.filename}:{f.lineno} in {f.name}" for f in frames if not f.filename.startswith(_PACKAGE))
 
-    # One row layout per kind, decoded by history(). Rows hold only strings, numbers and exact tuples
-    # of them (never a ChunkPlan: tuple subclasses stay tracked), so the garbage collector stops
-    # tracking them at its first pass: a full ring costs collections nothing.
+    def _put(self, row: tuple[Any, ...]) -> None:
+        at = (self.recorded % self.max_entries) * _WIDTH
+        self._flat[at : at + len(row)] = row
+        self.recorded += 1
+
+    # One row layout per kind (at most _WIDTH values: strings, numbers, None), decoded by history().
     def plan(self, group: str, plan: ChunkPlan, requests: int) -> None:
         """A batch of ``requests`` requests of ``group`` is about to be allocated with ``plan``."""
-        self.recorded += 1
         stack = self._stack() if self.stacks else None
-        self._events.append(
+        self._put(
             (
                 "plan",
                 time.monotonic(),
                 group,
-                (plan.chunks, plan.chunk_length),
+                plan.chunks,
+                plan.chunk_length,
                 requests,
                 stack,
                 plan.runs,
@@ -271,35 +278,41 @@ class HistoryRecorder:
     def allocated(self, batch: Sequence[Sequence[Allocation]], plan: ChunkPlan) -> None:
         """A batch was handed out with ``plan``: the allocations of each response (one key, one group each)."""
         # never the Allocation itself: it holds the array, and its group changes when it moves
-        now, stack, append = time.monotonic(), self._stack() if self.stacks else None, self._events.append
-        shape = (plan.chunks, plan.chunk_length)  # an exact tuple: ChunkPlan, a subclass, would stay tracked
+        now, stack = time.monotonic(), self._stack() if self.stacks else None
+        chunks, length = plan.chunks, plan.chunk_length
+        flat, size, row = self._flat, self.max_entries, self.recorded
         for allocations in batch:
             if not allocations:
                 continue
             name = self._names(allocations[0].key)
-            self.recorded += len(allocations)
             for a in allocations:
-                append(("allocate", now, a.group, a.key, a.label, a.vram, a.kind._value_, name, shape, stack))
+                at = (row % size) * _WIDTH
+                flat[at : at + _WIDTH] = (
+                    "allocate", now, a.group, a.key, a.label, a.vram, a.kind._value_, name, chunks, length, stack
+                )  # fmt: skip
+                row += 1
+        self.recorded = row
 
     def released(self, allocations: Sequence[Allocation]) -> None:
         """``allocations`` were given back (and are out of the ledger)."""
-        now, append = time.monotonic(), self._events.append
-        self.recorded += len(allocations)
+        now, flat, size, row = time.monotonic(), self._flat, self.max_entries, self.recorded
         for a in allocations:
-            append(("release", now, a.group, a.key, a.label, a.vram, a.kind._value_))
+            at = (row % size) * _WIDTH
+            flat[at : at + 7] = ("release", now, a.group, a.key, a.label, a.vram, a.kind._value_)
+            row += 1
+        self.recorded = row
 
     def regrouped(self, key: Hashable, old: str, new: str, nbytes: int) -> None:
         """What instance ``key`` holds (``nbytes``) counts in group ``new`` from now on."""
-        self.recorded += 1
-        self._events.append(("regroup", time.monotonic(), key, old, new, nbytes))
+        self._put(("regroup", time.monotonic(), key, old, new, nbytes))
 
     def failure(self, group: str, nbytes: int, error: BaseException) -> None:
         """A batch of ``group`` needing ``nbytes`` failed with ``error``."""
-        self._note("failure", group, nbytes, f"{type(error).__name__}: {error}")
+        self._put(("failure", time.monotonic(), group, nbytes, f"{type(error).__name__}: {error}", None))
 
     def recovery(self, group: str, nbytes: int, detail: str) -> None:
         """An out-of-memory recovery step for ``group`` freed ``nbytes`` (``detail`` says which)."""
-        self._note("recovery", group, nbytes, detail)
+        self._put(("recovery", time.monotonic(), group, nbytes, detail, None))
 
     def reset(self, detail: str, *, context: bool = False) -> None:
         """Peak stats were reset (``detail`` says which), or (``context``) every array is about to be forgotten.
@@ -310,12 +323,7 @@ class HistoryRecorder:
         if context:
             held = (dict(self._ledger.live_by_group), dict(self._ledger.live_by_key))
             detail = f"context: {detail}"
-        self.recorded += 1
-        self._events.append(("reset", time.monotonic(), None, 0, detail, held))
-
-    def _note(self, kind: str, group: str | None, nbytes: int, detail: str) -> None:
-        self.recorded += 1
-        self._events.append((kind, time.monotonic(), group, nbytes, detail, None))
+        self._put(("reset", time.monotonic(), None, 0, detail, held))
 
     def history(self) -> History:
         """The events so far, as a :class:`History`.
@@ -323,7 +331,11 @@ class HistoryRecorder:
         A release is named after the instance that allocated it; if that allocation has left
         the ring, after the instance registered under its key now.
         """
-        rows = list(self._events)
+        flat, size = self._flat, self.max_entries
+        rows = [
+            tuple(flat[(row % size) * _WIDTH : (row % size + 1) * _WIDTH])
+            for row in range(self.recorded - len(self), self.recorded)
+        ]
         names: dict[Hashable, str] = {}
         released_by: list[str | None] = []  # a release takes the name its key had when it allocated
         for row in rows:
@@ -336,7 +348,7 @@ class HistoryRecorder:
         for row, owner in zip(reversed(rows), reversed(released_by)):
             kind, at = row[0], row[1]
             if kind == "allocate":
-                _, _, group, key, label, vram, memory, name, (chunks, chunk_length), stack = row
+                _, _, group, key, label, vram, memory, name, chunks, chunk_length, stack = row
                 group_live, key_live = groups.get(group, 0), keys.get(key, 0)
                 events.append(
                     HistoryEvent(
@@ -357,7 +369,7 @@ class HistoryRecorder:
                 )
                 groups[group], keys[key] = group_live - vram, key_live - vram
             elif kind == "release":
-                _, _, group, key, label, vram, memory = row
+                _, _, group, key, label, vram, memory = row[:7]
                 group_live, key_live = groups.get(group, 0), keys.get(key, 0)
                 name = owner or self._names(key)
                 events.append(
@@ -365,7 +377,7 @@ class HistoryRecorder:
                 )
                 groups[group], keys[key] = group_live + vram, key_live + vram
             elif kind == "plan":
-                _, _, group, (chunks, chunk_length), requests, stack, runs, planned = row
+                _, _, group, chunks, chunk_length, requests, stack, runs, planned = row[:9]
                 detail = f"{requests} request(s), {runs} runs"
                 events.append(
                     HistoryEvent(
@@ -380,10 +392,10 @@ class HistoryRecorder:
                     )
                 )
             elif kind == "regroup":
-                _, _, key, old, new, nbytes = row
+                _, _, key, old, new, nbytes = row[:6]
                 groups[old], groups[new] = groups.get(old, 0) + nbytes, groups.get(new, 0) - nbytes
             else:
-                _, _, group, nbytes, detail, held = row
+                _, _, group, nbytes, detail, held = row[:6]
                 if held is not None:  # a context reset: before it, this was held
                     groups, keys = dict(held[0]), dict(held[1])
                 events.append(HistoryEvent(kind, at, group, nbytes=nbytes, detail=detail))
