@@ -7,6 +7,7 @@ and :meth:`History.load`.
 
 from __future__ import annotations
 
+import array
 import enum
 import json
 import os
@@ -238,10 +239,12 @@ class HistoryRecorder:
         self.dump_on_oom = dump_on_oom
         self.wall_base = time.time() - time.monotonic()
         self.recorded = 0  # rows written so far: the ring holds the last max_entries of them
-        # One flat list of atomic values, _WIDTH slots a row, written in place: no object per event
-        # outlives its call, so a full ring gives the garbage collector nothing new to look at (a
-        # ring of tuples kept its young generation full of them, and cost 1.5x per request on Python 3.12).
+        # Rows are written in place into one flat list, _WIDTH slots a row (time apart, as C doubles):
+        # they refer only to strings and numbers the caller holds already, so no object an event makes
+        # outlives its call. (A ring of tuples kept the collector's young generation full, and a float
+        # per row grew the heap until the ring was full: 1.4-1.7x per request on Python 3.12.)
         self._flat: list[Any] = [None] * (max_entries * _WIDTH)
+        self._times = array.array("d", bytes(8 * max_entries))
         self._ledger = ledger
         self._names = names
 
@@ -253,66 +256,60 @@ class HistoryRecorder:
         return tuple(f"{f.filename}:{f.lineno} in {f.name}" for f in frames if not f.filename.startswith(_PACKAGE))
 
     def _put(self, row: tuple[Any, ...]) -> None:
-        at = (self.recorded % self.max_entries) * _WIDTH
-        self._flat[at : at + len(row)] = row
+        index = self.recorded % self.max_entries
+        self._times[index] = time.monotonic()
+        self._flat[index * _WIDTH : index * _WIDTH + len(row)] = row
         self.recorded += 1
 
-    # One row layout per kind (at most _WIDTH values: strings, numbers, None), decoded by history().
+    # One row layout per kind (at most _WIDTH values; the time slot stays None), decoded by history().
     def plan(self, group: str, plan: ChunkPlan, requests: int) -> None:
         """A batch of ``requests`` requests of ``group`` is about to be allocated with ``plan``."""
         stack = self._stack() if self.stacks else None
-        self._put(
-            (
-                "plan",
-                time.monotonic(),
-                group,
-                plan.chunks,
-                plan.chunk_length,
-                requests,
-                stack,
-                plan.runs,
-                plan.planned_bytes,
-            )
-        )
+        chunks, length, runs, planned = plan.chunks, plan.chunk_length, plan.runs, plan.planned_bytes
+        self._put(("plan", None, group, chunks, length, requests, stack, runs, planned))
 
     def allocated(self, batch: Sequence[Sequence[Allocation]], plan: ChunkPlan) -> None:
         """A batch was handed out with ``plan``: the allocations of each response (one key, one group each)."""
         # never the Allocation itself: it holds the array, and its group changes when it moves
         now, stack = time.monotonic(), self._stack() if self.stacks else None
         chunks, length = plan.chunks, plan.chunk_length
-        flat, size, row = self._flat, self.max_entries, self.recorded
+        flat, times, size, row = self._flat, self._times, self.max_entries, self.recorded
         for allocations in batch:
             if not allocations:
                 continue
             name = self._names(allocations[0].key)
             for a in allocations:
-                at = (row % size) * _WIDTH
+                index = row % size
+                times[index] = now
+                at = index * _WIDTH
                 flat[at : at + _WIDTH] = (
-                    "allocate", now, a.group, a.key, a.label, a.vram, a.kind._value_, name, chunks, length, stack
+                    "allocate", None, a.group, a.key, a.label, a.vram, a.kind._value_, name, chunks, length, stack
                 )  # fmt: skip
                 row += 1
         self.recorded = row
 
     def released(self, allocations: Sequence[Allocation]) -> None:
         """``allocations`` were given back (and are out of the ledger)."""
-        now, flat, size, row = time.monotonic(), self._flat, self.max_entries, self.recorded
+        now, flat, times, size, row = time.monotonic(), self._flat, self._times, self.max_entries, self.recorded
         for a in allocations:
-            at = (row % size) * _WIDTH
-            flat[at : at + 7] = ("release", now, a.group, a.key, a.label, a.vram, a.kind._value_)
+            index = row % size
+            times[index] = now
+            at = index * _WIDTH
+            flat[at : at + 7] = ("release", None, a.group, a.key, a.label, a.vram, a.kind._value_)
             row += 1
         self.recorded = row
 
     def regrouped(self, key: Hashable, old: str, new: str, nbytes: int) -> None:
         """What instance ``key`` holds (``nbytes``) counts in group ``new`` from now on."""
-        self._put(("regroup", time.monotonic(), key, old, new, nbytes))
+        self._put(("regroup", None, key, old, new, nbytes))
 
     def failure(self, group: str, nbytes: int, error: BaseException) -> None:
         """A batch of ``group`` needing ``nbytes`` failed with ``error``."""
-        self._put(("failure", time.monotonic(), group, nbytes, f"{type(error).__name__}: {error}", None))
+        self._put(("failure", None, group, nbytes, f"{type(error).__name__}: {error}", None))
 
     def recovery(self, group: str, nbytes: int, detail: str) -> None:
         """An out-of-memory recovery step for ``group`` freed ``nbytes`` (``detail`` says which)."""
-        self._put(("recovery", time.monotonic(), group, nbytes, detail, None))
+        self._put(("recovery", None, group, nbytes, detail, None))
 
     def reset(self, detail: str, *, context: bool = False) -> None:
         """Peak stats were reset (``detail`` says which), or (``context``) every array is about to be forgotten.
@@ -323,7 +320,7 @@ class HistoryRecorder:
         if context:
             held = (dict(self._ledger.live_by_group), dict(self._ledger.live_by_key))
             detail = f"context: {detail}"
-        self._put(("reset", time.monotonic(), None, 0, detail, held))
+        self._put(("reset", None, None, 0, detail, held))
 
     def history(self) -> History:
         """The events so far, as a :class:`History`.
@@ -331,11 +328,11 @@ class HistoryRecorder:
         A release is named after the instance that allocated it; if that allocation has left
         the ring, after the instance registered under its key now.
         """
-        flat, size = self._flat, self.max_entries
-        rows = [
-            tuple(flat[(row % size) * _WIDTH : (row % size + 1) * _WIDTH])
-            for row in range(self.recorded - len(self), self.recorded)
-        ]
+        flat, times, size = self._flat, self._times, self.max_entries
+        rows: list[tuple[Any, ...]] = []
+        for written in range(self.recorded - len(self), self.recorded):
+            index = written % size
+            rows.append((flat[index * _WIDTH], times[index], *flat[index * _WIDTH + 2 : (index + 1) * _WIDTH]))
         names: dict[Hashable, str] = {}
         released_by: list[str | None] = []  # a release takes the name its key had when it allocated
         for row in rows:
