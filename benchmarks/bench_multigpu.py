@@ -114,7 +114,7 @@ class Lane:
     async def job(self) -> None:
         mgr, w = self.mgr, self.w
         async with mgr.request(self, requests(w)) as response:
-            async for chunk in walk_chunks(mgr, self, response, inputs={"x": self.host_x}, outputs={"y": self.host_y}):
+            async for chunk in walk_chunks(response, inputs={"x": self.host_x}, outputs={"y": self.host_y}):
                 if chunk.index == 0 and w.iters:
                     self.located.add(device_of(chunk.device["x"]))
                 self.kernel.launch(mgr, chunk.stream, chunk.device["x"], chunk.device["y"])

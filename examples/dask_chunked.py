@@ -34,7 +34,7 @@ async def scale(index: int, piece: np.ndarray) -> tuple[str, int, np.ndarray]:
     out = mgr.create_host_array(piece.shape, piece.dtype)
     requests = {"x": ArrayRequest(piece.shape, piece.dtype), "y": ArrayRequest(piece.shape, piece.dtype)}
     async with mgr.request(scaler, requests) as response:
-        async for chunk in walk_chunks(mgr, scaler, response, inputs={"x": piece}, outputs={"y": out}):
+        async for chunk in walk_chunks(response, inputs={"x": piece}, outputs={"y": out}):
             with mgr.on_device(), aiocubie.current_cupy_stream(chunk.stream):
                 chunk.device["y"][...] = chunk.device["x"] * 2 + 1
     mgr.unregister(scaler)

@@ -30,7 +30,7 @@ class Stage:
         x = np.ones((8, runs), np.float32)
         request = {"x": ArrayRequest(x.shape, x.dtype, chunk_axis=1)}
         async with mgr.request(self, request) as response:
-            async for _ in walk_chunks(mgr, self, response, inputs={"x": x}):
+            async for _ in walk_chunks(response, inputs={"x": x}):
                 await anyio.sleep(0.002)  # the kernel's time
 
 

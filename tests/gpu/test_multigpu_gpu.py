@@ -111,7 +111,7 @@ async def test_manager_on_device1_serves_walks_with_kernels(device1: Any) -> Non
         requests = {"x": ArrayRequest((runs,), np.float32, chunk_axis=0)}
         async with mgr.request(solver, requests) as response:
             assert response.chunks > 1
-            async for chunk in walk_chunks(mgr, solver, response, inputs={"x": host}, outputs={"x": out}):
+            async for chunk in walk_chunks(response, inputs={"x": host}, outputs={"x": out}):
                 with mgr.on_device(), current_cupy_stream(chunk.stream):
                     assert cupy.cuda.runtime.getDevice() == 1
                     x = chunk.device["x"]
