@@ -422,6 +422,7 @@ class GroupScheduler:
         """
         account = self._account
         stream = self.group.stream
+        hook_calls = account.recovery.hook_calls
         try:
             responses, event = account.allocate([(t.key, t.requests) for t in batch], self.name, plan, stream)
         except AllocationError:
@@ -431,9 +432,12 @@ class GroupScheduler:
             if retry and account.free_memory(fresh=True) < cached:
                 return False
             raise
-        if any(not t.pending for t in batch) or len(self._planning) != len(batch):
+        if account.recovery.hook_calls != hook_calls and (
+            any(not t.pending for t in batch) or len(self._planning) != len(batch)
+        ):
             # a reclaim hook, called while the batch was allocated, unregistered or moved a
             # member: its tickets ended or left this group, so what they were given goes back
+            # (nothing else runs user code during an allocation: a batch no hook ran for skips this)
             ours = {id(t) for t in self._planning}
             kept = [(t, r) for t, r in zip(batch, responses) if t.pending and id(t) in ours]
             for ticket, response in zip(batch, responses):
