@@ -398,9 +398,25 @@ async def run_stream(
         rows.append({"job": f"stream {label}", "hand_s": h, "aiocubie_s": a, "host_cpu_us_per_batch": host_us})
 
 
-_ACTIVATION = re.compile(
-    r"activate|set_current|on_device|make_current|_current_device|cuCtx(Push|Pop|SetCurrent|GetCurrent)"
-)
+_ACTIVATION = re.compile(r"activate|set_current|on_device|make_current|cuCtx(Push|Pop|SetCurrent|GetCurrent)")
+
+
+def _activation_seconds(stats: pstats.Stats) -> float:
+    """Host seconds spent making the device current: the activation functions' own time, and the time of
+    what they call directly (the driver calls of a context push and pop)."""
+    table = stats.stats  # type: ignore[attr-defined]
+
+    def activating(func: tuple[str, int, str]) -> bool:
+        file, _line, name = func
+        return bool(_ACTIVATION.search(name)) or (name in ("push", "pop") and "cudadrv" in file)
+
+    seconds = 0.0
+    for func, (_cc, _nc, tt, _ct, callers) in table.items():
+        if activating(func):
+            seconds += tt
+        else:
+            seconds += sum(entry[2] for caller, entry in callers.items() if activating(caller))
+    return seconds
 
 
 async def profile_stream(kit: Any, mgr: MemoryManager, batch: int, batches: int, out: Path) -> dict[str, Any]:
