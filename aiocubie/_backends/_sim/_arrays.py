@@ -1,15 +1,13 @@
-"""The simulator's device arrays: numpy memory that behaves like the GPU's arrays of each type.
+"""The simulator's arrays: numpy memory that behaves like the GPU's arrays of each type.
 
 ``SimCupyArray`` models ``cupy.ndarray`` (arithmetic, ``.get()``, no implicit conversion to
-numpy); ``sim_numba_array`` wraps numba's simulator array so it behaves like a numba
-``DeviceNDArray`` (``copy_to_host``, no arithmetic). Host reads wait for work queued on the
-array's stream, as the GPU's legacy default stream does. It must not import numba.cuda
-before a numba array is asked for (that would fix numba's choice of simulator or GPU).
+numpy); numba's ``DeviceNDArray`` model lives in ``_numba_model`` (the numba extra). Host reads
+wait for work queued on the array's stream, as the GPU's legacy default stream does. It must not
+import numba: a numba array is made only when asked for, by the maker that needs it.
 """
 
 from __future__ import annotations
 
-import functools
 import operator
 import threading
 from collections.abc import Callable, Iterator
@@ -17,7 +15,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["SimCupyArray", "host_data", "sim_array", "sim_numba_array"]
+from ..._requests import MemoryKind
+from .._arrays import ArrayMaker, parse_array_type
+from .._device import StreamLike
+from .._resource import Block
+
+__all__ = ["SimArrays", "SimCupyArray", "cuda_array_interface", "host_data", "in_simulated_kernel", "sync"]
+
 
 _IMPLICIT = (
     "Implicit conversion to a NumPy array is not allowed. Please use `.get()` to construct a NumPy array "
@@ -31,19 +35,19 @@ class _Stream(Protocol):
     def synchronize(self) -> None: ...
 
 
-def _in_simulated_kernel() -> bool:
+def in_simulated_kernel() -> bool:
     # numba's CUDA simulator runs each GPU thread of a kernel as a BlockThread. Inside a kernel,
     # arrays are indexed element by element, as on a GPU, and must not wait for their stream
     # (the kernel itself may be the stream's current work).
     return type(threading.current_thread()).__name__ == "BlockThread"
 
 
-def _sync(stream: _Stream | None) -> None:
-    if stream is not None and not _in_simulated_kernel():
+def sync(stream: _Stream | None) -> None:
+    if stream is not None and not in_simulated_kernel():
         stream.synchronize()
 
 
-def _cuda_array_interface(data: np.ndarray[Any, Any], stream: _Stream | None) -> dict[str, Any]:
+def cuda_array_interface(data: np.ndarray[Any, Any], stream: _Stream | None) -> dict[str, Any]:
     """Version 3 of the CUDA array interface, with the stream the data is ordered on."""
     return {
         "shape": data.shape,
@@ -108,7 +112,7 @@ class SimCupyArray:
         self._stream = stream
 
     def _host(self) -> np.ndarray[Any, Any]:
-        _sync(self._stream)
+        sync(self._stream)
         return self._data
 
     def _wrap(self, value: Any) -> Any:
@@ -133,7 +137,7 @@ class SimCupyArray:
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        return _cuda_array_interface(self._data, self._stream)
+        return cuda_array_interface(self._data, self._stream)
 
     def __dlpack__(self, **kwargs: Any) -> Any:
         # On the simulator the memory is host memory: consumers (torch.from_dlpack) see a CPU tensor.
@@ -178,7 +182,7 @@ class SimCupyArray:
 
     # -- indexing --------------------------------------------------------------------------
     def __getitem__(self, key: Any) -> Any:
-        if _in_simulated_kernel():
+        if in_simulated_kernel():
             return self._data[_operand(key)]  # elements are scalars inside a kernel
         data = self._host()
         key = _operand(key)
@@ -192,7 +196,7 @@ class SimCupyArray:
             value = value._host()
         elif isinstance(value, np.ndarray) and value.ndim:  # CuPy's own refusal: use .set() for host data
             raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
-        _host = self._data if _in_simulated_kernel() else self._host()
+        _host = self._data if in_simulated_kernel() else self._host()
         _host[_operand(key)] = value
 
     def __len__(self) -> int:
@@ -301,99 +305,6 @@ for _name in (
     setattr(SimCupyArray, _name, _method(_name))
 
 
-# -- numba's device arrays -----------------------------------------------------------------
-
-
-@functools.cache
-def _sim_numba_class() -> type[Any]:
-    """numba's simulator array, made to refuse what a numba ``DeviceNDArray`` refuses."""
-    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
-
-    allowed = frozenset({"dtype", "ndim", "size", "strides", "itemsize", "squeeze"})
-
-    def refuse(self: Any, other: Any) -> Any:
-        return NotImplemented  # Python then raises "unsupported operand type(s)", as on a GPU
-
-    class SimNumbaArray(FakeCUDAArray):
-        """A numba ``DeviceNDArray`` model: kernels take it; no arithmetic; copy_to_host reads it."""
-
-        __hash__ = object.__hash__
-        __eq__ = object.__eq__
-        __ne__ = object.__ne__
-        __lt__ = __le__ = __gt__ = __ge__ = refuse
-        __add__ = __sub__ = __mul__ = __truediv__ = __floordiv__ = __mod__ = __pow__ = __matmul__ = refuse
-
-        def __getattr__(self, name: str) -> Any:
-            if name in allowed and not name.startswith("_"):
-                return getattr(self._ary, name)
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-        @property
-        def shape(self) -> tuple[int, ...]:
-            return tuple(self._ary.shape)
-
-        @property
-        def flags(self) -> dict[str, bool]:
-            return {
-                "C_CONTIGUOUS": bool(self._ary.flags.c_contiguous),
-                "F_CONTIGUOUS": bool(self._ary.flags.f_contiguous),
-            }
-
-        @property
-        def __cuda_array_interface__(self) -> dict[str, Any]:
-            return _cuda_array_interface(self._ary, self.stream or None)
-
-        def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray[Any, Any]:
-            host: np.ndarray[Any, Any] = self.copy_to_host()
-            return host.astype(dtype, copy=False) if dtype is not None else host
-
-        def _view(self, ary: np.ndarray[Any, Any]) -> Any:
-            return SimNumbaArray(ary, self.stream)
-
-        def __getitem__(self, idx: Any) -> Any:
-            _sync(self.stream or None)
-            value = self._ary[idx]
-            return self._view(value) if isinstance(value, np.ndarray) else value
-
-        def __setitem__(self, idx: Any, value: Any) -> None:
-            _sync(self.stream or None)
-            self._ary[idx] = value
-
-        def copy_to_host(self, ary: Any = None, stream: Any = 0) -> Any:
-            _sync(self.stream or None)
-            return super().copy_to_host(ary, stream)
-
-        def bind(self, stream: Any = 0) -> Any:
-            return SimNumbaArray(self._ary, stream)
-
-        def transpose(self, axes: Any = None) -> Any:
-            return self._view(np.transpose(self._ary, axes=axes))
-
-        def ravel(self, *args: Any, **kwargs: Any) -> Any:
-            return self._view(self._ary.ravel(*args, **kwargs))
-
-        def reshape(self, *args: Any, **kwargs: Any) -> Any:
-            return self._view(self._ary.reshape(*args, **kwargs))
-
-        def view(self, *args: Any, **kwargs: Any) -> Any:
-            return self._view(self._ary.view(*args, **kwargs))
-
-        def split(self, section: int, stream: Any = 0) -> list[Any]:
-            return [self._view(a) for a in np.split(self._ary, range(section, len(self), section))]
-
-    return SimNumbaArray
-
-
-def sim_numba_array(data: np.ndarray[Any, Any], stream: Any) -> Any:
-    """A numba ``DeviceNDArray`` model over ``data``, ordered on ``stream``."""
-    return _sim_numba_class()(data, stream)
-
-
-def sim_array(data: np.ndarray[Any, Any], array_type: str, stream: Any) -> Any:
-    """The simulator's array of ``array_type`` (``"cupy"`` or ``"numba"``) over ``data``."""
-    return SimCupyArray(data, stream) if array_type == "cupy" else sim_numba_array(data, stream)
-
-
 def host_data(array: Any) -> np.ndarray[Any, Any]:
     """The numpy memory behind any simulator array (numpy arrays are their own)."""
     if isinstance(array, np.ndarray):
@@ -404,3 +315,33 @@ def host_data(array: Any) -> np.ndarray[Any, Any]:
     if isinstance(data, np.ndarray):
         return data
     raise TypeError(f"not an array of the simulator: {type(array).__name__}")
+
+
+class SimArrays(ArrayMaker):
+    """The simulator's arrays over its blocks: numpy for host kinds, the array type's model otherwise.
+
+    Parameters
+    ----------
+    array_type : {"cupy", "numba"}, optional
+        ``"cupy"`` (None, the default): :class:`SimCupyArray`; ``"numba"``: numba's simulator
+        array made to behave as a ``DeviceNDArray`` (needs numba: the numba extra).
+
+    Raises
+    ------
+    ConfigurationError
+        For an unknown array type, or ``"numba"`` without numba installed.
+    """
+
+    def __init__(self, array_type: str | None = None) -> None:
+        self.name = parse_array_type(array_type)
+        self._device_array: Callable[[np.ndarray[Any, Any], Any], Any] = SimCupyArray
+        if self.name == "numba":
+            from ._numba_model import numba_model
+
+            self._device_array = numba_model()
+
+    def make(self, block: Block, shape: tuple[int, ...], dtype: np.dtype[Any], stream: StreamLike | None) -> Any:
+        data = block.handle.view(dtype).reshape(shape)
+        if block.kind is MemoryKind.HOST or block.kind is MemoryKind.PINNED:
+            return data
+        return self._device_array(data, stream)

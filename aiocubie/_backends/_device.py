@@ -1,0 +1,226 @@
+"""The device protocol: streams, events, copies, fills, memory readings, managed memory, activation.
+
+A :class:`Device` is one GPU (or the simulator's model of one). It hands out no device memory
+itself: a :class:`~aiocubie._backends._resource.MemoryResource` does (:meth:`Device.create_resource`).
+Devices are synchronous and called from the event-loop thread; only event callbacks run elsewhere.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+import attrs
+import numpy as np
+
+from .._errors import UnknownAllocatorError, shown
+from .._requests import MemoryKind
+from ._staging import PinnedPool
+
+if TYPE_CHECKING:
+    from ._resource import MemoryResource
+
+__all__ = ["ALLOCATORS", "Advice", "Device", "Event", "MemoryInfo", "StreamLike"]
+
+#: Resource names (``allocator=``): ``"default"`` is the device's own choice
+#: (:attr:`Device.default_resource`); ``"driver"`` the device's stream-ordered pool
+#: (cuMemAllocAsync); ``"cupy"`` / ``"cupy_async"`` CuPy's MemoryPool / MemoryAsyncPool;
+#: ``"numba"`` numba's own memory manager (the numba extra).
+ALLOCATORS = ("default", "driver", "cupy", "cupy_async", "numba")
+
+#: Managed-memory advice (seed 004).
+Advice = Literal["preferred_location", "accessed_by", "read_mostly"]
+
+
+@runtime_checkable
+class StreamLike(Protocol):
+    """A stream: anything with ``__cuda_stream__`` (cuda.core's ``IsStreamT``), the simulator's too."""
+
+    def __cuda_stream__(self) -> tuple[int, int]: ...
+
+
+@attrs.frozen
+class MemoryInfo:
+    """Device memory in bytes, as the driver reports it.
+
+    Blocks a pool caches count as used here; the device account adds its resource stack's
+    cached bytes when it plans (``DeviceAccount.memory_info``).
+    """
+
+    free: int
+    total: int
+
+
+class Event(abc.ABC):
+    """A point in a stream: done once all work queued on the stream before it is done."""
+
+    @abc.abstractmethod
+    def query(self) -> bool:
+        """True once the event has completed. Never blocks."""
+
+    @abc.abstractmethod
+    def synchronize(self) -> None:
+        """Block the calling thread until the event completes (for worker threads and tests)."""
+
+    @abc.abstractmethod
+    def add_done_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once when the event completes, from any thread.
+
+        If the event is already complete the callback may run at once, on the calling thread.
+        The callback must be quick and must not call into the device library.
+        """
+
+
+class Device(abc.ABC):
+    """One device: streams, events, copies and fills, memory readings, managed memory.
+
+    Attributes
+    ----------
+    name : str
+        ``"simulator"`` or ``"cuda"``.
+    device_id : int
+        The device's id among those the process sees (0: the first).
+    device_name : str
+        Human-readable device name.
+    granule : int
+        Bytes the planner keeps free for allocator rounding and fragmentation.
+    resources : tuple of str
+        The resource names (:data:`ALLOCATORS`, less ``"default"``) this device can make here.
+    default_resource : str
+        What ``"default"`` names on this device.
+    """
+
+    name: str
+    device_id: int = 0
+    device_name: str
+    granule: int
+    resources: tuple[str, ...]
+    default_resource: str
+
+    # -- memory resources -------------------------------------------------------------------
+    def create_resource(self, name: str) -> MemoryResource:
+        """A new memory resource ``name`` (one of :data:`ALLOCATORS`) on this device.
+
+        Raises
+        ------
+        UnknownAllocatorError
+            For a name not in :data:`ALLOCATORS`, or one this device cannot make here (the
+            message says what is missing and what to install).
+        """
+        if not isinstance(name, str) or name not in ALLOCATORS:
+            raise UnknownAllocatorError(f"unknown allocator {shown(name)}: use one of {', '.join(map(repr, ALLOCATORS))}")
+        if name == "default":
+            name = self.default_resource
+        return self._create_resource(name)
+
+    @abc.abstractmethod
+    def _create_resource(self, name: str) -> MemoryResource:
+        """The resource ``name`` (a name of :data:`ALLOCATORS` other than ``"default"``)."""
+
+    # -- memory -----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def memory_info(self) -> MemoryInfo:
+        """Free and total device memory, as the driver reports them. May cost tens of microseconds."""
+
+    @abc.abstractmethod
+    def host_array(self, shape: tuple[int, ...], dtype: np.dtype[Any], kind: MemoryKind) -> np.ndarray[Any, Any]:
+        """A zeroed numpy array of host memory: ``pinned`` (page-locked) or ``host`` (pageable).
+
+        Raises
+        ------
+        InvalidRequestError
+            For any other kind.
+        AllocationError
+            When the host has not that much memory.
+        """
+
+    @abc.abstractmethod
+    def is_pinned(self, array: Any) -> bool:
+        """True if host ``array`` (or the array it views) is page-locked, so copies from and
+        to it can run asynchronously on a copy engine."""
+
+    @property
+    def pinned_pool(self) -> PinnedPool:
+        """The device's pool of page-locked staging buffers (made on first use)."""
+        pool: PinnedPool | None = self.__dict__.get("_pinned_pool")
+        if pool is None:
+            pool = self.__dict__["_pinned_pool"] = PinnedPool(self._allocate_pinned)
+        return pool
+
+    def _allocate_pinned(self, nbytes: int) -> np.ndarray[Any, Any]:
+        return self.host_array((nbytes,), np.dtype(np.uint8), MemoryKind.PINNED)
+
+    # -- streams, events, copies ------------------------------------------------------------
+    @abc.abstractmethod
+    def create_stream(self) -> StreamLike:
+        """A new stream (a :class:`StreamLike`). Work on one stream completes in the order queued."""
+
+    @abc.abstractmethod
+    def record_event(self, stream: StreamLike) -> Event:
+        """Record an event on ``stream`` after everything queued so far.
+
+        Raises
+        ------
+        BackendError
+            If the event cannot be recorded.
+        """
+
+    @abc.abstractmethod
+    def wait_event(self, stream: StreamLike, event: Event) -> None:
+        """Make work queued on ``stream`` from now on wait until ``event`` completes.
+
+        The host does not wait. ``event`` is one this device recorded, on any stream; what is
+        recorded on it later does not change what ``stream`` waits for.
+
+        Raises
+        ------
+        BackendError
+            If the wait cannot be queued.
+        """
+
+    @abc.abstractmethod
+    def copy(self, src: Any, dst: Any, stream: StreamLike, *, tag: object = None) -> None:
+        """Queue a copy from array ``src`` to array ``dst`` (any kinds) on ``stream``.
+
+        ``tag`` names the copy for a device that keeps a timeline (the simulator's); others
+        ignore it.
+
+        Raises
+        ------
+        BackendError
+            On mismatched shapes or dtypes, non-contiguous arrays, or a failed copy.
+        """
+
+    @abc.abstractmethod
+    def zero(self, array: Any, stream: StreamLike) -> None:
+        """Queue a fill of ``array`` (any kind this device's resources and array makers made) with zeros."""
+
+    # -- managed memory ---------------------------------------------------------------------
+    @abc.abstractmethod
+    def prefetch(self, array: Any, device: int | None, stream: StreamLike) -> None:
+        """Queue a prefetch of managed ``array`` to ``device`` (None: the CPU) on ``stream``."""
+
+    @abc.abstractmethod
+    def advise(self, array: Any, advice: Advice, device: int | None) -> None:
+        """Give managed-memory ``advice`` for ``array`` about ``device`` (None: the CPU)."""
+
+    # -- context ----------------------------------------------------------------------------
+    def activate(self) -> contextlib.AbstractContextManager[Any]:
+        """A context manager that makes this device current in the calling thread.
+
+        Kernels and CuPy work on this device's arrays need it current; cheap when it already
+        is. A device with nothing to switch (the simulator) returns a null context.
+        """
+        return contextlib.nullcontext()
+
+    @abc.abstractmethod
+    def reset(self) -> None:
+        """Reset the context: every array, block and stream handed out before is invalid.
+
+        Resources made before must not be used afterwards; the account makes a new one.
+        """
+
+    def close(self) -> None:  # noqa: B027 - optional: a device that holds nothing need not override it
+        """Release what the device holds (threads, pools). Idempotent."""

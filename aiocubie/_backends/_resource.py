@@ -1,0 +1,119 @@
+"""The memory-resource protocol: blocks of memory of a kind, ordered on a stream, and adaptors over them.
+
+As RMM and cuda.core draw it: a resource is ``allocate`` / ``deallocate``; pools, fault
+injection and the like are adaptors wrapping an upstream resource, and an adaptor that is off
+is not in the stack. A resource knows bytes, not shapes or array types (an ``ArrayMaker`` does),
+and nothing of budgets or ledgers (the device account does).
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import attrs
+
+from .._requests import MemoryKind
+from .._stats import PoolFacts
+from ._device import StreamLike
+
+__all__ = ["Block", "MemoryResource", "PoolFacts", "ResourceAdaptor"]
+
+
+@attrs.frozen(slots=True, eq=False)
+class Block:
+    """Memory a resource handed out.
+
+    Attributes
+    ----------
+    ptr : int
+        Its address: a device address, or a host one for host kinds (0 for an empty block).
+    nbytes : int
+        Its size in bytes, as asked for.
+    kind : MemoryKind
+        The kind of memory.
+    stream : StreamLike or None
+        The stream it was allocated on; a stream-ordered free goes there.
+    handle : object
+        What keeps the memory alive (a cuda.core ``Buffer``, a CuPy ``MemoryPointer``, the
+        simulator's numpy buffer). An array made over the block holds it: the memory goes
+        back when the last array over it goes, even after :meth:`MemoryResource.deallocate`.
+    """
+
+    ptr: int
+    nbytes: int
+    kind: MemoryKind
+    stream: StreamLike | None
+    handle: Any
+
+
+class MemoryResource(abc.ABC):
+    """Where blocks come from.
+
+    Attributes
+    ----------
+    name : str
+        The name that made it (one of ``ALLOCATORS``, ``"default"`` resolved), also for an
+        adaptor stack: the base resource's name.
+    """
+
+    name: str
+
+    @abc.abstractmethod
+    def allocate(self, nbytes: int, kind: MemoryKind, stream: StreamLike | None) -> Block:
+        """A block of ``nbytes`` bytes (0 allowed) of ``kind``, ordered on ``stream``.
+
+        ``stream`` may be None for the host kinds (``host``, ``pinned``).
+
+        Raises
+        ------
+        OutOfMemoryError
+            When the device (or pool) has no room: the caller may release cached blocks
+            (:meth:`release_cached`) and try again.
+        AllocationError
+            When it fails otherwise (the host is out of memory, an injected fault fires,
+            managed memory beyond what is free is refused).
+        """
+
+    @abc.abstractmethod
+    def deallocate(self, block: Block) -> None:
+        """Give ``block`` back, ordered on the stream it was allocated on.
+
+        The caller drops its references to the block and to arrays over it; arrays others
+        still hold keep the memory alive (see :class:`Block`). Each block is deallocated once:
+        a second time is a bug the simulator reports loudly (``BackendError``).
+        """
+
+    @abc.abstractmethod
+    def release_cached(self) -> int:
+        """Give the blocks a pool caches back to the device; the bytes this made free (0: none or unknown)."""
+
+    @abc.abstractmethod
+    def pool_facts(self) -> PoolFacts:
+        """Bytes the pool holds, bytes in use, the largest cached block (None where unknown)."""
+
+
+class ResourceAdaptor(MemoryResource):
+    """A resource wrapping ``upstream``: each method passes through unless the adaptor overrides it.
+
+    Parameters
+    ----------
+    upstream : MemoryResource
+        The resource it adds to.
+    """
+
+    def __init__(self, upstream: MemoryResource) -> None:
+        self.upstream = upstream
+        self.name = upstream.name
+
+    def allocate(self, nbytes: int, kind: MemoryKind, stream: StreamLike | None) -> Block:
+        return self.upstream.allocate(nbytes, kind, stream)
+
+    def deallocate(self, block: Block) -> None:
+        self.upstream.deallocate(block)
+
+    def release_cached(self) -> int:
+        return self.upstream.release_cached()
+
+    def pool_facts(self) -> PoolFacts:
+        return self.upstream.pool_facts()

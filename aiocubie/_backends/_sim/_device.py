@@ -1,0 +1,281 @@
+"""The simulator's device: streams, events, engines with a timeline, copies, managed memory, faults.
+
+It models the engines (a compute engine per stream, one copy engine per direction, each with a
+bandwidth and a per-operation latency, logged on a timeline) and the device's memory readings;
+memory itself comes from its resources (``_memory``). It imports neither numba nor CuPy.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+import math
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import numpy as np
+
+from ..._errors import BackendError, ConfigurationError, InvalidRequestError, UnknownAllocatorError, shown
+from ..._requests import MemoryKind, check_device
+from .._device import Advice, Device, Event, MemoryInfo
+from .._resource import MemoryResource
+from ._arrays import host_data
+from ._faults import Faults, count
+from ._memory import SimFaults, SimMemory, SimPool, SimState, host_memory
+from ._streams import SimEvent, SimStream
+
+__all__ = ["TIMELINE_LENGTH", "Engines", "SimDevice", "TimelineEntry"]
+
+@attrs.frozen
+class Engines:
+    """How long the simulated engines take (see :class:`SimulatorBackend`).
+
+    Parameters
+    ----------
+    h2d_bandwidth, d2h_bandwidth : float
+        Bytes per second of the host-to-device and device-to-host copy engines (``inf``:
+        copies take no time). Each direction has one engine: copies in one direction run
+        one at a time, whatever their stream; the two directions run at once.
+    copy_latency : float
+        Seconds each copy holds its engine before moving data.
+    kernel_latency : float
+        Seconds each :meth:`SimulatorBackend.launch` takes beyond its own ``duration``.
+    """
+
+    h2d_bandwidth: float = math.inf
+    d2h_bandwidth: float = math.inf
+    copy_latency: float = 0.0
+    kernel_latency: float = 0.0
+
+    def __attrs_post_init__(self) -> None:
+        if not (
+            self.h2d_bandwidth > 0 and self.d2h_bandwidth > 0 and self.copy_latency >= 0 and self.kernel_latency >= 0
+        ):
+            raise ConfigurationError(f"bad engine model {self}: bandwidths must be > 0 bytes/s and latencies >= 0 s")
+
+
+@attrs.frozen
+class TimelineEntry:
+    """One operation an engine ran: ``start`` and ``end`` are ``time.perf_counter()`` readings.
+
+    ``engine`` is ``"h2d"``, ``"d2h"`` or ``"compute:<stream id>"``; ``op`` is ``"copy"`` or
+    ``"kernel"``; ``tag`` is what the caller passed (walks pass ``("in" or "out", chunk, label)``).
+    """
+
+    engine: str
+    op: str
+    start: float
+    end: float
+    tag: object
+
+    def overlaps(self, other: TimelineEntry) -> bool:
+        """True if the two operations ran at the same time for a while."""
+        return self.start < other.end and other.start < self.end
+
+
+#: Timeline entries a simulator keeps (the most recent ones).
+TIMELINE_LENGTH = 1 << 16
+
+#: The resources the simulator models, and whether each keeps freed device blocks cached.
+_POOLED = {"driver": False, "cupy": True, "cupy_async": True, "numba": False}
+
+
+class SimDevice(Device):
+    """A CPU model of one CUDA device (see :class:`~aiocubie.SimulatorBackend` for the parameters).
+
+    Attributes
+    ----------
+    faults : Faults
+        Allocation, event, copy and prefetch failures to inject.
+    state : SimState
+        The device's memory, shared by the resources it makes.
+    timeline : collections.deque of TimelineEntry
+        The copies and kernels the engines ran, in the order they ended (the most recent
+        :data:`TIMELINE_LENGTH`).
+    resets : int
+        Context resets so far.
+    """
+
+    name = "simulator"
+    resources = tuple(_POOLED)
+    default_resource = "driver"
+
+    def __init__(
+        self, state: SimState, *, latency: float, granule: int, engines: Engines, device: int, devices: int
+    ) -> None:
+        self.state = state
+        self.latency = latency
+        self.granule = granule
+        self.engines = engines
+        self.device_id, self.devices = device, devices
+        self.device_name = f"aiocubie simulator device {device} of {devices} ({state.total:,} bytes)"
+        self.faults = Faults()
+        self.resets = 0
+        self.timeline: collections.deque[TimelineEntry] = collections.deque(maxlen=TIMELINE_LENGTH)
+        self._copy_engines = {"h2d": threading.Lock(), "d2h": threading.Lock()}
+        self._streams: weakref.WeakSet[SimStream] = weakref.WeakSet()  # closed on reset; not kept alive
+
+    # -- memory ---------------------------------------------------------------------------
+    def _create_resource(self, name: str) -> MemoryResource:
+        if name == "numba" and importlib.util.find_spec("numba") is None:  # found, not imported
+            raise UnknownAllocatorError(
+                "allocator 'numba' is numba's own memory manager, and numba is not installed: "
+                "pip install 'aiocubie[numba]', or use another allocator"
+            )
+        memory = SimMemory(self.state, name)
+        return SimFaults(SimPool(memory, name) if _POOLED[name] else memory, self.faults)
+
+    def memory_info(self) -> MemoryInfo:
+        return MemoryInfo(free=self.state.free, total=self.state.total)
+
+    def occupy(self, nbytes: int) -> None:
+        """Pretend another process took (positive) or released (negative) ``nbytes``."""
+        state = self.state
+        if not count(nbytes, -state.reserved) or nbytes > state.free:
+            raise ConfigurationError(
+                f"cannot occupy {shown(nbytes)} bytes: pass an int from {-state.reserved} to {state.free} "
+                f"({self.memory_info()}, {sum(state.cached)} bytes cached in the pool)"
+            )
+        state.reserved += nbytes
+
+    def host_array(self, shape: tuple[int, ...], dtype: np.dtype[Any], kind: MemoryKind) -> np.ndarray[Any, Any]:
+        kind = MemoryKind(kind)
+        if kind not in (MemoryKind.PINNED, MemoryKind.HOST):
+            raise InvalidRequestError(f"host arrays are 'pinned' or 'host', not {kind.value!r}")
+        dtype = np.dtype(dtype)
+        data = host_memory(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, kind)
+        data.fill(0)
+        if kind is MemoryKind.PINNED:
+            self.state.pinned[id(data)] = data
+        return data.view(dtype).reshape(shape)
+
+    def is_pinned(self, array: Any) -> bool:
+        """True for host arrays made ``pinned`` here, and views of them."""
+        pinned = self.state.pinned
+        while isinstance(array, np.ndarray):
+            if pinned.get(id(array)) is array:
+                return True
+            array = array.base
+        return False
+
+    # -- streams, events, copies ----------------------------------------------------------
+    def create_stream(self) -> SimStream:
+        stream = SimStream(self.latency)
+        self._streams.add(stream)
+        return stream
+
+    def record_event(self, stream: SimStream) -> SimEvent:  # type: ignore[override]
+        if self.faults.check("record_event"):
+            raise BackendError(f"injected fault: recording an event on {stream}")
+        event = SimEvent()
+        stream.enqueue(event.complete)
+        return event
+
+    def wait_event(self, stream: SimStream, event: Event) -> None:  # type: ignore[override]
+        if not event.query():
+            stream.enqueue(event.synchronize)
+
+    def zero(self, array: Any, stream: SimStream) -> None:  # type: ignore[override]
+        data = host_data(array)
+        stream.enqueue(lambda: data.fill(0))
+
+    def launch(
+        self, stream: SimStream, work: Callable[[], None] | None = None, *, duration: float = 0.0, tag: object = None
+    ) -> None:
+        """Queue a kernel on ``stream``: ``work()`` runs on the stream's compute engine in order.
+
+        The kernel takes ``duration`` seconds plus the engines' ``kernel_latency``, and is
+        logged on :attr:`timeline` with ``tag``. A test's or demo's stand-in for a GPU launch.
+        """
+        cost = duration + self.engines.kernel_latency
+        engine = f"compute:{stream.id}"
+        timeline = self.timeline
+
+        def run() -> None:
+            start = time.perf_counter()
+            if cost:
+                time.sleep(cost)
+            if work is not None:
+                work()
+            timeline.append(TimelineEntry(engine, "kernel", start, time.perf_counter(), tag))
+
+        stream.enqueue(run)
+
+    def copy(self, src: Any, dst: Any, stream: SimStream, *, tag: object = None) -> None:
+        if getattr(src, "shape", None) != getattr(dst, "shape", None) or getattr(src, "dtype", None) != getattr(
+            dst, "dtype", None
+        ):
+            raise BackendError(
+                f"cannot copy {getattr(src, 'shape', '?')} {getattr(src, 'dtype', '?')} into "
+                f"{getattr(dst, 'shape', '?')} {getattr(dst, 'dtype', '?')}: shapes and dtypes must match"
+            )
+        source, target = src, dst
+        try:
+            src, dst = host_data(src), host_data(dst)
+        except TypeError as exc:
+            raise BackendError(f"cannot copy: {exc}") from exc
+        if not dst.flags.writeable:
+            raise BackendError(f"cannot copy into a read-only {dst.shape} array: pass a writable one")
+        if not (src.flags.c_contiguous and dst.flags.c_contiguous):  # as on a GPU: one block each
+            raise BackendError(
+                f"cannot copy between a {'non-' * (not src.flags.c_contiguous)}contiguous source and a "
+                f"{'non-' * (not dst.flags.c_contiguous)}contiguous target of shape {dst.shape}: "
+                "copy through np.ascontiguousarray (walk_chunks does)"
+            )
+        if self.faults.check("copy"):
+            raise BackendError(f"injected fault: copying {src.nbytes} bytes on {stream}")
+        src_host, dst_host = isinstance(source, np.ndarray), isinstance(target, np.ndarray)
+        direction = "h2d" if src_host and not dst_host else "d2h" if dst_host and not src_host else None
+        engines = self.engines
+        bandwidth = engines.h2d_bandwidth if direction == "h2d" else engines.d2h_bandwidth
+        cost = engines.copy_latency + src.nbytes / bandwidth if direction else 0.0
+        if direction is None:  # device to device or host to host: the stream's own engine
+            stream.enqueue(lambda: np.copyto(dst, src))
+            return
+        lock, timeline = self._copy_engines[direction], self.timeline
+
+        def run() -> None:
+            with lock:  # one engine per direction
+                start = time.perf_counter()
+                if cost:
+                    time.sleep(cost)
+                np.copyto(dst, src)
+                end = time.perf_counter()
+            timeline.append(TimelineEntry(direction, "copy", start, end, tag))
+
+        stream.enqueue(run)
+
+    def _check_location(self, device: int | None) -> None:
+        """Refuse a location the simulated host does not have, as the driver does."""
+        location = check_device(device)
+        if location is not None and location >= self.devices:
+            raise BackendError(
+                f"no device {device} on this simulated host: it has {self.devices} "
+                f"(ids 0 to {self.devices - 1}); pass devices= to SimulatorBackend for more"
+            )
+
+    def prefetch(self, array: Any, device: int | None, stream: SimStream) -> None:
+        self._check_location(device)
+        if self.faults.check("prefetch"):
+            raise BackendError(f"injected fault: prefetching {array.nbytes} bytes on {stream}")
+        stream.enqueue(lambda: None)  # ordered like real work; data never moves on a CPU
+
+    def advise(self, array: Any, advice: Advice, device: int | None) -> None:
+        if not isinstance(advice, str) or advice not in ("preferred_location", "accessed_by", "read_mostly"):
+            raise BackendError(f"unknown managed-memory advice {shown(advice)}")
+        self._check_location(device)
+
+    # -- context ----------------------------------------------------------------------------
+    def reset(self) -> None:
+        self.resets += 1
+        self.state.clear()
+        self.close()
+
+    def close(self) -> None:
+        for stream in list(self._streams):
+            stream.close()
+        self._streams.clear()

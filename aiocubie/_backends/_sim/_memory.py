@@ -1,0 +1,203 @@
+"""The simulator's memory: the device's bytes, the resource over them, the pool model and injected faults.
+
+:class:`SimMemory` is the base resource (every block is fresh numpy memory; device-side bytes
+count against the device's total); :class:`SimPool` models CuPy's pools as an adaptor (freed
+device blocks stay cached and serve a request of their size or smaller: split, never merged);
+:class:`SimFaults` fires the injected allocation faults. Each fails loudly where a GPU would
+corrupt memory: a block given back twice, or given back after a context reset, is an error.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import attrs
+import numpy as np
+
+from ..._errors import AllocationError, BackendError, OutOfMemoryError
+from ..._requests import MemoryKind
+from ..._stats import PoolFacts
+from .._device import StreamLike
+from .._resource import Block, MemoryResource, ResourceAdaptor
+from ._faults import Faults
+
+__all__ = ["SimFaults", "SimMemory", "SimPool", "SimState", "host_memory"]
+
+
+@attrs.define(eq=False)
+class SimState:
+    """The simulated device's memory, shared by its resources (a reset empties it).
+
+    ``used``: device-side bytes of blocks handed out, those a pool caches included (as the
+    driver counts them); ``cached``: sizes of the device blocks the pool caches; ``live``: the
+    blocks handed out and not given back, by id; ``pinned``: the page-locked host buffers.
+    """
+
+    total: int
+    reserved: int = 0
+    used: int = 0
+    cached: list[int] = attrs.Factory(list)
+    live: dict[int, Block] = attrs.Factory(dict)
+    pinned: weakref.WeakValueDictionary[int, np.ndarray[Any, Any]] = attrs.Factory(weakref.WeakValueDictionary)
+
+    @property
+    def free(self) -> int:
+        """Device bytes no block holds (cached ones are held)."""
+        return self.total - self.used - self.reserved
+
+    def clear(self) -> None:
+        """Forget every block: the context that held them is gone."""
+        self.used = 0
+        self.cached.clear()
+        self.live.clear()
+
+
+def host_memory(nbytes: int, kind: MemoryKind) -> np.ndarray[Any, Any]:
+    """Uninitialised numpy bytes for a block; the host running out is an AllocationError."""
+    try:
+        return np.empty(nbytes, np.uint8)
+    except MemoryError as exc:  # numpy's: the host has not that much memory
+        raise AllocationError(
+            f"out of host memory: cannot hold {nbytes} bytes of {MemoryKind(kind).value} memory in this "
+            "simulator's process; ask for less"
+        ) from exc
+
+
+class SimMemory(MemoryResource):
+    """The simulated device's memory: every block fresh, device-side ones counted against the total.
+
+    Parameters
+    ----------
+    state : SimState
+        The device's memory.
+    name : str
+        The resource name it stands for (``"driver"``, ``"numba"``, or the upstream of a pool).
+    """
+
+    def __init__(self, state: SimState, name: str) -> None:
+        self.state = state
+        self.name = name
+
+    def allocate(self, nbytes: int, kind: MemoryKind, stream: StreamLike | None) -> Block:
+        state = self.state
+        vram = kind.uses_vram
+        if vram and nbytes > state.free:
+            cached = sum(state.cached)
+            raise OutOfMemoryError(
+                f"out of memory: asked for {nbytes} bytes of {kind.value} memory with {state.free} of "
+                f"{state.total} free on the device and {cached} cached in the pool (largest block "
+                f"{max(state.cached, default=0)})"
+            )
+        data = host_memory(nbytes, kind)
+        block = Block(data.ctypes.data if nbytes else 0, nbytes, kind, stream, data)
+        if kind is MemoryKind.PINNED:
+            state.pinned[id(data)] = data
+        if vram:
+            state.used += nbytes
+        state.live[id(block)] = block
+        return block
+
+    def deallocate(self, block: Block) -> None:
+        state = self.state
+        if state.live.pop(id(block), None) is not block:
+            raise BackendError(
+                f"{block.nbytes}-byte {block.kind.value} block given back twice, or after a context reset: "
+                "on a GPU that frees memory another array may be using"
+            )
+        if block.kind.uses_vram:
+            state.used -= block.nbytes
+
+    def release_cached(self) -> int:
+        return 0
+
+    def pool_facts(self) -> PoolFacts:
+        return PoolFacts(held=self.state.used, in_use=self.state.used, largest_free=0)
+
+
+class SimPool(ResourceAdaptor):
+    """CuPy's pools (``cupy``, ``cupy_async``) as an adaptor: freed device blocks stay cached.
+
+    A cached block serves a device request of its size or smaller (the smallest that fits;
+    the rest stays cached), so a pool can hold free bytes yet fail a larger request. The model
+    keeps sizes, not memory: each block it hands out is fresh memory, so an array's data never
+    changes under it (on a GPU the array keeps its block alive).
+
+    Parameters
+    ----------
+    upstream : SimMemory
+        The device's memory (the pool's cached sizes are kept in its state).
+    name : str
+        The resource name it stands for.
+    """
+
+    def __init__(self, upstream: SimMemory, name: str) -> None:
+        super().__init__(upstream)
+        self.memory = upstream
+        self.name = name
+        self.in_use = 0
+
+    def allocate(self, nbytes: int, kind: MemoryKind, stream: StreamLike | None) -> Block:
+        if kind is not MemoryKind.DEVICE or not nbytes:
+            return self.memory.allocate(nbytes, kind, stream)
+        state = self.memory.state
+        fits = [size for size in state.cached if size >= nbytes]
+        if not fits:
+            block = self.memory.allocate(nbytes, kind, stream)
+        else:
+            size = min(fits)
+            state.cached.remove(size)
+            if size > nbytes:
+                state.cached.append(size - nbytes)
+            data = host_memory(nbytes, kind)
+            block = Block(data.ctypes.data, nbytes, kind, stream, data)
+            state.live[id(block)] = block
+        self.in_use += nbytes
+        return block
+
+    def deallocate(self, block: Block) -> None:
+        if block.kind is not MemoryKind.DEVICE or not block.nbytes:
+            self.memory.deallocate(block)
+            return
+        state = self.memory.state
+        if state.live.pop(id(block), None) is not block:
+            raise BackendError(
+                f"{block.nbytes}-byte device block given back to the pool twice, or after a context reset: "
+                "on a GPU that frees memory another array may be using"
+            )
+        self.in_use -= block.nbytes
+        state.cached.append(block.nbytes)  # the pool keeps it for reuse
+
+    def release_cached(self) -> int:
+        state = self.memory.state
+        freed = sum(state.cached)
+        state.cached.clear()
+        state.used -= freed
+        return freed
+
+    def pool_facts(self) -> PoolFacts:
+        cached = self.memory.state.cached
+        return PoolFacts(held=self.in_use + sum(cached), in_use=self.in_use, largest_free=max(cached, default=0))
+
+
+class SimFaults(ResourceAdaptor):
+    """The injected allocation faults (sites ``"allocate"`` and ``"oom"``), before anything is taken.
+
+    Parameters
+    ----------
+    upstream : MemoryResource
+        The resource the faults guard.
+    faults : Faults
+        The simulator's rules.
+    """
+
+    def __init__(self, upstream: MemoryResource, faults: Faults) -> None:
+        super().__init__(upstream)
+        self.faults = faults
+
+    def allocate(self, nbytes: int, kind: MemoryKind, stream: StreamLike | None) -> Block:
+        if self.faults.check("allocate"):
+            raise AllocationError(f"injected fault: allocating {nbytes} bytes of {kind.value} memory")
+        if self.faults.check("oom"):
+            raise OutOfMemoryError(f"injected out of memory: allocating {nbytes} bytes of {kind.value} memory")
+        return self.upstream.allocate(nbytes, kind, stream)

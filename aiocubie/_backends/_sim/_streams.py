@@ -1,0 +1,143 @@
+"""The simulator's streams and events: a worker thread per stream runs queued work in order.
+
+An event completes when the stream's worker reaches it, so only after the work queued before
+it. Nothing here knows about memory, engines or faults (the simulator's device does).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable
+
+from ..._errors import BackendError
+from .._device import Event
+
+__all__ = ["SimEvent", "SimStream"]
+
+log = logging.getLogger("aiocubie")
+
+
+class _Progress:
+    """Items queued on a stream and items its worker finished: equal when the stream is idle."""
+
+    __slots__ = ("done", "lock", "queued")
+
+    def __init__(self) -> None:
+        self.queued = self.done = 0
+        self.lock = threading.Lock()
+
+
+
+class SimStream:
+    """A simulated stream: a worker thread that runs queued work in order.
+
+    ``handle`` is a stand-in for a CUstream (never 0, 1 or 2), reported by the simulator's
+    arrays in their ``__cuda_array_interface__``.
+    """
+
+    _ids = itertools.count()
+
+    def __init__(self, latency: float) -> None:
+        self.id = next(self._ids)
+        self.handle = 0x5100 + self.id
+        self.latency = latency
+        self.closed = False
+        self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._progress = _Progress()
+        # The worker holds the queue, not the stream: a stream nobody holds any more is
+        # collected, and its finalizer stops the worker.
+        self._worker = threading.Thread(
+            target=_work,
+            args=(self._queue, latency, self._progress),
+            name=f"aiocubie-sim-stream-{self.id}",
+            daemon=True,
+        )
+        self._worker.start()
+        weakref.finalize(self, self._queue.put, None)
+
+    def __repr__(self) -> str:
+        return f"<SimStream {self.id}>"
+
+    def __int__(self) -> int:
+        return self.handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        """The stream protocol (version 0, the stand-in handle), as cuda.core's streams have."""
+        return (0, self.handle)
+
+    def enqueue(self, work: Callable[[], None]) -> None:
+        """Queue ``work`` to run after everything queued before it, ``latency`` seconds later."""
+        if self.closed:
+            raise BackendError(f"{self!r} was closed by a context reset: call reinit_streams()")
+        with self._progress.lock:
+            self._progress.queued += 1
+        self._queue.put(work)
+
+    def synchronize(self) -> None:
+        """Block until the work queued so far is done (at once when the stream is idle).
+
+        A no-op on the stream's own worker (the work before the caller is done) and on a
+        closed stream (its worker ran what it had).
+        """
+        progress = self._progress
+        if progress.queued == progress.done or self.closed or threading.current_thread() is self._worker:
+            return
+        done = threading.Event()
+        self.enqueue(done.set)
+        done.wait()
+
+    def close(self) -> None:
+        """Stop the worker after the work queued so far."""
+        if not self.closed:
+            self.closed = True
+            self._queue.put(None)
+
+
+def _work(work_queue: queue.SimpleQueue[Callable[[], None] | None], latency: float, progress: _Progress) -> None:
+    while (work := work_queue.get()) is not None:
+        if latency:
+            time.sleep(latency)
+        try:
+            work()
+        except Exception:  # keep the stream alive: what is queued behind must still run
+            log.exception("simulated stream work failed")
+        finally:
+            with progress.lock:
+                progress.done += 1
+
+
+class SimEvent(Event):
+    """An event on a :class:`SimStream`: done once the worker reaches it."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+
+    def query(self) -> bool:
+        return self._done.is_set()
+
+    def synchronize(self) -> None:
+        self._done.wait()
+
+    def add_done_callback(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
+
+    def complete(self) -> None:
+        """Mark the event done and call its callbacks (the stream's worker does, in order)."""
+        with self._lock:
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+
