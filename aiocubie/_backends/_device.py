@@ -110,7 +110,9 @@ class Device(abc.ABC):
             message says what is missing and what to install).
         """
         if not isinstance(name, str) or name not in ALLOCATORS:
-            raise UnknownAllocatorError(f"unknown allocator {shown(name)}: use one of {', '.join(map(repr, ALLOCATORS))}")
+            raise UnknownAllocatorError(
+                f"unknown allocator {shown(name)}: use one of {', '.join(map(repr, ALLOCATORS))}"
+            )
         if name == "default":
             name = self.default_resource
         return self._create_resource(name)

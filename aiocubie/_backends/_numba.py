@@ -118,9 +118,7 @@ class _ResourceMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
 
     def memalloc(self, size: int) -> Any:
         block = self.resource.allocate(size, MemoryKind.DEVICE, None)
-        return nbdriver.MemoryPointer(
-            weakref.proxy(self.context), ctypes.c_void_p(block.ptr), size, owner=block.handle
-        )
+        return nbdriver.MemoryPointer(weakref.proxy(self.context), ctypes.c_void_p(block.ptr), size, owner=block.handle)
 
     def initialize(self) -> None:
         pass

@@ -13,10 +13,11 @@ from typing import Any
 
 from ..._errors import ConfigurationError
 from .._arrays import ArrayMaker, parse_array_type
+from .._base import Backend
 from ._arrays import CupyArrays
 from ._device import DEFAULT_RESOURCE, CudaDevice, cuda_usable, driver_device_count
 from ._events import CudaEvent
-from ._resources import CupyAsyncResource, CupyResource, CudaResource, DriverResource
+from ._resources import CudaResource, CupyAsyncResource, CupyResource, DriverResource
 from ._streams import current_cupy_stream, stream_handle
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "CupyResource",
     "DriverResource",
     "create_arrays",
+    "create_cuda_backend",
     "cuda_usable",
     "current_cupy_stream",
     "driver_device_count",
@@ -56,3 +58,18 @@ def create_arrays(array_type: str | None, device: CudaDevice) -> ArrayMaker:
         ) from exc
     maker: Any = NumbaArrays(device)
     return maker  # type: ignore[no-any-return]
+
+
+def create_cuda_backend(*, device: int = 0, allocator: str = "default", array_type: str | None = None) -> Backend:
+    """A GPU backend: a :class:`CudaDevice` on ``device``, its resource ``allocator``, ``array_type`` arrays.
+
+    Raises
+    ------
+    ConfigurationError
+        For a device the process does not see, or an array type whose library is missing.
+    UnknownAllocatorError
+        For an allocator this device cannot make here (the message names what to install).
+    """
+    cuda_device = CudaDevice(device)
+    arrays = create_arrays(array_type, cuda_device)
+    return Backend(cuda_device, cuda_device.create_resource(allocator), arrays)

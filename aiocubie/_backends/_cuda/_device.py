@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -176,6 +177,16 @@ class CudaDevice(Device):
 
     # -- resources ----------------------------------------------------------------------------
     def _create_resource(self, name: str) -> MemoryResource:
+        """The resource ``name``; where the program uses numba, numba's own allocations on this
+        device draw from it from now on (numba's EMM plugin, seed 001)."""
+        resource = self._new_resource(name)
+        if "numba.cuda" in sys.modules:  # numba in use: never import it here otherwise
+            from .._numba import install_memory_manager
+
+            install_memory_manager(self, resource)
+        return resource
+
+    def _new_resource(self, name: str) -> MemoryResource:
         if name == "driver":
             return DriverResource(self)
         if name == "cupy":

@@ -129,7 +129,12 @@ class SimulatorBackend(Backend):
         arrays = SimArrays(array_type)
         state = SimState(total=int(total), reserved=int(reserved))
         sim = SimDevice(
-            state, latency=float(latency), granule=int(granule), engines=engines, device=int(device), devices=int(devices)
+            state,
+            latency=float(latency),
+            granule=int(granule),
+            engines=engines,
+            device=int(device),
+            devices=int(devices),
         )
         super().__init__(sim, sim.create_resource("default" if allocator is None else allocator), arrays)
 

@@ -30,6 +30,7 @@ from ._streams import SimEvent, SimStream
 
 __all__ = ["TIMELINE_LENGTH", "Engines", "SimDevice", "TimelineEntry"]
 
+
 @attrs.frozen
 class Engines:
     """How long the simulated engines take (see :class:`SimulatorBackend`).

@@ -133,5 +133,3 @@ class _Rule:
         if self.times is not None:
             self.times -= 1
         return True
-
-

@@ -32,7 +32,6 @@ class _Progress:
         self.lock = threading.Lock()
 
 
-
 class SimStream:
     """A simulated stream: a worker thread that runs queued work in order.
 
@@ -139,5 +138,3 @@ class SimEvent(Event):
             callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback()
-
-
