@@ -8,7 +8,6 @@ whole GPU suite runs without numba-cuda; numba's own tests skip when it is not i
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -46,8 +45,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def require(resource: str) -> None:
     """Skip the test unless the library ``resource`` needs is installed."""
     module = _NEEDS.get(resource)
-    if module is not None and importlib.util.find_spec(module) is None:
-        pytest.skip(f"resource {resource!r} needs {module}, which is not installed")
+    if module is not None:
+        pytest.importorskip(module, reason=f"resource {resource!r} needs {module}, which is not installed")
 
 
 @pytest.fixture(scope="session")

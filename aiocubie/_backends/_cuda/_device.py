@@ -82,7 +82,10 @@ def cuda_usable() -> tuple[bool, str]:
 
 
 def _installed(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # a finder that refuses the name
+        return False
 
 
 class CudaDevice(Device):
