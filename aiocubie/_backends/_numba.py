@@ -24,6 +24,7 @@ from ._arrays import ArrayMaker
 from ._cuda._arrays import c_strides, host_array
 from ._cuda._errors import check, map_exceptions
 from ._cuda._resources import CudaResource
+from ._cuda._streams import stream_handle
 from ._resource import Block, MemoryResource
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ class NumbaArrays(ArrayMaker):
 
     def __init__(self, device: CudaDevice) -> None:
         self._context = numba_context(device)
+        self._streams: dict[int, Any] = {}
 
     def make(self, block: Block, shape: tuple[int, ...], dtype: np.dtype[Any], stream: Any) -> Any:
         if block.kind in _HOST_KINDS:
@@ -72,8 +74,19 @@ class NumbaArrays(ArrayMaker):
             gpu_data = nbdriver.MemoryPointer(
                 weakref.proxy(self._context), ctypes.c_void_p(block.ptr), block.nbytes, owner=handle
             )
-        numba_stream = stream if hasattr(stream, "__cuda_stream__") else 0
-        return DeviceNDArray(shape, c_strides(shape, dtype.itemsize), dtype, stream=numba_stream, gpu_data=gpu_data)
+        return DeviceNDArray(
+            shape, c_strides(shape, dtype.itemsize), dtype, stream=self._stream(stream), gpu_data=gpu_data
+        )
+
+    def _stream(self, stream: Any) -> Any:
+        """numba's view of ``stream`` (numba arrays name a numba stream in their interface), made once a stream."""
+        key = stream_handle(stream)
+        if not key:
+            return 0
+        view = self._streams.get(key)
+        if view is None:
+            view = self._streams[key] = cuda.external_stream(key)
+        return view
 
 
 class NumbaResource(CudaResource):

@@ -44,7 +44,9 @@ _MEMORY_TYPE = binding.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE
 _IS_MANAGED = binding.CUpointer_attribute.CU_POINTER_ATTRIBUTE_IS_MANAGED
 _HOST_MEMORY = int(binding.CUmemorytype.CU_MEMORYTYPE_HOST)
 _SUCCESS = binding.CUresult.CUDA_SUCCESS
-_STREAM_OPTIONS = StreamOptions(nonblocking=True)
+# Blocking streams, as numba's and CuPy's own: work on the legacy default stream (CuPy's and
+# numba's default for copies) stays ordered with the groups' streams.
+_STREAM_OPTIONS = StreamOptions(nonblocking=False)
 _HOST_ALLOC_PINNED = binding.CU_MEMHOSTALLOC_PORTABLE
 
 
@@ -253,7 +255,7 @@ class CudaDevice(Device):
 
     # -- streams, events, copies ------------------------------------------------------------
     def create_stream(self) -> Stream:
-        """A new non-blocking cuda.core ``Stream`` (it does not wait for the legacy default stream)."""
+        """A new cuda.core ``Stream``, blocking: ordered with the legacy default stream, as CuPy's and numba's are."""
         with map_exceptions(f"creating a stream on {self.device_name}"):
             self.make_current()
             return CoreDevice(self.device_id).create_stream(options=_STREAM_OPTIONS)

@@ -219,7 +219,8 @@ class CupyAsyncResource(CupyResource):
     """Device blocks from a CuPy ``MemoryAsyncPool`` (``cudaMallocAsync`` on the device's pool).
 
     CuPy allocates on its current stream: the allocation's stream is bound for the call (one CuPy
-    view per stream, kept while the resource lives), so each block is freed on its own stream.
+    view per stream, kept while the resource lives), so each block is freed on its own stream,
+    which the block's handle keeps alive until then.
     """
 
     name = "cupy_async"
@@ -239,7 +240,9 @@ class CupyAsyncResource(CupyResource):
             view = self._views[key] = cupy_view(self._cupy, stream)
         with view:
             pointer = self._pool.malloc(nbytes)
-        return Block(pointer.ptr, nbytes, MemoryKind.DEVICE, stream, pointer)
+        # CuPy frees the block on this stream when the pointer goes: the handle holds the stream
+        # too, so the stream outlives the block (a tuple drops its last item first).
+        return Block(pointer.ptr, nbytes, MemoryKind.DEVICE, stream, (stream, pointer))
 
     def release_cached(self) -> int:
         def release() -> None:
