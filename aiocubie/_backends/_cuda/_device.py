@@ -29,7 +29,7 @@ from ..._requests import MemoryKind
 from .._device import Advice, Device, MemoryInfo
 from .._resource import Block, MemoryResource
 from ._arrays import device_pointer, host_array, pointer_and_contiguity
-from ._errors import check, map_exceptions
+from ._errors import check, map_exceptions, translate
 from ._events import EVENT_OPTIONS, CudaEvent, StreamWaiter
 from ._resources import CupyAsyncResource, CupyResource, DriverResource, HostAllocation
 from ._streams import as_stream, stream_handle
@@ -263,12 +263,17 @@ class CudaDevice(Device):
     def record_event(self, stream: Any) -> CudaEvent:
         stream = stream if type(stream) is Stream else as_stream(stream)
         spares = self._spare_events
-        with map_exceptions(lambda: f"recording an event on {stream!r}"):
+        try:
             if spares:
                 event = stream.record(spares.pop())
             else:
                 self.make_current()  # a new event belongs to the current context
                 event = stream.record(options=EVENT_OPTIONS)
+        except Exception as exc:
+            mapped = translate(exc, f"recording an event on {stream!r}")
+            if mapped is None:
+                raise
+            raise mapped from exc
         return CudaEvent(event, stream, self._waiter, spares)
 
     def _waiter(self, stream: Any) -> StreamWaiter:
@@ -282,8 +287,13 @@ class CudaDevice(Device):
     def wait_event(self, stream: Any, event: Any) -> None:
         """The stream waits on the GPU for ``event``; the host does not."""
         stream = stream if type(stream) is Stream else as_stream(stream)
-        with map_exceptions(lambda: f"making {stream!r} wait for an event"):
+        try:
             stream.wait(event.event)
+        except Exception as exc:
+            mapped = translate(exc, f"making {stream!r} wait for an event")
+            if mapped is None:
+                raise
+            raise mapped from exc
 
     def copy(self, src: Any, dst: Any, stream: Any, *, tag: object = None) -> None:
         """Queue one ``cuMemcpyAsync``; unified addressing tells the direction.

@@ -15,7 +15,7 @@ from cuda.bindings import driver as binding
 
 from ..._errors import AiocubieError, BackendError, OutOfMemoryError
 
-__all__ = ["check", "is_oom", "map_exceptions"]
+__all__ = ["check", "is_oom", "map_exceptions", "translate"]
 
 _SUCCESS = binding.CUresult.CUDA_SUCCESS
 _OOM = binding.CUresult.CUDA_ERROR_OUT_OF_MEMORY
@@ -66,21 +66,37 @@ class map_exceptions:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> Literal[False]:
-        if exc is None or isinstance(exc, AiocubieError) or not isinstance(exc, Exception):
+        if exc is None:
             return False
-        oom = is_oom(exc)
-        if not oom and not _is_foreign(exc):
+        mapped = translate(exc, self.what, self.detail)
+        if mapped is None:
             return False
-        what = self.what() if callable(self.what) else self.what
-        extra = ""
-        if self.detail is not None:
-            try:
-                extra = f": {self.detail()}"
-            except Exception:  # the detail is a courtesy: never hide the real error behind it
-                extra = ""
-        if oom:
-            raise OutOfMemoryError(f"out of memory {what}{extra} ({exc})") from exc
-        raise BackendError(f"{what} failed: {exc}{extra}") from exc
+        raise mapped from exc
+
+
+def translate(
+    exc: BaseException, what: str | Callable[[], str], detail: Callable[[], str] | None = None
+) -> AiocubieError | None:
+    """aiocubie's error for ``exc`` raised while doing ``what``, or None to let ``exc`` pass.
+
+    For hot paths that catch with ``try``/``except`` (free when nothing is raised) rather than
+    entering :class:`map_exceptions`: ``raise translate(exc, ...) or exc``.
+    """
+    if isinstance(exc, AiocubieError) or not isinstance(exc, Exception):
+        return None
+    oom = is_oom(exc)
+    if not oom and not _is_foreign(exc):
+        return None
+    said = what() if callable(what) else what
+    extra = ""
+    if detail is not None:
+        try:
+            extra = f": {detail()}"
+        except Exception:  # the detail is a courtesy: never hide the real error behind it
+            extra = ""
+    if oom:
+        return OutOfMemoryError(f"out of memory {said}{extra} ({exc})")
+    return BackendError(f"{said} failed: {exc}{extra}")
 
 
 def check(result: tuple[Any, ...], what: str | Callable[[], str]) -> None:

@@ -17,7 +17,7 @@ from cuda.core import Event as CoreEvent
 from cuda.core import EventOptions
 
 from .._device import Event
-from ._errors import map_exceptions
+from ._errors import map_exceptions, translate
 
 __all__ = ["EVENT_OPTIONS", "CudaEvent", "StreamWaiter"]
 
@@ -102,8 +102,13 @@ class CudaEvent(Event):
         return self.event
 
     def query(self) -> bool:
-        with map_exceptions("querying an event"):
+        try:
             return bool(self.event.is_done)
+        except Exception as exc:
+            mapped = translate(exc, "querying an event")
+            if mapped is None:
+                raise
+            raise mapped from exc
 
     def synchronize(self) -> None:
         with map_exceptions("waiting for an event"):

@@ -21,7 +21,7 @@ from ..._errors import AllocationError
 from ..._requests import MemoryKind
 from ..._stats import PoolFacts
 from .._resource import Block, MemoryResource
-from ._errors import check, map_exceptions
+from ._errors import check, map_exceptions, translate
 from ._streams import as_stream, cupy_view, import_cupy, stream_handle
 
 if TYPE_CHECKING:
@@ -91,11 +91,17 @@ class CudaResource(MemoryResource):
 
     def allocate(self, nbytes: int, kind: MemoryKind, stream: Any) -> Block:
         if kind is MemoryKind.DEVICE and nbytes:  # the request path's case first
-            with map_exceptions(
-                lambda: f"allocating {nbytes} bytes of device memory with the {self.name} allocator",
-                self._device.free_text,
-            ):
+            try:
                 return self._device_block(nbytes, stream)
+            except Exception as exc:
+                mapped = translate(
+                    exc,
+                    lambda: f"allocating {nbytes} bytes of device memory with the {self.name} allocator",
+                    self._device.free_text,
+                )
+                if mapped is None:
+                    raise
+                raise mapped from exc
         kind = MemoryKind(kind)
         if not nbytes:
             return Block(0, 0, kind, stream, None)
