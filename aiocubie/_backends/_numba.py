@@ -22,7 +22,7 @@ from .._requests import MemoryKind
 from .._stats import PoolFacts
 from ._arrays import ArrayMaker
 from ._cuda._arrays import c_strides, host_array
-from ._cuda._errors import check, map_exceptions
+from ._cuda._errors import map_exceptions
 from ._cuda._resources import CudaResource
 from ._cuda._streams import stream_handle
 from ._resource import Block, MemoryResource
@@ -37,14 +37,8 @@ _HOST_KINDS = (MemoryKind.HOST, MemoryKind.PINNED)
 
 def numba_context(device: CudaDevice) -> Any:
     """numba's context for ``device`` (its primary context, as cuda.core's), leaving the current one as it was."""
-    from cuda.bindings import driver as binding
-
-    current = binding.cuCtxGetCurrent()[1]
-    with map_exceptions(f"opening numba's context on CUDA device {device.device_id}"):
-        context = cuda.gpus[device.device_id].get_primary_context()
-    if int(binding.cuCtxGetCurrent()[1]) != int(current):
-        check(binding.cuCtxSetCurrent(current), "restoring the thread's CUDA context")
-    return context
+    with device.activate(), map_exceptions(f"opening numba's context on CUDA device {device.device_id}"):
+        return cuda.gpus[device.device_id].get_primary_context()
 
 
 class NumbaArrays(ArrayMaker):

@@ -41,7 +41,8 @@ def host_array(block: Block, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np
         return np.empty(shape, dtype)
     raw = (ctypes.c_uint8 * block.nbytes).from_address(block.ptr)
     raw._aiocubie_owner = handle  # type: ignore[attr-defined]  # numpy holds raw, raw holds the memory
-    return np.frombuffer(raw, np.uint8).view(dtype).reshape(shape)
+    flat: np.ndarray[Any, Any] = np.frombuffer(memoryview(raw), np.uint8)
+    return flat.view(dtype).reshape(shape)
 
 
 class CupyArrays(ArrayMaker):
