@@ -1,7 +1,8 @@
-"""The device account: the backend, the budget, the ledger and the free-memory reading, together.
+"""The device account: the resource stack, the budget, the ledger and the free-memory reading, together.
 
-It alone allocates and frees through the backend for the manager and the schedulers, keeps the
-ledger in step with the device, says how many bytes a group is offered, and recovers from
+It alone allocates and frees (through its memory resource, arrays made by the backend's array
+maker) for the manager and the schedulers, owns and swaps the resource (``set_resource``), keeps
+the ledger in step with the device, says how many bytes a group is offered, and recovers from
 out-of-memory (cached blocks, then reclaim hooks). It knows nothing of tickets, tasks, the event
 loop or the manager: hooks and the history recorder are handed to it.
 """
@@ -18,7 +19,7 @@ from typing import Any
 
 import attrs
 
-from ._backends import Backend, Event
+from ._backends import ArrayMaker, Backend, Device, Event, MemoryInfo, MemoryResource
 from ._budget import Budget, group_available
 from ._errors import OutOfMemoryError
 from ._history import HistoryRecorder
@@ -43,7 +44,7 @@ class DeviceAccount:
     Parameters
     ----------
     backend : Backend
-        The device.
+        The device, the resource to start with and the array maker.
     options : Options
         Read for the mode, the headroom and how long a free-memory reading is reused.
         Replaced by assigning :attr:`options`.
@@ -53,6 +54,8 @@ class DeviceAccount:
     reclaim_hooks : list of callable, optional
         Called in order when an allocation is out of memory even after the pool's cached
         blocks were released (see :data:`ReclaimHook`); read live.
+    allocator : str, optional
+        A resource name other than the backend's (None: the backend's resource).
 
     Attributes
     ----------
@@ -60,6 +63,12 @@ class DeviceAccount:
         Where plans, allocations, releases and recovery steps are recorded (None: nowhere).
     recovery : RecoveryStats
         The out-of-memory recovery steps taken so far.
+    device : Device
+        The device (streams, events, copies, memory readings).
+    arrays : ArrayMaker
+        Makes the arrays over the resource's blocks.
+    resource : MemoryResource
+        The resource stack every allocation goes through (read-only: :meth:`set_resource` swaps it).
     """
 
     def __init__(
@@ -68,10 +77,16 @@ class DeviceAccount:
         options: Options,
         on_release: Callable[[], None],
         reclaim_hooks: list[ReclaimHook] | None = None,
+        *,
+        allocator: str | None = None,
     ) -> None:
-        self.backend = backend
+        self.device: Device = backend.device
+        self.arrays: ArrayMaker = backend.arrays
+        self.resource: MemoryResource = backend.resource
+        if allocator is not None and self._resolved(allocator) != self.resource.name:
+            self.resource = self.device.create_resource(allocator)  # beside the backend's: nothing to reset
         self.options = options
-        self.budget = Budget(backend.memory_info().total)
+        self.budget = Budget(self.device.memory_info().total)
         self.ledger = Ledger()
         self.history: HistoryRecorder | None = None
         self.reclaim_hooks = [] if reclaim_hooks is None else reclaim_hooks
@@ -81,15 +96,51 @@ class DeviceAccount:
         self._free_at = -math.inf
         self._free_delta = 0  # VRAM we allocated (+) or released (-) since the reading
 
+    # -- the resource ------------------------------------------------------------------------
+    @property
+    def resource_name(self) -> str:
+        """The name of the resource in use (``"driver"``, ``"cupy"``, ...; ``"default"`` resolved)."""
+        return self.resource.name
+
+    def _resolved(self, name: str) -> str:
+        return self.device.default_resource if name == "default" else name
+
+    def set_resource(self, name: str) -> None:
+        """Swap the resource for a new one named ``name``, through a context reset of the device.
+
+        Every array and stream handed out before is invalid afterwards; the ledger is emptied
+        (:meth:`forget_all`). Nothing is reset when the name is refused.
+
+        Raises
+        ------
+        UnknownAllocatorError
+            For a name the device cannot make (see ``Device.create_resource``).
+        """
+        self.device.create_resource(name)  # an unknown or unavailable name: refused before anything resets
+        self.device.reset()
+        self.forget_all()
+        self.resource = self.device.create_resource(name)  # made after the reset: a fresh pool
+
+    def reset(self) -> None:
+        """Reset the device's context and empty the ledger; the resource (its pool) starts afresh."""
+        self.device.reset()
+        self.forget_all()
+        self.resource = self.device.create_resource(self.resource.name)
+
     # -- what there is -----------------------------------------------------------------------
+    def memory_info(self) -> MemoryInfo:
+        """The device's memory now, the blocks the resource caches counted as free (they serve requests)."""
+        info = self.device.memory_info()
+        return MemoryInfo(free=info.free + (self.resource.pool_facts().cached or 0), total=info.total)
+
     def free_memory(self, *, fresh: bool) -> int:
-        """Free device memory: a reading at most ``free_cache_seconds`` old, or a new one.
+        """Free device memory (cached pool blocks included): a reading at most ``free_cache_seconds`` old, or a new one.
 
         A cached reading is corrected by what this account allocated and freed since.
         """
         now = time.monotonic()
         if fresh or now - self._free_at > self.options.free_cache_seconds:
-            self._free_reading = self.backend.memory_info().free
+            self._free_reading = self.memory_info().free
             self._free_at, self._free_delta = now, 0
         return self._free_reading - self._free_delta
 
@@ -125,11 +176,11 @@ class DeviceAccount:
         """
         options = self.options
         if not options.active:  # passive: what is free
-            return offered_bytes(free, free, headroom=options.headroom, granule=self.backend.granule)
+            return offered_bytes(free, free, headroom=options.headroom, granule=self.device.granule)
         if as_if_empty:
             free += self.ledger.held(members)  # what they hold would be free
         available = self.available(members, free, as_if_empty=as_if_empty)
-        return offered_bytes(available, free, headroom=options.headroom, granule=self.backend.granule)
+        return offered_bytes(available, free, headroom=options.headroom, granule=self.device.granule)
 
     # -- allocation and release --------------------------------------------------------------
     def allocate(
@@ -179,7 +230,7 @@ class DeviceAccount:
         self, entries: Sequence[tuple[Hashable, RequestSet]], group: str, plan: ChunkPlan, stream: Any
     ) -> tuple[list[list[Allocation]], list[int], Event]:
         """One try at the batch: its allocations per entry, their VRAM bytes, the event; all or nothing."""
-        backend = self.backend
+        device, resource, make = self.device, self.resource, self.arrays.make
         batch: list[list[Allocation]] = []
         totals: list[int] = []
         chunk_length = plan.chunk_length
@@ -191,25 +242,29 @@ class DeviceAccount:
                 whole = chunk_length >= requests.runs
                 for label, request in requests.arrays.items():
                     if whole:
-                        shape, nbytes, copies = request.shape, request.nbytes, 1
+                        shape, size, copies = request.shape, request.nbytes, 1
                     else:
                         shape = request.chunked_shape(chunk_length)
-                        nbytes = math.prod(shape) * request.dtype.itemsize
+                        size = math.prod(shape) * request.dtype.itemsize
                         copies = min(request.buffers, plan.chunks)  # a walk's chunk buffers
-                    if not request.uses_vram:
-                        nbytes = 0
+                    nbytes = size if request.uses_vram else 0
                     for _ in range(copies):
-                        array = backend.allocate(shape, request.dtype, request.kind, stream)
-                        allocs.append(Allocation(array, label, key, group, request.kind, nbytes))
+                        block = resource.allocate(size, request.kind, stream)
+                        try:
+                            array = make(block, shape, request.dtype, stream)
+                        except BaseException:
+                            resource.deallocate(block)
+                            raise
+                        allocs.append(Allocation(array, label, key, group, request.kind, nbytes, block))
                         vram += nbytes
                         if request.zero:
-                            backend.zero(array, stream)
+                            device.zero(array, stream)
                 totals.append(vram)
-            event = backend.record_event(stream)
+            event = device.record_event(stream)
         except BaseException:
             for allocs in batch:
                 for alloc in allocs:
-                    backend.free(alloc.array)
+                    resource.deallocate(alloc.block)
             raise
         return batch, totals, event
 
@@ -227,7 +282,7 @@ class DeviceAccount:
         log.warning(
             "group %r: out of memory for %s (%s): freeing the pool's cached blocks", group, format_bytes(asked), error
         )
-        freed = self.backend.release_cached()
+        freed = self.resource.release_cached()
         self._count(cache_releases=1, cache_bytes_freed=freed)
         if history is not None:
             history.recovery(group, freed, "released the pool's cached blocks")
@@ -248,7 +303,7 @@ class DeviceAccount:
         held = ", ".join(
             f"{name!r} {format_bytes(live)}" for name, live in sorted(self.ledger.live_by_group.items()) if live
         )
-        info, pool = self.backend.memory_info(), self.backend.pool_facts()
+        info, pool = self.memory_info(), self.resource.pool_facts()
         message = (
             f"out of memory: group {group!r} asked for {format_bytes(asked)} ({len(entries)} request(s), "
             f"{plan.chunks} chunk(s) of {plan.chunk_length} runs); releasing {format_bytes(freed)} of cached pool "
@@ -292,7 +347,7 @@ class DeviceAccount:
         # what it says it freed: a whole number of bytes (numpy's too), at most the device's total;
         # anything else (None, True, a float, a negative number) counts as "cannot say"
         said = int(freed) if isinstance(freed, numbers.Integral) and not isinstance(freed, bool) else 0
-        nbytes = min(said, self.backend.memory_info().total) if said > 0 else 0
+        nbytes = min(said, self.budget.total) if said > 0 else 0
         if self.history is not None:
             self.history.recovery(group, nbytes, f"reclaim hook {getattr(hook, '__qualname__', hook)!r}")
         return nbytes
@@ -322,7 +377,7 @@ class DeviceAccount:
             chunk_axes=requests.chunk_axes,
             stream=stream,
             buffers=buffers,
-            backend=self.backend,
+            device=self.device,
         )
         if allocations:
             self.ledger.add(response, allocations, vram)
@@ -341,14 +396,18 @@ class DeviceAccount:
         return allocations
 
     def free(self, allocations: list[Allocation]) -> None:
-        """Free ``allocations`` (already out of the ledger) on the device."""
+        """Give the blocks of ``allocations`` (already out of the ledger) back to the resource.
+
+        Arrays the caller still holds keep their memory alive (see ``Block``); the account
+        drops its references.
+        """
         if not allocations:
             return
         if self.history is not None:
             self.history.released(allocations)
-        free = self.backend.free
+        deallocate = self.resource.deallocate
         for alloc in allocations:
-            free(alloc.array)
+            deallocate(alloc.block)
             self._free_delta -= alloc.vram
         if self.options.waits:  # only a batch waiting for memory cares: spare waking every group
             self._on_release()

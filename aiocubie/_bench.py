@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ._backends import Backend, Event, MemoryInfo, PoolFacts
+from ._backends import ArrayMaker, Backend, Block, Device, Event, MemoryInfo, MemoryResource, PoolFacts
 from ._errors import OutOfMemoryError
 from ._manager import MemoryManager
 from ._requests import ArrayRequest, MemoryKind
@@ -47,47 +47,29 @@ class DoneEvent(Event):
         callback()
 
 
-class InstantBackend(Backend):
-    """A device of ``total`` bytes that finishes work as it is queued; arrays are numpy's."""
+class _InstantDevice(Device):
+    """A device that finishes work as it is queued."""
 
     name = "instant"
-    allocator = "default"
-    array_type = "numpy"  # plain numpy arrays: nothing to model
     granule = 0
     device_name = "zero-latency in-process device"
+    resources = ("driver",)
+    default_resource = "driver"
 
-    def __init__(self, total: int = 8 << 30) -> None:
-        self.total = total
-        self.used = 0
+    def __init__(self, memory: _InstantMemory) -> None:
+        self.memory = memory
+
+    def _create_resource(self, name: str) -> MemoryResource:
+        return self.memory
 
     def memory_info(self) -> MemoryInfo:
-        return MemoryInfo(self.total - self.used, self.total)
+        return MemoryInfo(self.memory.total - self.memory.used, self.memory.total)
 
     def create_stream(self) -> Any:
         return object()
 
-    def allocate(self, shape: tuple[int, ...], dtype: np.dtype[Any], kind: MemoryKind, stream: Any) -> Any:
-        array = np.empty(shape, dtype)
-        if kind.uses_vram:
-            if array.nbytes > self.total - self.used:
-                raise OutOfMemoryError(f"out of memory: {array.nbytes} bytes asked, {self.total - self.used} free")
-            self.used += array.nbytes
-        return array
-
     def zero(self, array: Any, stream: Any) -> None:
         array.fill(0)
-
-    def pool_facts(self) -> PoolFacts:
-        return PoolFacts(self.used, self.used, 0)  # no pool: nothing cached
-
-    def release_cached(self) -> int:
-        return 0
-
-    def free(self, array: Any) -> None:
-        self.used -= array.nbytes  # the benchmark frees device arrays only
-
-    def nbytes(self, array: Any) -> int:
-        return int(array.nbytes)
 
     def record_event(self, stream: Any) -> Event:
         return DoneEvent()
@@ -110,11 +92,52 @@ class InstantBackend(Backend):
     def advise(self, array: Any, advice: Any, device: int | None) -> None:
         pass
 
-    def set_allocator(self, name: str) -> None:
-        pass
-
     def reset(self) -> None:
+        self.memory.used = 0
+
+
+class _InstantMemory(MemoryResource):
+    """``total`` bytes of numpy memory; no pool."""
+
+    name = "driver"
+
+    def __init__(self, total: int) -> None:
+        self.total = total
         self.used = 0
+
+    def allocate(self, nbytes: int, kind: MemoryKind, stream: Any) -> Block:
+        if kind.uses_vram:
+            if nbytes > self.total - self.used:
+                raise OutOfMemoryError(f"out of memory: {nbytes} bytes asked, {self.total - self.used} free")
+            self.used += nbytes
+        return Block(0, nbytes, kind, stream, np.empty(nbytes, np.uint8))
+
+    def deallocate(self, block: Block) -> None:
+        if block.kind.uses_vram:
+            self.used -= block.nbytes
+
+    def pool_facts(self) -> PoolFacts:
+        return PoolFacts(self.used, self.used, 0)  # no pool: nothing cached
+
+    def release_cached(self) -> int:
+        return 0
+
+
+class _NumpyArrays(ArrayMaker):
+    """numpy arrays over the blocks, whatever the kind: nothing to model."""
+
+    name = "numpy"
+
+    def make(self, block: Block, shape: tuple[int, ...], dtype: np.dtype[Any], stream: Any) -> Any:
+        return block.handle.view(dtype).reshape(shape)
+
+
+class InstantBackend(Backend):
+    """A device of ``total`` bytes that finishes work as it is queued; arrays are numpy's."""
+
+    def __init__(self, total: int = 8 << 30) -> None:
+        memory = _InstantMemory(total)
+        super().__init__(_InstantDevice(memory), memory, _NumpyArrays())
 
 
 async def per_request(body: Callable[[int], Awaitable[None]], count: int, repeats: int) -> float:

@@ -36,13 +36,13 @@ def _info(args: argparse.Namespace) -> int:
 
     backend = aiocubie.create_backend(chosen)
     try:
-        memory = backend.memory_info()
+        memory = backend.device.memory_info()
         rows = [
             ("backend", f"{backend.name} ({why})"),
-            ("device", backend.device_name),
+            ("device", backend.device.device_name),
             ("total memory", f"{memory.total / 2**20:,.1f} MiB"),
             ("free memory", f"{memory.free / 2**20:,.1f} MiB"),
-            ("allocator", backend.allocator),
+            ("allocator", backend.resource.name),
             ("arrays", backend.array_type),
             ("aiocubie", aiocubie.__version__),
             ("python", platform.python_version()),

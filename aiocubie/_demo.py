@@ -455,7 +455,7 @@ def _announce_plan(mgr: MemoryManager, share: float, runs: int, batches: int, fo
     plans = []
     for group, makers in GROUPS.items():
         cap = math.floor(share * info.total) * len(makers)  # a group's cap: its members' caps together
-        offered = offered_bytes(cap, info.free, headroom=mgr.options.headroom, granule=mgr.backend.granule)
+        offered = offered_bytes(cap, info.free, headroom=mgr.options.headroom, granule=mgr.backend.device.granule)
         batch = {index: walk_requests(make(runs), DEFAULT_DEPTH) for index, make in enumerate(makers)}
         plan = plan_batch(batch, offered)  # a plan that cannot fit raises here, saying why
         chunks += plan.chunks * batches * len(makers)
@@ -522,7 +522,7 @@ def run_demo(
     if backend != "simulator":
         share = SHARE * min(1.0, budget / mgr.memory_info().total)
     workload = FEATURES * runs * batches * 4
-    print(f"backend: {mgr.backend.name} ({why}); device: {mgr.backend.device_name}")
+    print(f"backend: {mgr.backend.name} ({why}); device: {mgr.backend.device.device_name}")
     print(
         f"workload: {batches} batches x {runs:,} runs x {FEATURES} features ({workload:,} bytes of float32) "
         f"through 4 components in 3 stream groups (load, solve, reduce); budget {budget:,} bytes, "

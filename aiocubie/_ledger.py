@@ -19,7 +19,7 @@ __all__ = ["Allocation", "Ledger"]
 
 @attrs.define(eq=False)
 class Allocation:
-    """One live array: who asked for it, under which label, and the VRAM it takes."""
+    """One live array: who asked for it, under which label, the VRAM it takes, the block under it."""
 
     array: Any
     label: str
@@ -27,6 +27,7 @@ class Allocation:
     group: str
     kind: MemoryKind
     vram: int
+    block: Any = None  # the resource's Block the array is made over: what the account gives back
     owner: object = None  # the ArrayResponse it belongs to; held, so its id() stays unique
 
 

@@ -186,9 +186,9 @@ class MemoryManager:
         self._owns_backend = not isinstance(backend, Backend)
         if isinstance(backend, str):
             backend = create_backend(backend, allocator=allocator, array_type=array_type, device=device or 0)
-        elif device is not None and device != backend.device:
+        elif device is not None and device != backend.device.device_id:
             raise ConfigurationError(
-                f"device={device!r} but the backend given drives device {backend.device}: "
+                f"device={device!r} but the backend given drives device {backend.device.device_id}: "
                 "pass device to the backend, or a backend name"
             )
         elif array_type is not None and parse_array_type(array_type) != backend.array_type:
@@ -197,13 +197,18 @@ class MemoryManager:
                 "pass array_type to the backend, or a backend name"
             )
         self.backend: Backend = backend
-        if allocator is not None and not self._owns_backend and allocator != self.backend.allocator:
-            self.backend.set_allocator(allocator)
         self._telemetry = Telemetry()
         self._reclaim_hooks: list[ReclaimHook] = []
-        self._account = DeviceAccount(self.backend, self._options, self._memory_released, self._reclaim_hooks)
+        self._account = DeviceAccount(
+            self.backend,
+            self._options,
+            self._memory_released,
+            self._reclaim_hooks,
+            allocator=None if self._owns_backend else allocator,
+        )
+        self._device = self.backend.device
         self._history: HistoryRecorder | None = None  # the last one recorded, kept once stopped
-        self._registry = Registry(self.backend.create_stream, self._telemetry)
+        self._registry = Registry(self._device.create_stream, self._telemetry)
         self._schedulers: dict[str, GroupScheduler] = {}  # one per live group, while running
         self._draining: list[GroupScheduler] = []  # of emptied groups, until their flights land
         self._task_group: anyio.abc.TaskGroup | None = None  # entered and exited by one task
@@ -517,8 +522,13 @@ class MemoryManager:
         return self._account.available(members, free, group=group, warn=True)
 
     def memory_info(self) -> MemoryInfo:
-        """Free and total device memory, read now."""
-        return self.backend.memory_info()
+        """Free and total device memory, read now (blocks the allocator's pool caches count as free)."""
+        return self._account.memory_info()
+
+    @property
+    def allocator(self) -> str:
+        """The memory resource in use: ``"driver"``, ``"cupy"``, ``"cupy_async"`` or ``"numba"``."""
+        return self._account.resource_name
 
     # -- stream groups ---------------------------------------------------------------------
     def get_stream(self, instance: object) -> Any:
@@ -742,10 +752,9 @@ class MemoryManager:
             raise UnknownAllocatorError(
                 f"unknown allocator {shown(name)}: use one of {', '.join(map(repr, ALLOCATORS))}"
             )
-        self.backend.set_allocator(name)  # first: an unknown name must not warn of a reset
+        self._account.set_resource(name)  # first: an unknown name must not warn of a reset
         warn(f"set_allocator({name!r}) resets the device context: arrays and compiled kernels from before are invalid")
         self._reset(f"set_allocator({name!r})")
-        self._account.forget_all()  # the context that held them is gone
         self.reinit_streams()
         self._call_invalidate_hooks()
 
@@ -820,13 +829,13 @@ class MemoryManager:
                 raise InvalidRequestError(f"like has shape {like_shape}, not {request.shape}")
         try:
             if pool and request.kind is MemoryKind.PINNED:
-                staging = self.backend.pinned_pool
+                staging = self._device.pinned_pool
                 buffer = staging.acquire(request.nbytes)
                 array = buffer[: request.nbytes].view(request.dtype).reshape(request.shape)
                 array.fill(0)
                 weakref.finalize(array, staging.release, buffer)
             else:
-                array = self.backend.host_array(request.shape, request.dtype, request.kind)
+                array = self._device.host_array(request.shape, request.dtype, request.kind)
         except AiocubieError:
             raise
         except MemoryError as exc:  # a backend that let numpy's through
@@ -852,7 +861,7 @@ class MemoryManager:
         Buffers in use (by a walk, or a ``create_host_array(pool=True)`` array still alive)
         stay; they are kept for reuse when given back.
         """
-        return self.backend.pinned_pool.clear()
+        return self._device.pinned_pool.clear()
 
     async def to_device(self, instance: object, host_arrays: Sequence[Any], device_arrays: Sequence[Any]) -> None:
         """Copy each host array into its device array on ``instance``'s stream; wait until done.
@@ -899,7 +908,7 @@ class MemoryManager:
             raise InvalidRequestError(f"{len(sources)} {names[0]} but {len(targets)} {names[1]}: pair them up")
         stream = self.get_stream(instance)
         for src, dst in zip(sources, targets):
-            self.backend.copy(src, dst, stream)
+            self._device.copy(src, dst, stream)
         await self._wait_for(stream)
 
     async def sync_stream(self, instance: object) -> None:
@@ -909,7 +918,7 @@ class MemoryManager:
     @property
     def device(self) -> int:
         """The id of the device this manager drives."""
-        return self.backend.device
+        return self._device.device_id
 
     def on_device(self) -> AbstractContextManager[Any]:
         """A context manager that makes this manager's device current in the calling thread.
@@ -917,20 +926,20 @@ class MemoryManager:
         Launch kernels and CuPy work on a manager's arrays inside it when the program uses
         several devices (``with mgr.on_device(): kernel[blocks, threads, stream](...)``).
         """
-        return self.backend.activate()
+        return self._device.activate()
 
     async def prefetch(self, instance: object, array: Any, device: int | Literal["own"] | None = "own") -> None:
         """Prefetch managed ``array`` to ``device`` (``"own"``: this manager's; None: the CPU)
         on ``instance``'s stream."""
         stream = self.get_stream(instance)
-        self.backend.prefetch(array, self._location(device), stream)
+        self._device.prefetch(array, self._location(device), stream)
         await self._wait_for(stream)
 
     def _location(self, device: Any) -> Any:
         return self.device if isinstance(device, str) and device == "own" else device
 
     async def _wait_for(self, stream: Any) -> None:
-        event = self.backend.record_event(stream)
+        event = self._device.record_event(stream)
         loop = self._loop
         await (loop.wait(event) if loop is not None and loop.thread == get_ident() else wait_event(event))
 
@@ -950,14 +959,14 @@ class MemoryManager:
                 f"advice must be a string (preferred_location, accessed_by, read_mostly), got {shown(advice)}"
             )
         device = check_device(self._location(device))
-        self.backend.advise(array, advice, device)
+        self._device.advise(array, advice, device)
 
     # -- observability ---------------------------------------------------------------------
     def stats(self) -> Snapshot:
         """Live and peak bytes, requests, batches, chunks and latencies, per group and instance."""
         self._reap()
         ledger = self._account.ledger
-        info = self.backend.memory_info()
+        info = self._account.memory_info()
         budget = self._account.budget
         active = self._options.active  # caps are enforced (and reported) in active mode only
         groups = {}
@@ -973,7 +982,7 @@ class MemoryManager:
             live, peak = ledger.live_by_key.get(key, 0), ledger.peak_by_key.get(key, 0)
             cap = budget.cap(key) if active and key is not None else None
             instances[name] = UsageStats.of(counters, live, max(peak, counters.peak_bytes), cap)
-        pool = self.backend.pinned_pool
+        pool = self._device.pinned_pool
         pinned = PinnedStats(pool.held, pool.in_use, pool.peak_in_use, pool.pinned)
         return Snapshot(
             Snapshot.now(),
@@ -985,7 +994,7 @@ class MemoryManager:
             instances,
             pinned,
             time.time(),
-            self.backend.pool_facts(),
+            self._account.resource.pool_facts(),
             self._account.recovery,
         )
 

@@ -432,8 +432,8 @@ class ArrayResponse:
     buffers : dict
         Label -> every chunk buffer of an array that got more than one (``arrays[label]`` is
         the first); see :meth:`buffer_count`.
-    backend : Backend or None
-        The backend that made the arrays (what :func:`walk_chunks` copies with); None for a
+    device : Device or None
+        The device the arrays are on (what :func:`walk_chunks` copies with); None for a
         response built by hand.
     """
 
@@ -445,7 +445,7 @@ class ArrayResponse:
     chunk_axes: dict[str, int | None]
     stream: Any
     buffers: dict[str, tuple[Any, ...]] = attrs.field(factory=dict)
-    backend: Any = attrs.field(default=None, repr=False)
+    device: Any = attrs.field(default=None, repr=False)
 
     def buffer_count(self, label: str) -> int:
         """How many chunk buffers ``label`` has (1 unless it asked for more and was chunked)."""

@@ -3,7 +3,7 @@
 It does the index arithmetic of the chunk plan for the user. At depth 1 it copies on the
 response's stream and waits for each copy (the serial walk); deeper, it
 overlaps: copies run on two copy streams, ordered by events against the group's stream, and
-pageable host data is staged through the backend's pinned pool. It never launches kernels and
+pageable host data is staged through the device's pinned pool. It never launches kernels and
 never lets a copy outlive the buffers it uses.
 """
 
@@ -25,7 +25,7 @@ import anyio.to_thread
 import attrs
 import numpy as np
 
-from ._backends import Event
+from ._backends import Device, Event
 from ._completion import Loop
 from ._errors import AiocubieError, InvalidRequestError, shown, warn
 from ._requests import ArrayRequest, ArrayResponse
@@ -100,13 +100,13 @@ async def walk_chunks(
     the body's work for chunk ``i`` runs. The body must then queue its work on
     ``chunk.stream`` (the group's stream) and not wait for it: the walk orders the copies
     after it with events. Pinned host arrays are copied directly; pageable ones pass through
-    page-locked buffers of the backend's pinned pool.
+    page-locked buffers of the device's pinned pool.
 
     Parameters
     ----------
     response : ArrayResponse
         What ``await mgr.request(instance, ...)`` returned: it knows its arrays, its plan, its
-        stream and the backend that made it. (The 0.1 form ``walk_chunks(mgr, instance,
+        stream and the device it is on. (The 0.1 form ``walk_chunks(mgr, instance,
         response, ...)`` still works, with a DeprecationWarning.)
     inputs, outputs : mapping, optional
         Label -> full-size (unchunked) host array of that label's request.
@@ -158,9 +158,9 @@ async def walk_chunks(
         raise InvalidRequestError(
             f"walk_chunks walks an ArrayResponse (what `await mgr.request(...)` returns), got {shown(response)}"
         )
-    if response.backend is None:
+    if response.device is None:
         raise InvalidRequestError(
-            "walk_chunks walks a response a manager served (it copies with that manager's backend); "
+            "walk_chunks walks a response a manager served (it copies with that manager's device); "
             "this one was built by hand"
         )
     ins = _check(response, {} if inputs is None else inputs, "inputs")
@@ -323,13 +323,13 @@ def _depth(
 _copy_streams: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = weakref.WeakKeyDictionary()
 
 
-def _copy_streams_of(backend: Any, stream: Any) -> tuple[Any, Any]:
+def _copy_streams_of(device: Device, stream: Any) -> tuple[Any, Any]:
     try:
         found = _copy_streams.get(stream)
     except TypeError:  # a stream that cannot be weakly referenced: make them each time
         found = None
     if found is None:
-        found = (backend.create_stream(), backend.create_stream())
+        found = (device.create_stream(), device.create_stream())
         with contextlib.suppress(TypeError):
             _copy_streams[stream] = found
     return found
@@ -393,17 +393,17 @@ class _Walk:
         depth: int,
     ) -> None:
         self.response, self.depth = response, depth
-        self.backend = backend = response.backend
+        self.device = device = response.device
         self.ins, self.outs = ins, outs
         self.stream = response.stream
-        self.cin, self.cout = _copy_streams_of(backend, self.stream)
+        self.cin, self.cout = _copy_streams_of(device, self.stream)
         axes = response.chunk_axes
         self.chunked_in = [label for label in ins if axes[label] is not None]
         self.chunked_out = [label for label in outs if axes[label] is not None]
         self.in_place = bool(set(self.chunked_in) & set(self.chunked_out))
-        self.pinned = {label: backend.is_pinned(array) for label, array in {**ins, **outs}.items()}
+        self.pinned = {label: device.is_pinned(array) for label, array in {**ins, **outs}.items()}
         self.loop = Loop()
-        self.pool = backend.pinned_pool
+        self.pool = device.pinned_pool
         self.staging: list[np.ndarray[Any, Any]] = []  # pool buffers this walk holds
         self.slots_in: list[dict[str, np.ndarray[Any, Any]]] = [{} for _ in range(depth)]
         self.slots_out: list[dict[str, np.ndarray[Any, Any]]] = [{} for _ in range(depth)]
@@ -414,7 +414,7 @@ class _Walk:
         self.pending: collections.deque[tuple[int, Event, list[tuple[Any, Any]]]] = collections.deque()
 
     async def walk(self) -> AsyncGenerator[Chunk, None]:
-        response, backend, depth = self.response, self.backend, self.depth
+        response, device, depth = self.response, self.device, self.depth
         axes = response.chunk_axes
         whole_in = [label for label in self.ins if axes[label] is None]
         finished = False
@@ -431,17 +431,17 @@ class _Walk:
                     issued += 1
                 if depth == 1:  # serial: the data is on the device when the body runs
                     await self.loop.wait(self.in_done[index])
-                backend.wait_event(self.stream, self.in_done[index])
+                device.wait_event(self.stream, self.in_done[index])
                 if index >= depth:
                     if self.chunked_out:
-                        backend.wait_event(self.stream, self.out_done[index - depth])
+                        device.wait_event(self.stream, self.out_done[index - depth])
                     # keep the host at most `depth` chunks ahead of the device
                     await self.loop.wait(self.body_done[index - depth])
                 else:
                     await self.loop.checkpoint()
                 await self._settle(ready_only=True)
                 yield self._chunk(index)
-                self.body_done[index] = backend.record_event(self.stream)
+                self.body_done[index] = device.record_event(self.stream)
                 await self._copy_out(index)
                 if depth == 1:
                     await self._settle(up_to=index)
@@ -465,8 +465,8 @@ class _Walk:
     async def _copy_whole(self, sources: list[Any], targets: list[Any]) -> None:
         """Copy the unchunked arrays on the group's stream and wait until they are done."""
         for source, target in zip(sources, targets):
-            self.backend.copy(source, target, self.stream)
-        await self.loop.wait(self.backend.record_event(self.stream))
+            self.device.copy(source, target, self.stream)
+        await self.loop.wait(self.device.record_event(self.stream))
 
     def _chunk(self, index: int) -> Chunk:
         response = self.response
@@ -489,11 +489,11 @@ class _Walk:
         return buffer, False
 
     async def _copy_in(self, index: int) -> None:
-        response, backend, depth, cin = self.response, self.backend, self.depth, self.cin
+        response, device, depth, cin = self.response, self.device, self.depth, self.cin
         if index >= depth:
-            backend.wait_event(cin, self.body_done[index - depth])
+            device.wait_event(cin, self.body_done[index - depth])
             if self.in_place:
-                backend.wait_event(cin, self.out_done[index - depth])
+                device.wait_event(cin, self.out_done[index - depth])
         start, stop = response.chunk_bounds(index)
         length = stop - start
         for label in self.chunked_in:
@@ -506,8 +506,8 @@ class _Walk:
                     await self.loop.wait(self.in_done[index - depth])
                 source = _view(buffer, target)
                 await _host_copy(_trim(source, axis, length), host)
-            backend.copy(source, target, cin, tag=("in", index, label))
-        self.in_done[index] = backend.record_event(cin)
+            device.copy(source, target, cin, tag=("in", index, label))
+        self.in_done[index] = device.record_event(cin)
 
     def _ends(
         self, hosts: dict[str, np.ndarray[Any, Any]], label: str, index: int, length: int
@@ -525,8 +525,8 @@ class _Walk:
         return axis, full, device, host, direct
 
     async def _copy_out(self, index: int) -> None:
-        response, backend, depth, cout = self.response, self.backend, self.depth, self.cout
-        backend.wait_event(cout, self.body_done[index])
+        response, device, depth, cout = self.response, self.device, self.depth, self.cout
+        device.wait_event(cout, self.body_done[index])
         start, stop = response.chunk_bounds(index)
         length = stop - start
         unpack: list[tuple[Any, Any]] = []
@@ -540,8 +540,8 @@ class _Walk:
                     await self._settle(up_to=index - depth)
                 target = _view(buffer, source)
                 unpack.append((_trim(target, axis, length), host))
-            backend.copy(source, target, cout, tag=("out", index, label))
-        event = self.out_done[index] = backend.record_event(cout)
+            device.copy(source, target, cout, tag=("out", index, label))
+        event = self.out_done[index] = device.record_event(cout)
         self.pending.append((index, event, unpack))
 
     async def _settle(self, *, up_to: int = -1, ready_only: bool = False) -> None:
@@ -560,7 +560,7 @@ class _Walk:
         with anyio.CancelScope(shield=True):
             for stream in (self.cin, self.cout, self.stream):
                 try:
-                    event = self.backend.record_event(stream)
+                    event = self.device.record_event(stream)
                 except AiocubieError:  # cannot record: block on the stream instead
                     synchronize = getattr(stream, "synchronize", None)
                     if synchronize is not None:

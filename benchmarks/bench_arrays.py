@@ -60,8 +60,8 @@ def main() -> int:
         for backend in (numba_backend, cupy_backend):
             for kind in MemoryKind:
                 a = backend.allocate(SHAPE, F32, kind, stream)
-                backend.zero(a, stream)
-                backend.copy(np.ones(SHAPE, F32), a, stream)
+                backend.device.zero(a, stream)
+                backend.device.copy(np.ones(SHAPE, F32), a, stream)
         stream.synchronize()
     ours = [w for w in caught if issubclass(w.category, (DeprecationWarning, PendingDeprecationWarning, FutureWarning))]
 

@@ -30,7 +30,7 @@ async def bridge_latency(device: Device, n: int, warmup: int) -> dict[str, np.nd
     whole, to_callback, to_loop = [], [], []
     for i in range(warmup + n):
         ended = device.block(stream, BLOCK_SECONDS)
-        await wait_event(backend.record_event(stream))
+        await wait_event(backend.device.record_event(stream))
         resumed = time.perf_counter_ns()
         # the same hop, instrumented: when did the backend call back?
         ended_split = device.block(stream, BLOCK_SECONDS)
@@ -41,7 +41,7 @@ async def bridge_latency(device: Device, n: int, warmup: int) -> dict[str, np.nd
             called.append(time.perf_counter_ns())
             call_soon(done.set)
 
-        backend.record_event(stream).add_done_callback(on_done)
+        backend.device.record_event(stream).add_done_callback(on_done)
         await done.wait()
         resumed_split = time.perf_counter_ns()
         if i >= warmup:
@@ -75,7 +75,7 @@ async def idle_cpu(device: Device, seconds: float) -> dict[str, float]:
 
     async def pending_event() -> None:
         device.block(stream, seconds)
-        await wait_event(backend.record_event(stream))
+        await wait_event(backend.device.record_event(stream))
 
     shares["awaiting a pending event (wait_event)"] = await cpu_share(pending_event)
     async with MemoryManager(backend) as mgr:

@@ -24,7 +24,7 @@ OVERSUBSCRIPTION = (2.5, 3.3, 3.97)
 
 async def chunked_batch(device: Device, nbytes: int, oversubscription: float, repeats: int) -> dict[str, float]:
     """Plan and allocate one chunked batch ``repeats`` times; what it used, and how fast."""
-    total = device.backend.memory_info().total
+    total = device.backend.device.memory_info().total
     budget = math.floor(MEMBERS * nbytes / oversubscription)
     runs = nbytes // 4
     async with MemoryManager(device.backend, mode="active", headroom=0.0) as mgr:
@@ -45,7 +45,7 @@ async def chunked_batch(device: Device, nbytes: int, oversubscription: float, re
                 for owner in owners:
                     tg.start_soon(ask, owner)
             seconds.append(time.perf_counter() - start)
-            used = sum(device.backend.nbytes(r.arrays["state"]) for r in responses)
+            used = sum(device.backend.arrays.nbytes(r.arrays["state"]) for r in responses)
             chunks = {r.chunks for r in responses}
             for response in responses:
                 mgr.release(response)

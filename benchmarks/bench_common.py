@@ -71,6 +71,18 @@ class Device(Protocol):
     def close(self) -> None: ...
 
 
+def allocate(
+    backend: Any, shape: tuple[int, ...], dtype: Any, kind: Any, stream: Any
+) -> tuple[Any, Callable[[], None]]:
+    """An array over a block of ``backend``'s resource, as the device account makes it, and its release."""
+    import numpy as np
+
+    dtype = np.dtype(dtype)
+    resource = backend.resource
+    block = resource.allocate(int(np.prod(shape)) * dtype.itemsize, kind, stream)
+    return backend.arrays.make(block, shape, dtype, stream), lambda: resource.deallocate(block)
+
+
 @dataclass
 class Section:
     """What one benchmark module reports: its tables and the targets it checked."""

@@ -68,7 +68,7 @@ class CudaDevice:
         return other
 
     def _fresh_streams(self) -> None:
-        self.stream = self.backend.create_stream()
+        self.stream = self.backend.device.create_stream()
         self.numba_stream = cuda.stream()
         self.cupy_stream = cupy.cuda.Stream(non_blocking=True)
         self.pool = cupy.cuda.MemoryPool()
@@ -127,7 +127,7 @@ class CudaDevice:
 
     def info(self) -> dict[str, Any]:
         """Device and library facts for the report."""
-        facts: dict[str, Any] = {"device": self.backend.device_name}
+        facts: dict[str, Any] = {"device": self.backend.device.device_name}
         _, total = cuda.current_context().get_memory_info()
         facts["device_memory_mib"] = int(total) >> 20
         facts["driver_version"] = cupy.cuda.runtime.driverGetVersion()
@@ -207,7 +207,7 @@ class CudaWalkKit:
         return time.perf_counter() - start
 
     def pinned(self, shape: tuple[int, ...], dtype: Any) -> Any:
-        return self.backend.host_array(shape, dtype, "pinned")
+        return self.backend.device.host_array(shape, dtype, "pinned")
 
     def kernel(self, stream: Any, x: Any, y: Any, seconds: float) -> None:
         # numba arrays viewed without a sync: numba would otherwise synchronize the legacy

@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 import numpy as np
-from bench_common import Device, Section, Settings, Table, nothing, ratio, summary, time_async, time_sync
+from bench_common import Device, Section, Settings, Table, allocate, nothing, ratio, summary, time_async, time_sync
 from bench_sim import F32, SHAPE
 
 from aiocubie import ArrayRequest, MemoryKind, MemoryManager
@@ -61,9 +61,9 @@ async def raw_async(device: Device, n: int, warmup: int) -> np.ndarray[Any, Any]
     backend, stream = device.backend, device.stream
 
     async def step() -> Callable[[], None]:
-        array = backend.allocate(SHAPE, F32, MemoryKind.DEVICE, stream)
-        await wait_event(backend.record_event(stream))
-        return lambda: backend.free(array)
+        _, release = allocate(backend, SHAPE, F32, MemoryKind.DEVICE, stream)
+        await wait_event(backend.device.record_event(stream))
+        return release
 
     return await time_async(step, n, warmup)
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from bench_common import MIB, RawPath, Step
+from bench_common import MIB, RawPath, Step, allocate
 
 from aiocubie import MemoryKind, SimulatorBackend
 from aiocubie._backends import Backend
@@ -24,18 +24,18 @@ def backend_path(backend: Backend, stream: Any) -> RawPath:
 
     def make(n: int) -> Step:
         def step() -> Callable[[], None]:
-            arrays = [backend.allocate(SHAPE, F32, MemoryKind.DEVICE, stream) for _ in range(n)]
-            backend.record_event(stream).synchronize()
-            return lambda: _free_all(backend, arrays)
+            releases = [allocate(backend, SHAPE, F32, MemoryKind.DEVICE, stream)[1] for _ in range(n)]
+            backend.device.record_event(stream).synchronize()
+            return lambda: _free_all(releases)
 
         return step
 
     return make
 
 
-def _free_all(backend: Backend, arrays: list[Any]) -> None:
-    for array in arrays:
-        backend.free(array)
+def _free_all(releases: list[Callable[[], None]]) -> None:
+    for release in releases:
+        release()
 
 
 class SimDevice:
@@ -48,7 +48,7 @@ class SimDevice:
 
     def __init__(self) -> None:
         self.backend = SimulatorBackend()
-        self.stream = self.backend.create_stream()
+        self.stream = self.backend.device.create_stream()
 
     def use(self, allocator: str) -> None:
         """The simulator's allocators behave alike: only ``default`` is measured."""
@@ -74,7 +74,7 @@ class SimDevice:
 
     def info(self) -> dict[str, Any]:
         """Device facts for the report."""
-        return {"device": self.backend.device_name, "stream_latency_s": self.backend.latency}
+        return {"device": self.backend.device.device_name, "stream_latency_s": self.backend.device.latency}
 
     def walk_kit(self) -> SimWalkKit:
         """A simulator with copy engines, for bench_walk."""
@@ -104,25 +104,25 @@ class SimWalkKit:
     def raw_copies(self, host_in: np.ndarray[Any, Any], host_out: np.ndarray[Any, Any], both: bool = True) -> float:
         """Seconds to copy ``host_in`` in and (with ``both``, at once) a device array out to ``host_out``."""
         backend, kind = self.backend, MemoryKind.DEVICE
-        dev_in = backend.allocate(host_in.shape, host_in.dtype, kind, None)
-        dev_out = backend.allocate(host_out.shape, host_out.dtype, kind, None)
-        s1, s2 = backend.create_stream(), backend.create_stream()
+        dev_in, release_in = allocate(backend, host_in.shape, host_in.dtype, kind, None)
+        dev_out, release_out = allocate(backend, host_out.shape, host_out.dtype, kind, None)
+        s1, s2 = backend.device.create_stream(), backend.device.create_stream()
         start = time.perf_counter()
-        backend.copy(host_in, dev_in, s1)
+        backend.device.copy(host_in, dev_in, s1)
         if both:
-            backend.copy(dev_out, host_out, s2)
-        backend.record_event(s1).synchronize()
-        backend.record_event(s2).synchronize()
+            backend.device.copy(dev_out, host_out, s2)
+        backend.device.record_event(s1).synchronize()
+        backend.device.record_event(s2).synchronize()
         elapsed = time.perf_counter() - start
-        backend.free(dev_in)
-        backend.free(dev_out)
+        release_in()
+        release_out()
         return elapsed
 
     def pinned(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray[Any, Any]:
-        return self.backend.host_array(shape, np.dtype(dtype), MemoryKind.PINNED)
+        return self.backend.device.host_array(shape, np.dtype(dtype), MemoryKind.PINNED)
 
     def kernel(self, stream: Any, x: Any, y: Any, seconds: float) -> None:
-        from aiocubie._backends._simarrays import host_data
+        from aiocubie._backends._sim import host_data
 
         src, dst = host_data(x), host_data(y)
         self.backend.launch(stream, lambda: np.copyto(dst, src), duration=seconds)

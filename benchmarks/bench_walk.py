@@ -42,7 +42,7 @@ async def walk_seconds(
 ) -> dict[str, float]:
     """Median seconds of ``repeats`` walks of x -> y at ``depth`` within ``budget`` device bytes."""
     runs = x.shape[0]
-    total = backend.memory_info().total
+    total = backend.device.memory_info().total
     owner = _Owner()
     async with MemoryManager(backend, mode="active", headroom=0.0) as mgr:
         mgr.register(owner, proportion=budget / total)
@@ -52,7 +52,7 @@ async def walk_seconds(
         async with mgr.request(owner, requests) as response:
             kernel_s = kernel_s_per_byte * response.chunk_length * WIDTH * 4
             await _walk_once(mgr, owner, response, kit, x, y, depth, kernel_s)  # warm up (pins staging)
-            mgr.backend.pinned_pool.reset_peak()
+            mgr.backend.device.pinned_pool.reset_peak()
             seconds = [await _walk_once(mgr, owner, response, kit, x, y, depth, kernel_s) for _ in range(repeats)]
             np.testing.assert_array_equal(y[:: max(1, runs // 7)], x[:: max(1, runs // 7)])
             pinned = mgr.stats().pinned

@@ -81,7 +81,7 @@ class Bench:
         from cuda.bindings import driver as binding
 
         self.backend = backend
-        self.stream = backend.create_stream()
+        self.stream = backend.device.create_stream()
         self.buf = backend.allocate((slots,), np.dtype(np.uint64), MemoryKind.MAPPED, self.stream)
         self.buf[:] = 0
         self.addr = np.uint64(self.buf.__cuda_array_interface__["data"][0])
@@ -126,7 +126,7 @@ class Bench:
 
         if mechanism in cu.EVENT_MECHANISMS:
             self.backend.event_mechanism = mechanism  # type: ignore[assignment]
-            self.backend.record_event(self.stream).add_done_callback(resolve)
+            self.backend.device.record_event(self.stream).add_done_callback(resolve)
         elif mechanism == "stream_callback":
             key = next(_stream_keys)
             _stream_callbacks[key] = resolve
@@ -137,7 +137,7 @@ class Bench:
             self.binding.cuEventRecord(handle, self.binding.CUstream(int(self.stream.handle)))
             self.spin_waiter.submit(_RawEvent(handle, self.binding), resolve)
         elif mechanism == "poll":
-            self.poll_task = loop.create_task(_poll(self.backend.record_event(self.stream), fut, self))
+            self.poll_task = loop.create_task(_poll(self.backend.device.record_event(self.stream), fut, self))
         elif mechanism == "handoff_floor":
             self.floor_jobs.put((time.perf_counter() + kernel_ns / 1e9, resolve))
         else:
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         report = asyncio.run(run())
     report.update(
         loop=args.loop,
-        device=backend.device_name,
+        device=backend.device.device_name,
         versions=versions(),
         args=vars(args),
         method=__doc__,

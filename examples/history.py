@@ -53,8 +53,8 @@ class LookupCache:
 
 
 async def record() -> tuple[History, str]:
-    sim = SimulatorBackend(4 * MiB, latency=0.0002)
-    async with MemoryManager(sim, allocator="cupy", free_cache_seconds=3600) as mgr:
+    sim = SimulatorBackend(4 * MiB, latency=0.0002, allocator="cupy")
+    async with MemoryManager(sim, free_cache_seconds=3600) as mgr:
         mgr.record_history()
         loader, solver_a, solver_b = Stage(), Stage(), Stage()
         cache = LookupCache(mgr)
@@ -66,8 +66,8 @@ async def record() -> tuple[History, str]:
         cache.fill()
         for step, runs in enumerate((8_000, 30_000, 16_000, 24_000)):
             if step == 3:  # the pool is emptied, and another process takes all but 900 KiB, unseen
-                sim.release_cached()
-                sim.occupy(sim.memory_info().free - 900 * 1024)
+                sim.resource.release_cached()
+                sim.occupy(sim.device.memory_info().free - 900 * 1024)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(loader.work, mgr, runs)
                 tg.start_soon(solver_a.work, mgr, runs)

@@ -72,23 +72,23 @@ def to_numpy(array: Any) -> np.ndarray[Any, Any]:
 
 
 def _sync(backend: Backend, stream: Any) -> None:
-    backend.record_event(stream).synchronize()
+    backend.device.record_event(stream).synchronize()
 
 
 def test_protocol_attributes(contract: Contract) -> None:
     backend = contract.backend
-    assert backend.name in ("simulator", "cuda") and backend.device_name
+    assert backend.name in ("simulator", "cuda") and backend.device.device_name
     assert backend.allocator == contract.allocator in ALLOCATORS
     assert backend.array_type == contract.array_type in ARRAY_TYPES
-    assert backend.granule >= 0
-    info = backend.memory_info()
+    assert backend.device.granule >= 0
+    info = backend.device.memory_info()
     assert 0 < info.free <= info.total
 
 
 @pytest.mark.parametrize("kind", list(MemoryKind), ids=lambda k: k.value)
 def test_allocate_every_kind_gives_the_chosen_type(contract: Contract, kind: MemoryKind) -> None:
     backend = contract.backend
-    stream = backend.create_stream()
+    stream = backend.device.create_stream()
     array = backend.allocate((4, 100), np.dtype(np.float32), kind, stream)
     assert array.shape == (4, 100) and array.dtype == np.float32
     assert backend.nbytes(array) == 1600
@@ -107,10 +107,10 @@ def test_allocate_every_kind_gives_the_chosen_type(contract: Contract, kind: Mem
 @pytest.mark.parametrize("kind", list(MemoryKind), ids=lambda k: k.value)
 def test_zero_every_kind(contract: Contract, kind: MemoryKind) -> None:
     backend = contract.backend
-    stream = backend.create_stream()
+    stream = backend.device.create_stream()
     array = backend.allocate((3, 1000), np.dtype(np.float64), kind, stream)
-    backend.copy(np.full((3, 1000), np.nan), array, stream)  # so that zero() must really write
-    backend.zero(array, stream)
+    backend.device.copy(np.full((3, 1000), np.nan), array, stream)  # so that zero() must really write
+    backend.device.zero(array, stream)
     _sync(backend, stream)
     assert np.array_equal(to_numpy(array), np.zeros((3, 1000)))
     backend.free(array)
@@ -120,17 +120,17 @@ def test_zero_every_kind(contract: Contract, kind: MemoryKind) -> None:
 @pytest.mark.parametrize("device_kind", DEVICE_SIDE, ids=lambda k: k.value)
 def test_copies_round_trip_every_kind(contract: Contract, device_kind: MemoryKind, host_kind: MemoryKind) -> None:
     backend = contract.backend
-    stream = backend.create_stream()
+    stream = backend.device.create_stream()
     shape, dtype = (500, 37), np.dtype(np.float64)
-    src = backend.host_array(shape, dtype, host_kind)
+    src = backend.device.host_array(shape, dtype, host_kind)
     src[...] = rng.standard_normal(shape)
     dev = backend.allocate(shape, dtype, device_kind, stream)
     other = backend.allocate(shape, dtype, device_kind, stream)
-    dst = backend.host_array(shape, dtype, host_kind)
+    dst = backend.device.host_array(shape, dtype, host_kind)
     dst[...] = np.nan
-    backend.copy(src, dev, stream)
-    backend.copy(dev, other, stream)  # device to device
-    backend.copy(other, dst, stream)
+    backend.device.copy(src, dev, stream)
+    backend.device.copy(dev, other, stream)  # device to device
+    backend.device.copy(other, dst, stream)
     _sync(backend, stream)
     assert np.array_equal(dst, src)
     assert np.array_equal(to_numpy(dev), src)
@@ -138,23 +138,23 @@ def test_copies_round_trip_every_kind(contract: Contract, device_kind: MemoryKin
 
 def test_copy_rejects_mismatches(contract: Contract) -> None:
     backend = contract.backend
-    stream = backend.create_stream()
+    stream = backend.device.create_stream()
     dev = backend.allocate((10,), np.dtype(np.float32), MemoryKind.DEVICE, stream)
     with pytest.raises(BackendError, match="shapes and dtypes"):
-        backend.copy(np.zeros(11, np.float32), dev, stream)
+        backend.device.copy(np.zeros(11, np.float32), dev, stream)
     with pytest.raises(BackendError, match="shapes and dtypes"):
-        backend.copy(dev, np.zeros(10, np.float64), stream)
+        backend.device.copy(dev, np.zeros(10, np.float64), stream)
     with pytest.raises(BackendError, match="contiguous"):
-        backend.copy(np.zeros(20, np.float32)[::2], dev, stream)
+        backend.device.copy(np.zeros(20, np.float32)[::2], dev, stream)
     grid = backend.allocate((4, 6), np.dtype(np.float32), MemoryKind.DEVICE, stream)
     with pytest.raises(BackendError, match="contiguous"):
-        backend.copy(grid[:, :3], np.zeros((4, 3), np.float32), stream)
+        backend.device.copy(grid[:, :3], np.zeros((4, 3), np.float32), stream)
 
 
 @pytest.mark.parametrize("kind", DEVICE_SIDE, ids=lambda k: k.value)
 def test_cuda_array_interface_v3_with_stream(contract: Contract, kind: MemoryKind) -> None:
     backend = contract.backend
-    stream = backend.create_stream()
+    stream = backend.device.create_stream()
     array = backend.allocate((8, 4), np.dtype(np.int32), kind, stream)
     interface = array.__cuda_array_interface__
     assert interface["version"] == 3
@@ -169,10 +169,10 @@ def test_cuda_array_interface_v3_with_stream(contract: Contract, kind: MemoryKin
 
 def test_event_callbacks_and_queries(contract: Contract) -> None:
     backend = contract.backend
-    stream = backend.create_stream()
+    stream = backend.device.create_stream()
     array = backend.allocate((1 << 16,), np.dtype(np.float64), MemoryKind.DEVICE, stream)
-    backend.zero(array, stream)
-    event = backend.record_event(stream)
+    backend.device.zero(array, stream)
+    event = backend.device.record_event(stream)
     fired: list[int] = []
     done = threading.Event()
 
@@ -192,33 +192,37 @@ def test_a_stream_waits_for_another_streams_event(contract: Contract) -> None:
     # copy in on one stream, device-to-device on a second that waits for the first's event,
     # copy out on a third that waits for the second's: the data must arrive whole
     backend = contract.backend
-    first, second, third = backend.create_stream(), backend.create_stream(), backend.create_stream()
+    first, second, third = (
+        backend.device.create_stream(),
+        backend.device.create_stream(),
+        backend.device.create_stream(),
+    )
     shape, dtype = (1 << 20,), np.dtype(np.float32)
-    src = backend.host_array(shape, dtype, MemoryKind.PINNED)
+    src = backend.device.host_array(shape, dtype, MemoryKind.PINNED)
     src[...] = rng.standard_normal(shape)
     a = backend.allocate(shape, dtype, MemoryKind.DEVICE, first)
     b = backend.allocate(shape, dtype, MemoryKind.DEVICE, first)
     _sync(backend, first)
-    dst = backend.host_array(shape, dtype, MemoryKind.PINNED)
-    backend.copy(src, a, first)
-    backend.wait_event(second, backend.record_event(first))
-    backend.copy(a, b, second)
-    backend.wait_event(third, backend.record_event(second))
-    backend.copy(b, dst, third)
+    dst = backend.device.host_array(shape, dtype, MemoryKind.PINNED)
+    backend.device.copy(src, a, first)
+    backend.device.wait_event(second, backend.device.record_event(first))
+    backend.device.copy(a, b, second)
+    backend.device.wait_event(third, backend.device.record_event(second))
+    backend.device.copy(b, dst, third)
     _sync(backend, third)
     assert np.array_equal(dst, src)
-    backend.wait_event(third, backend.record_event(third))  # an event already reached: no wait
+    backend.device.wait_event(third, backend.device.record_event(third))  # an event already reached: no wait
 
 
 def test_pinned_host_memory_is_known(contract: Contract) -> None:
     backend = contract.backend
-    pinned = backend.host_array((64, 3), np.dtype(np.float64), MemoryKind.PINNED)
-    assert backend.is_pinned(pinned) and backend.is_pinned(pinned[5:9])
-    assert not backend.is_pinned(backend.host_array((64, 3), np.dtype(np.float64), MemoryKind.HOST))
-    assert not backend.is_pinned(np.zeros(10))
-    pool = backend.pinned_pool
+    pinned = backend.device.host_array((64, 3), np.dtype(np.float64), MemoryKind.PINNED)
+    assert backend.device.is_pinned(pinned) and backend.device.is_pinned(pinned[5:9])
+    assert not backend.device.is_pinned(backend.device.host_array((64, 3), np.dtype(np.float64), MemoryKind.HOST))
+    assert not backend.device.is_pinned(np.zeros(10))
+    pool = backend.device.pinned_pool
     buffer = pool.acquire(1000)
-    assert buffer.nbytes >= 1000 and backend.is_pinned(buffer)
+    assert buffer.nbytes >= 1000 and backend.device.is_pinned(buffer)
     pool.release(buffer)
     assert pool.acquire(900) is buffer  # reused, not pinned again
     pool.release(buffer)
@@ -227,35 +231,35 @@ def test_pinned_host_memory_is_known(contract: Contract) -> None:
 def test_host_array(contract: Contract) -> None:
     backend = contract.backend
     for kind in HOST_SIDE:
-        array = backend.host_array((3, 5), np.dtype(np.int64), kind)
+        array = backend.device.host_array((3, 5), np.dtype(np.int64), kind)
         assert isinstance(array, np.ndarray) and array.shape == (3, 5) and not array.any()
 
 
 def test_managed_prefetch_and_advice(contract: Contract) -> None:
     backend = contract.backend
-    stream = backend.create_stream()
+    stream = backend.device.create_stream()
     array = backend.allocate((1 << 16,), np.dtype(np.float32), MemoryKind.MANAGED, stream)
     expected = rng.standard_normal(1 << 16).astype(np.float32)
-    backend.copy(expected, array, stream)
+    backend.device.copy(expected, array, stream)
     for advice in ("preferred_location", "accessed_by", "read_mostly"):
-        backend.advise(array, advice, 0)
-    backend.advise(array, "accessed_by", None)
-    backend.prefetch(array, 0, stream)
-    backend.prefetch(array, None, stream)
+        backend.device.advise(array, advice, 0)
+    backend.device.advise(array, "accessed_by", None)
+    backend.device.prefetch(array, 0, stream)
+    backend.device.prefetch(array, None, stream)
     _sync(backend, stream)
     assert np.array_equal(to_numpy(array), expected)
     with pytest.raises(BackendError, match="advice"):
-        backend.advise(array, "nonsense", 0)  # type: ignore[arg-type]
+        backend.device.advise(array, "nonsense", 0)  # type: ignore[arg-type]
     if backend.name == "cuda":  # the simulator does not track which memory is managed
         device = backend.allocate((4,), np.dtype(np.float32), MemoryKind.DEVICE, stream)
         with pytest.raises(BackendError, match="managed"):
-            backend.prefetch(device, 0, stream)
+            backend.device.prefetch(device, 0, stream)
 
 
 def test_allocation_beyond_the_device_fails_cleanly(contract: Contract) -> None:
     backend = contract.backend
-    stream = backend.create_stream()
-    total = backend.memory_info().total
+    stream = backend.device.create_stream()
+    total = backend.device.memory_info().total
     with pytest.raises(OutOfMemoryError):  # no room: the kind of failure the manager recovers from
         backend.allocate((total + (1 << 30),), np.dtype(np.uint8), MemoryKind.DEVICE, stream)
     with pytest.raises(AllocationError):
@@ -266,7 +270,7 @@ def test_allocation_beyond_the_device_fails_cleanly(contract: Contract) -> None:
 
 def test_pool_facts_and_releasing_cached_blocks(contract: Contract) -> None:
     backend = contract.backend
-    stream = backend.create_stream()
+    stream = backend.device.create_stream()
     arrays = [backend.allocate((1 << 20,), np.dtype(np.uint8), MemoryKind.DEVICE, stream) for _ in range(4)]
     _sync(backend, stream)
     using = backend.pool_facts()
@@ -295,15 +299,15 @@ def test_unknown_names_are_clear_errors(contract: Contract) -> None:
     with pytest.raises(ConfigurationError, match="unknown array type"):
         create_backend("simulator", array_type="jax")
     with pytest.raises(InvalidRequestError):
-        backend.host_array((3,), np.dtype(np.int64), MemoryKind.DEVICE)
+        backend.device.host_array((3,), np.dtype(np.int64), MemoryKind.DEVICE)
 
 
 def test_array_type_behaviour(contract: Contract) -> None:
     """What the GPU refuses, every backend refuses; what users call, every backend supports."""
     backend = contract.backend
-    stream = backend.create_stream()
+    stream = backend.device.create_stream()
     array = backend.allocate((4, 5), np.dtype(np.float64), MemoryKind.DEVICE, stream)
-    backend.copy(np.arange(20.0).reshape(4, 5), array, stream)
+    backend.device.copy(np.arange(20.0).reshape(4, 5), array, stream)
     _sync(backend, stream)
     if contract.array_type == "cupy":
         with pytest.raises(TypeError):

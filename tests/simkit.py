@@ -5,13 +5,16 @@ Plain functions over the real simulator backend; nothing here replaces or mocks 
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import anyio
+import numpy as np
 
-from aiocubie import ArrayRequest, MemoryManager, SimulatorBackend
+from aiocubie import ArrayRequest, MemoryKind, MemoryManager, SimulatorBackend
+from aiocubie._backends import Backend, Block, MemoryResource
 
 TOTAL = 1_000_000  # bytes of the simulated device
 HANG_GUARD = 10  # seconds: only a hung test takes this long
@@ -80,3 +83,29 @@ def assert_all_released(mgr: MemoryManager, sim: SimulatorBackend) -> None:
     """Accounting is back to exactly zero, in the manager and on the device."""
     assert mgr.stats().live_bytes == 0
     assert sim.used == 0
+
+
+class ByHand:
+    """Allocate and free through a backend's resource and array maker, as the device account does.
+
+    ``allocate(shape, dtype, kind, stream)`` gives an array over a fresh block; ``free(array)``
+    gives that block back (a second time: the resource's error).
+    """
+
+    def __init__(self, backend: Backend, resource: MemoryResource | None = None) -> None:
+        self.backend = backend
+        self.resource = backend.resource if resource is None else resource
+        self.blocks: dict[int, tuple[Any, Block]] = {}
+
+    def allocate(self, shape: tuple[int, ...], dtype: Any, kind: MemoryKind | str, stream: Any) -> Any:
+        dtype, kind = np.dtype(dtype), MemoryKind(kind)
+        block = self.resource.allocate(math.prod(shape) * dtype.itemsize, kind, stream)
+        array = self.backend.arrays.make(block, shape, dtype, stream)
+        self.blocks[id(array)] = (array, block)
+        return array
+
+    def free(self, array: Any) -> None:
+        _, block = self.blocks.get(id(array), (None, None))
+        if block is None:
+            raise AssertionError(f"not allocated here: {type(array).__name__}")
+        self.resource.deallocate(block)

@@ -6,12 +6,13 @@ import warnings
 
 import pytest
 
-from aiocubie import AiocubieWarning, SimulatorBackend, _backends, create_backend
+from aiocubie import AiocubieWarning, SimulatorBackend, create_backend
+from aiocubie._backends import _select
 
 
 def test_auto_without_a_gpu_warns_once_and_explicit_simulator_never(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_backends, "gpu_status", lambda: (False, "no GPU in this test"))
-    monkeypatch.setattr(_backends, "_fallback_warned", False)
+    monkeypatch.setattr(_select, "gpu_status", lambda: (False, "no GPU in this test"))
+    monkeypatch.setattr(_select, "_fallback_warned", False)
     with pytest.warns(
         AiocubieWarning, match=r"no usable GPU \(no GPU in this test\).*8 GiB.*backend='simulator'"
     ) as record:

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 import aiocubie
-from aiocubie import _backends, _cli
+from aiocubie import _cli
+from aiocubie._backends import _select
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -98,7 +99,7 @@ def test_bad_options_exit_2_with_a_message(
 
 def test_cuda_without_a_gpu_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "0")
-    monkeypatch.setattr(_backends, "_driver_devices", lambda: (0, "no GPU in this test"))
+    monkeypatch.setattr(_select, "_driver_devices", lambda: (0, "no GPU in this test"))
     with pytest.raises(aiocubie.ConfigurationError, match="backend 'cuda' is not usable here: no GPU in this test"):
         aiocubie.select_backend("cuda")
     with pytest.raises(aiocubie.ConfigurationError, match="unknown backend 'gpu'"):
@@ -108,7 +109,7 @@ def test_cuda_without_a_gpu_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_auto_follows_the_driver_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "0")  # restored afterwards, whatever select_backend sets
     monkeypatch.delitem(sys.modules, "numba.cuda", raising=False)  # as if not imported yet
-    monkeypatch.setattr(_backends, "_driver_devices", lambda: (0, "no driver here"))
+    monkeypatch.setattr(_select, "_driver_devices", lambda: (0, "no driver here"))
     assert aiocubie.select_backend("auto") == ("simulator", "no driver here")
     assert os.environ["NUMBA_ENABLE_CUDASIM"] == "1"
 

@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from aiocubie import Event, SimulatorBackend
-from aiocubie._backends._simulator import SimEvent
+from aiocubie._backends._sim import SimEvent
 from aiocubie._completion import thread_safe_caller, wait_event
 
 HANG_GUARD = 10  # seconds: only a hung test takes this long
@@ -32,10 +32,10 @@ def hold(gate: threading.Event) -> None:
 
 def gated_event(sim: SimulatorBackend) -> tuple[Event, threading.Event]:
     """An event that completes on the simulator's stream thread once the gate is set."""
-    stream = sim.create_stream()
+    stream = sim.device.create_stream()
     gate = threading.Event()
     stream.enqueue(lambda: hold(gate))
-    return sim.record_event(stream), gate
+    return sim.device.record_event(stream), gate
 
 
 @pytest.mark.anyio
@@ -101,7 +101,7 @@ async def test_cancelled_wait_is_clean(sim: SimulatorBackend) -> None:
 
 @pytest.mark.anyio
 async def test_already_done_event_returns_and_is_a_checkpoint(sim: SimulatorBackend) -> None:
-    event = sim.record_event(sim.create_stream())
+    event = sim.device.record_event(sim.device.create_stream())
     event.synchronize()
     with anyio.fail_after(HANG_GUARD):
         await wait_event(event)
@@ -114,10 +114,10 @@ async def test_already_done_event_returns_and_is_a_checkpoint(sim: SimulatorBack
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_late_completion_after_the_loop_closed_is_harmless(sim: SimulatorBackend, backend: str) -> None:
-    stream = sim.create_stream()
+    stream = sim.device.create_stream()
     gate = threading.Event()
     stream.enqueue(lambda: hold(gate))
-    event = sim.record_event(stream)
+    event = sim.device.record_event(stream)
 
     async def main() -> None:
         with anyio.move_on_after(0.01):
@@ -128,7 +128,7 @@ def test_late_completion_after_the_loop_closed_is_harmless(sim: SimulatorBackend
     # the bridge's callback runs on the stream thread against a closed loop: had it raised,
     # the thread would be dead and this later event would never complete
     follow_up = threading.Event()
-    sim.record_event(stream).add_done_callback(follow_up.set)
+    sim.device.record_event(stream).add_done_callback(follow_up.set)
     assert follow_up.wait(HANG_GUARD)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import anyio
 import numpy as np
 import pytest
+from simkit import ByHand
 
 from aiocubie import (
     ArrayRequest,
@@ -29,28 +30,29 @@ class Component:
 
 def test_each_simulated_device_has_its_own_memory() -> None:
     devices = [SimulatorBackend(total=(k + 1) * 64 * MiB, device=k, devices=2) for k in range(2)]
-    stream = devices[0].create_stream()
-    array = devices[0].allocate((MiB,), np.dtype(np.float32), MemoryKind.DEVICE, stream)
+    stream = devices[0].device.create_stream()
+    mem = ByHand(devices[0])
+    array = mem.allocate((MiB,), np.dtype(np.float32), MemoryKind.DEVICE, stream)
     assert (devices[0].used, devices[1].used) == (4 * MiB, 0)
-    assert [d.memory_info().total for d in devices] == [64 * MiB, 128 * MiB]
-    assert [d.device for d in devices] == [0, 1] and "device 1 of 2" in devices[1].device_name
-    devices[0].free(array)
+    assert [d.device.memory_info().total for d in devices] == [64 * MiB, 128 * MiB]
+    assert [d.device.device_id for d in devices] == [0, 1] and "device 1 of 2" in devices[1].device.device_name
+    mem.free(array)
     for device in devices:
         device.close()
 
 
 def test_managed_prefetch_to_another_device_and_unknown_ids() -> None:
     sim = SimulatorBackend(total=64 * MiB, device=0, devices=2)
-    stream = sim.create_stream()
-    array = sim.allocate((1024,), np.dtype(np.float32), MemoryKind.MANAGED, stream)
-    sim.prefetch(array, 1, stream)
-    sim.advise(array, "preferred_location", 1)
-    sim.prefetch(array, None, stream)
+    stream = sim.device.create_stream()
+    array = ByHand(sim).allocate((1024,), np.dtype(np.float32), MemoryKind.MANAGED, stream)
+    sim.device.prefetch(array, 1, stream)
+    sim.device.advise(array, "preferred_location", 1)
+    sim.device.prefetch(array, None, stream)
     with pytest.raises(BackendError, match=r"no device 2 on this simulated host: it has 2 \(ids 0 to 1\)"):
-        sim.prefetch(array, 2, stream)
+        sim.device.prefetch(array, 2, stream)
     with pytest.raises(BackendError, match="no device 5"):
-        sim.advise(array, "accessed_by", 5)
-    sim.record_event(stream).synchronize()
+        sim.device.advise(array, "accessed_by", 5)
+    sim.device.record_event(stream).synchronize()
     sim.close()
 
 
@@ -65,9 +67,9 @@ def test_simulator_refuses_a_device_it_does_not_have(device: int, devices: int |
 
 def test_create_backend_and_manager_on_a_device() -> None:
     backend = create_backend("simulator", device=3, devices=4)
-    assert (backend.device, backend.devices) == (3, 4)  # type: ignore[attr-defined]
+    assert (backend.device.device_id, backend.device.devices) == (3, 4)  # type: ignore[attr-defined]
     mgr = MemoryManager("simulator", device=1)
-    assert mgr.device == 1 and mgr.backend.device == 1
+    assert mgr.device == 1 and mgr.backend.device.device_id == 1
     with pytest.raises(ConfigurationError, match="device=0 but the backend given drives device 3"):
         MemoryManager(backend, device=0)
     with pytest.raises(ConfigurationError, match="device must be a device number"):

@@ -42,7 +42,7 @@ class Rig:
     def __init__(self, sim: SimulatorBackend, options: Options, tg: anyio.abc.TaskGroup, members: int) -> None:
         self.sim = sim
         self.telemetry = Telemetry()
-        self.registry = Registry(sim.create_stream, self.telemetry)
+        self.registry = Registry(sim.device.create_stream, self.telemetry)
         self.account = DeviceAccount(sim, options, lambda: self.scheduler.changed())
         self.group = self.registry.ensure_group("g")
         self.parts = [Part() for _ in range(members)]

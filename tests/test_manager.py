@@ -44,7 +44,7 @@ from aiocubie import (
     SimulatorBackend,
     UnknownAllocatorError,
 )
-from aiocubie._backends._simarrays import host_data
+from aiocubie._backends._sim import host_data
 
 
 # -- construction and lifecycle -----------------------------------------------------------------
@@ -346,7 +346,7 @@ def test_reinit_streams_gives_new_streams(sim: SimulatorBackend) -> None:
     mgr.reinit_streams()
     after = {mgr.get_stream(a), mgr.get_stream(b)}
     assert len(after) == 2 and not before & after
-    event = sim.record_event(mgr.get_stream(a))
+    event = sim.device.record_event(mgr.get_stream(a))
     event.synchronize()  # the new streams work
 
 
@@ -431,7 +431,7 @@ async def test_set_allocator_resets_like_invalidate_all(sim: SimulatorBackend) -
             errors = await interrupt_in_flight(
                 mgr, sim, a, {"y": vec(100)}, lambda: mgr.set_allocator("cupy"), ContextResetError
             )
-        assert sim.allocator == "cupy" and sim.resets == 1
+        assert mgr.allocator == "cupy" and sim.resets == 1
         assert sorted(calls) == ["a", "b"]
         assert len(errors) == 1 and "set_allocator('cupy')" in str(errors[0])
         assert_all_released(mgr, sim)
@@ -453,7 +453,7 @@ async def test_unknown_allocator_resets_nothing(sim: SimulatorBackend) -> None:
             warnings.simplefilter("error")  # nothing is reset, so nothing may warn of a reset
             with pytest.raises(UnknownAllocatorError, match="unknown allocator 'tcmalloc'"):
                 mgr.set_allocator("tcmalloc")
-        assert calls == [] and sim.resets == 0 and sim.allocator == "default"
+        assert calls == [] and sim.resets == 0 and mgr.allocator == "driver"
         assert sim.used == 800 and mgr.stats().live_bytes == 800
         assert mgr.get_stream(part) is stream
         mgr.release(response)
@@ -640,7 +640,7 @@ async def test_stats_counts(sim: SimulatorBackend) -> None:
             responses.append(await mgr.request(c, {"x": vec(TOTAL // 8 - 500)}))
 
         stats = mgr.stats()
-        assert stats.total == TOTAL and stats.free == sim.memory_info().free
+        assert stats.total == TOTAL and stats.free == sim.device.memory_info().free
         pair, solo = stats.groups["pair"], stats.groups["solo"]
         assert (pair.requests, pair.batches, pair.chunks) == (2, 1, 1)
         assert pair.live_bytes == 8000 and pair.peak_bytes == 16000

@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 import numpy as np
 import pytest
-from simkit import TOTAL, Part, vec
+from simkit import TOTAL, ByHand, Part, vec
 
 from aiocubie import (
     AiocubieWarning,
@@ -204,8 +204,7 @@ async def test_cli_history_verb(sim: SimulatorBackend, tmp_path: Path, capsys: p
 
 
 async def test_memory_summary_reads_at_a_glance(sim: SimulatorBackend) -> None:
-    sim.set_allocator("cupy")
-    async with MemoryManager(sim, mode="active") as mgr:
+    async with MemoryManager(sim, mode="active", allocator="cupy") as mgr:
         a, _ = await _work(mgr, sim)
         kept = await mgr.request(a, {"x": vec(200_000 // 8)})
         text = mgr.memory_summary()
@@ -269,25 +268,38 @@ async def test_snapshot_to_dict_is_json_with_wall_clock_and_units(sim: Simulator
 
 def test_simulator_pool_facts_show_cached_blocks() -> None:
     sim = SimulatorBackend(total=TOTAL)
-    stream = sim.create_stream()
+    stream = sim.device.create_stream()
     u8 = np.dtype(np.uint8)
-    a = sim.allocate((1000,), u8, MemoryKind.DEVICE, stream)
-    assert sim.pool_facts() == type(sim.pool_facts())(1000, 1000, 0)  # default: no pool
-    sim.free(a)
-    assert sim.pool_facts().held == 0 and sim.release_cached() == 0
-    sim.set_allocator("cupy")
-    arrays = [sim.allocate((n,), u8, MemoryKind.DEVICE, stream) for n in (300, 500)]
+    mem = ByHand(sim)
+    a = mem.allocate((1000,), u8, MemoryKind.DEVICE, stream)
+    assert mem.resource.pool_facts() == type(mem.resource.pool_facts())(1000, 1000, 0)  # driver model: no pool
+    mem.free(a)
+    assert mem.resource.pool_facts().held == 0 and mem.resource.release_cached() == 0
+    pool = ByHand(sim, sim.device.create_resource("cupy"))
+    arrays = [pool.allocate((n,), u8, MemoryKind.DEVICE, stream) for n in (300, 500)]
     for array in arrays:
-        sim.free(array)
-    facts = sim.pool_facts()
+        pool.free(array)
+    facts = pool.resource.pool_facts()
     assert (facts.held, facts.in_use, facts.cached, facts.largest_free) == (800, 0, 800, 500)
-    b = sim.allocate((200,), u8, MemoryKind.DEVICE, stream)  # from the 300-byte block: split, the rest stays cached
-    facts = sim.pool_facts()
+    b = pool.allocate((200,), u8, MemoryKind.DEVICE, stream)  # from the 300-byte block: split, the rest stays cached
+    facts = pool.resource.pool_facts()
     assert (facts.held, facts.in_use, facts.largest_free) == (800, 200, 500) and sorted(sim.cached) == [100, 500]
-    assert sim.memory_info().free == TOTAL - 200  # cached blocks count as free, as CuPy's pools report them
-    assert sim.release_cached() == 600 and sim.pool_facts().held == 200
-    sim.free(b)
+    assert sim.device.memory_info().free == TOTAL - 800  # as the driver says: cached blocks are held
+    assert sim.used == 200  # in use by arrays
+    assert pool.resource.release_cached() == 600 and pool.resource.pool_facts().held == 200
+    assert sim.device.memory_info().free == TOTAL - 200
+    pool.free(b)
     sim.close()
+
+
+async def test_the_manager_counts_cached_pool_blocks_as_free() -> None:
+    async with MemoryManager(SimulatorBackend(total=TOTAL, allocator="cupy")) as mgr:
+        part = Part()
+        mgr.register(part)
+        async with mgr.request(part, {"x": vec(1000)}):
+            assert mgr.memory_info().free == TOTAL - 8000
+        assert mgr.stats().pool.cached == 8000 and mgr.backend.device.memory_info().free == TOTAL - 8000
+        assert mgr.memory_info().free == mgr.stats().free == TOTAL  # the pool serves requests from them
 
 
 async def test_debug_logs_plans_and_allocations(sim: SimulatorBackend, caplog: pytest.LogCaptureFixture) -> None:
@@ -313,11 +325,11 @@ async def test_environment_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     monkeypatch.setenv("AIOCUBIE_ALLOCATOR", "cupy")
     monkeypatch.setenv("AIOCUBIE_HISTORY", "1")
     mgr = MemoryManager()
-    assert mgr.mode is LimitMode.ACTIVE and mgr.backend.name == "simulator" and mgr.backend.allocator == "cupy"
+    assert mgr.mode is LimitMode.ACTIVE and mgr.backend.name == "simulator" and mgr.allocator == "cupy"
     assert mgr.history().events == ()
     mgr.close()
     explicit = MemoryManager(backend=SimulatorBackend(TOTAL), mode="passive", allocator="default")
-    assert explicit.mode is LimitMode.PASSIVE and explicit.backend.allocator == "default"  # arguments win
+    assert explicit.mode is LimitMode.PASSIVE and explicit.allocator == "driver"  # arguments win
     monkeypatch.setenv("AIOCUBIE_HISTORY", str(tmp_path / "oom.json"))
     assert MemoryManager(SimulatorBackend(TOTAL)).history().events == ()
     for variable, value, error in (

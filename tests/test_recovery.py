@@ -7,6 +7,7 @@ after the last reading) and injected ones (the "oom" fault site), on asyncio and
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -29,10 +30,11 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def pooled(sim: SimulatorBackend) -> SimulatorBackend:
+def pooled() -> Iterator[SimulatorBackend]:
     """The simulator with CuPy's pool model: freed device blocks stay cached."""
-    sim.set_allocator("cupy")
-    return sim
+    backend = SimulatorBackend(total=TOTAL, allocator="cupy")
+    yield backend
+    backend.close()
 
 
 async def test_cached_blocks_are_freed_first_and_the_allocation_goes_on(
@@ -273,5 +275,5 @@ async def test_what_a_hook_says_it_freed_is_counted_as_whole_bytes_up_to_the_dev
         async with mgr.request(part, {"x": vec(100)}):
             pass
         recovery = mgr.stats().recovery
-    want = sim.memory_info().total if counted == "total" else counted
+    want = sim.device.memory_info().total if counted == "total" else counted
     assert (recovery.hook_calls, recovery.hook_bytes_freed, recovery.recovered) == (1, want, 1)

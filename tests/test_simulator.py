@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from simkit import ByHand
 
 from aiocubie import (
     AllocationError,
@@ -24,7 +25,7 @@ from aiocubie import (
     SimulatorBackend,
     UnknownAllocatorError,
 )
-from aiocubie._backends._simarrays import host_data
+from aiocubie._backends._sim import host_data
 
 F8 = np.dtype("float64")
 TOTAL = 1 << 20
@@ -37,6 +38,12 @@ def sim() -> Iterator[SimulatorBackend]:
     backend.close()
 
 
+@pytest.fixture
+def mem(sim: SimulatorBackend) -> ByHand:
+    """Allocations through ``sim``'s resource and array maker, as the device account makes them."""
+    return ByHand(sim)
+
+
 def gate_stream(stream: Any) -> threading.Event:
     """Hold ``stream`` shut until the returned gate is set."""
     gate = threading.Event()
@@ -45,43 +52,44 @@ def gate_stream(stream: Any) -> threading.Event:
 
 
 # -- memory ----------------------------------------------------------------------------------
-def test_memory_accounting_by_kind(sim: SimulatorBackend) -> None:
-    stream = sim.create_stream()
-    device = sim.allocate((100,), F8, MemoryKind.DEVICE, stream)
-    managed = sim.allocate((10, 10), F8, MemoryKind.MANAGED, stream)
+def test_memory_accounting_by_kind(sim: SimulatorBackend, mem: ByHand) -> None:
+    stream = sim.device.create_stream()
+    device = mem.allocate((100,), F8, MemoryKind.DEVICE, stream)
+    managed = mem.allocate((10, 10), F8, MemoryKind.MANAGED, stream)
     assert sim.used == 1600
     for kind in (MemoryKind.PINNED, MemoryKind.MAPPED, MemoryKind.HOST):
-        sim.allocate((1000,), F8, kind, stream)
+        mem.allocate((1000,), F8, kind, stream)
     assert sim.used == 1600, "host kinds must not take VRAM"
-    assert sim.memory_info().free == TOTAL - 1600
-    assert sim.memory_info().total == TOTAL
+    assert sim.device.memory_info().free == TOTAL - 1600
+    assert sim.device.memory_info().total == TOTAL
     assert device.shape == (100,) and managed.shape == (10, 10) and device.dtype == F8
-    sim.free(device)
-    sim.free(device)  # a second free of the same array changes nothing
+    mem.free(device)
+    with pytest.raises(BackendError, match="given back twice"):  # on a GPU: memory another array may use
+        mem.free(device)
     assert sim.used == 800
-    sim.free(managed)
+    mem.free(managed)
     assert sim.used == 0
-    assert sim.memory_info().free == TOTAL
+    assert sim.device.memory_info().free == TOTAL
 
 
-def test_occupy_takes_and_gives_back_free_memory(sim: SimulatorBackend) -> None:
+def test_occupy_takes_and_gives_back_free_memory(sim: SimulatorBackend, mem: ByHand) -> None:
     sim.occupy(TOTAL // 2)
-    assert sim.memory_info().free == TOTAL // 2
+    assert sim.device.memory_info().free == TOTAL // 2
     assert sim.used == 0, "memory of other processes is not ours"
-    stream = sim.create_stream()
+    stream = sim.device.create_stream()
     with pytest.raises(AllocationError, match="out of memory"):
-        sim.allocate((TOTAL // 2 // 8 + 1,), F8, MemoryKind.DEVICE, stream)
+        mem.allocate((TOTAL // 2 // 8 + 1,), F8, MemoryKind.DEVICE, stream)
     with pytest.raises(ValueError, match="cannot occupy"):
         sim.occupy(TOTAL // 2 + 1)
     with pytest.raises(ValueError, match="cannot occupy"):
         sim.occupy(-(TOTAL // 2) - 1)
     sim.occupy(-(TOTAL // 2))
-    assert sim.memory_info().free == TOTAL
+    assert sim.device.memory_info().free == TOTAL
 
 
 def test_reserved_memory_and_bad_settings() -> None:
     sim = SimulatorBackend(total=1000, reserved=400)
-    assert sim.memory_info().free == 600
+    assert sim.device.memory_info().free == 600
     for kwargs in ({"total": 0}, {"reserved": -1}, {"total": 10, "reserved": 11}, {"latency": -1.0}, {"granule": -1}):
         with pytest.raises(ConfigurationError) as info:  # a ValueError too, as it always was
             SimulatorBackend(**kwargs)  # type: ignore[arg-type]
@@ -148,11 +156,11 @@ def test_unknown_fault_sites_are_configuration_errors(
     ],
 )
 def test_bad_fault_rules_are_configuration_errors_and_inject_nothing(
-    sim: SimulatorBackend, rule: dict[str, object], named: str
+    sim: SimulatorBackend, mem: ByHand, rule: dict[str, object], named: str
 ) -> None:
     with pytest.raises(ConfigurationError, match=named):
         sim.faults.inject("allocate", **rule)  # type: ignore[arg-type]
-    sim.allocate((4,), np.dtype("f4"), MemoryKind.DEVICE, sim.create_stream())  # nothing was injected
+    mem.allocate((4,), np.dtype("f4"), MemoryKind.DEVICE, sim.device.create_stream())  # nothing was injected
     assert sim.faults.fired["allocate"] == 0
 
 
@@ -160,7 +168,7 @@ def test_bad_fault_rules_are_configuration_errors_and_inject_nothing(
 def test_bad_occupy_is_a_configuration_error(sim: SimulatorBackend, nbytes: object) -> None:
     with pytest.raises(ConfigurationError, match="cannot occupy"):
         sim.occupy(nbytes)  # type: ignore[arg-type]
-    assert sim.memory_info().free == TOTAL
+    assert sim.device.memory_info().free == TOTAL
 
 
 # issue 11 item 15: the host running out of memory is an AllocationError, not numpy's MemoryError
@@ -169,35 +177,35 @@ def test_host_memory_exhaustion_is_an_allocation_error(kind: MemoryKind) -> None
     sim = SimulatorBackend(total=1 << 50)
     try:
         with pytest.raises(AllocationError, match="out of host memory"):
-            sim.host_array((2**45,), np.dtype("u1"), kind)
+            sim.device.host_array((2**45,), np.dtype("u1"), kind)
         with pytest.raises(AllocationError, match="out of host memory"):
-            sim.allocate((2**45,), np.dtype("u1"), kind, sim.create_stream())
+            ByHand(sim).allocate((2**45,), np.dtype("u1"), kind, sim.device.create_stream())
         assert sim.used == 0
     finally:
         sim.close()
 
 
 @pytest.mark.parametrize("device", [np.array([1, 2]), -1, 1.0, True, "0"])
-def test_advice_and_prefetch_refuse_a_bad_device(sim: SimulatorBackend, device: object) -> None:
-    array = sim.allocate((4,), np.dtype("f4"), MemoryKind.MANAGED, sim.create_stream())
+def test_advice_and_prefetch_refuse_a_bad_device(sim: SimulatorBackend, mem: ByHand, device: object) -> None:
+    array = mem.allocate((4,), np.dtype("f4"), MemoryKind.MANAGED, sim.device.create_stream())
     with pytest.raises(InvalidRequestError, match="device must be"):
-        sim.advise(array, "read_mostly", device)  # type: ignore[arg-type]
+        sim.device.advise(array, "read_mostly", device)  # type: ignore[arg-type]
     with pytest.raises(InvalidRequestError, match="device must be"):
-        sim.prefetch(array, device, sim.create_stream())  # type: ignore[arg-type]
-    sim.free(array)
+        sim.device.prefetch(array, device, sim.device.create_stream())  # type: ignore[arg-type]
+    mem.free(array)
 
 
-def test_allocation_out_of_memory_says_what_was_asked(sim: SimulatorBackend) -> None:
-    stream = sim.create_stream()
-    sim.allocate((TOTAL // 8 - 1,), F8, MemoryKind.DEVICE, stream)
+def test_allocation_out_of_memory_says_what_was_asked(sim: SimulatorBackend, mem: ByHand) -> None:
+    stream = sim.device.create_stream()
+    mem.allocate((TOTAL // 8 - 1,), F8, MemoryKind.DEVICE, stream)
     with pytest.raises(AllocationError, match=r"asked for 16 bytes .* with 8 of 1048576 free"):
-        sim.allocate((2,), F8, MemoryKind.DEVICE, stream)
+        mem.allocate((2,), F8, MemoryKind.DEVICE, stream)
     assert sim.used == TOTAL - 8
 
 
 def test_host_array_is_zeroed(sim: SimulatorBackend) -> None:
     for kind in (MemoryKind.PINNED, MemoryKind.HOST):
-        array = sim.host_array((3, 4), np.dtype("int32"), kind)
+        array = sim.device.host_array((3, 4), np.dtype("int32"), kind)
         assert array.shape == (3, 4) and array.dtype == np.int32
         assert not array.any()
     assert sim.used == 0
@@ -205,12 +213,12 @@ def test_host_array_is_zeroed(sim: SimulatorBackend) -> None:
 
 # -- streams and events ------------------------------------------------------------------------
 def test_stream_runs_work_in_order(sim: SimulatorBackend) -> None:
-    stream = sim.create_stream()
+    stream = sim.device.create_stream()
     gate = gate_stream(stream)
     seen: list[int] = []
     for i in range(50):
         stream.enqueue(functools.partial(seen.append, i))
-    event = sim.record_event(stream)
+    event = sim.device.record_event(stream)
     assert seen == [] and not event.query(), "nothing may run past a held stream"
     gate.set()
     event.synchronize()
@@ -221,11 +229,11 @@ def test_stream_runs_work_in_order(sim: SimulatorBackend) -> None:
 def test_event_completes_only_after_work_queued_before_it() -> None:
     sim = SimulatorBackend(total=TOTAL, latency=0.01)
     try:
-        stream = sim.create_stream()
+        stream = sim.device.create_stream()
         src = np.random.default_rng(0).random(1000)
-        dst = sim.allocate(src.shape, src.dtype, MemoryKind.DEVICE, stream)
+        dst = ByHand(sim).allocate(src.shape, src.dtype, MemoryKind.DEVICE, stream)
         gate = gate_stream(stream)
-        sim.copy(src, dst, stream)
+        sim.device.copy(src, dst, stream)
         seen_at_completion: list[np.ndarray[Any, Any]] = []
         called = threading.Event()
 
@@ -233,7 +241,7 @@ def test_event_completes_only_after_work_queued_before_it() -> None:
             seen_at_completion.append(dst.get())  # on the stream's worker: no wait
             called.set()
 
-        event = sim.record_event(stream)
+        event = sim.device.record_event(stream)
         event.add_done_callback(on_done)
         assert not event.query()
         gate.set()
@@ -244,13 +252,13 @@ def test_event_completes_only_after_work_queued_before_it() -> None:
         sim.close()
 
 
-def test_zero_is_queued_on_the_stream(sim: SimulatorBackend) -> None:
-    stream = sim.create_stream()
-    array = sim.allocate((64,), F8, MemoryKind.DEVICE, stream)
+def test_zero_is_queued_on_the_stream(sim: SimulatorBackend, mem: ByHand) -> None:
+    stream = sim.device.create_stream()
+    array = mem.allocate((64,), F8, MemoryKind.DEVICE, stream)
     array[...] = 7.0
     gate = gate_stream(stream)
-    sim.zero(array, stream)
-    event = sim.record_event(stream)
+    sim.device.zero(array, stream)
+    event = sim.device.record_event(stream)
     # A host read would wait for the stream: peek at the memory behind the array instead.
     assert (host_data(array) == 7.0).all(), "the fill must wait its turn on the stream"
     gate.set()
@@ -259,19 +267,19 @@ def test_zero_is_queued_on_the_stream(sim: SimulatorBackend) -> None:
 
 
 def test_streams_are_independent(sim: SimulatorBackend) -> None:
-    held, free = sim.create_stream(), sim.create_stream()
+    held, free = sim.device.create_stream(), sim.device.create_stream()
     gate = gate_stream(held)
     try:
-        sim.record_event(free).synchronize()  # would hang if streams shared one queue
-        assert not sim.record_event(held).query()
+        sim.device.record_event(free).synchronize()  # would hang if streams shared one queue
+        assert not sim.device.record_event(held).query()
     finally:
         gate.set()
 
 
 def test_done_callback_called_once_before_and_after_completion(sim: SimulatorBackend) -> None:
-    stream = sim.create_stream()
+    stream = sim.device.create_stream()
     gate = gate_stream(stream)
-    event = sim.record_event(stream)
+    event = sim.device.record_event(stream)
     calls: list[str] = []
     event.add_done_callback(lambda: calls.append("first"))
     event.add_done_callback(lambda: calls.append("second"))
@@ -279,25 +287,25 @@ def test_done_callback_called_once_before_and_after_completion(sim: SimulatorBac
     gate.set()
     event.synchronize()
     # the worker thread runs callbacks right after setting the flag the main thread waits on
-    sim.record_event(stream).synchronize()
+    sim.device.record_event(stream).synchronize()
     assert calls == ["first", "second"]
 
     caller: list[threading.Thread] = []
     event.add_done_callback(lambda: caller.append(threading.current_thread()))
     assert caller == [threading.current_thread()], "an already-done event calls back at once, here"
-    sim.record_event(stream).synchronize()
+    sim.device.record_event(stream).synchronize()
     assert calls == ["first", "second"] and len(caller) == 1
 
 
 # -- copies ------------------------------------------------------------------------------------
-def test_copy_round_trip(sim: SimulatorBackend) -> None:
-    stream = sim.create_stream()
+def test_copy_round_trip(sim: SimulatorBackend, mem: ByHand) -> None:
+    stream = sim.device.create_stream()
     host = np.random.default_rng(1).standard_normal((20, 30)).astype(np.float32)
-    device = sim.allocate(host.shape, host.dtype, MemoryKind.DEVICE, stream)
-    back = sim.host_array(host.shape, host.dtype, MemoryKind.PINNED)
-    sim.copy(host, device, stream)
-    sim.copy(device, back, stream)
-    sim.record_event(stream).synchronize()
+    device = mem.allocate(host.shape, host.dtype, MemoryKind.DEVICE, stream)
+    back = sim.device.host_array(host.shape, host.dtype, MemoryKind.PINNED)
+    sim.device.copy(host, device, stream)
+    sim.device.copy(device, back, stream)
+    sim.device.record_event(stream).synchronize()
     np.testing.assert_array_equal(back, host)
 
 
@@ -306,22 +314,23 @@ def test_copy_round_trip(sim: SimulatorBackend) -> None:
     [((10,), "float32"), ((2, 5), "float64"), ((11,), "float64")],
 )
 def test_copy_mismatch_raises(sim: SimulatorBackend, dst_shape: tuple[int, ...], dst_dtype: str) -> None:
-    stream = sim.create_stream()
+    stream = sim.device.create_stream()
     src = np.zeros(10, np.float64)
     dst = np.zeros(dst_shape, dst_dtype)
     with pytest.raises(BackendError, match="shapes and dtypes must match"):
-        sim.copy(src, dst, stream)
+        sim.device.copy(src, dst, stream)
 
 
 # -- faults ------------------------------------------------------------------------------------
 def _operation(sim: SimulatorBackend, site: str) -> Callable[[], Any]:
-    stream = sim.create_stream()
+    stream = sim.device.create_stream()
+    mem = ByHand(sim)
     src, dst = np.ones(4), np.zeros(4)
     return {
-        "allocate": lambda: sim.free(sim.allocate((4,), F8, MemoryKind.DEVICE, stream)),
-        "record_event": lambda: sim.record_event(stream),
-        "copy": lambda: sim.copy(src, dst, stream),
-        "prefetch": lambda: sim.prefetch(dst, 0, stream),
+        "allocate": lambda: mem.free(mem.allocate((4,), F8, MemoryKind.DEVICE, stream)),
+        "record_event": lambda: sim.device.record_event(stream),
+        "copy": lambda: sim.device.copy(src, dst, stream),
+        "prefetch": lambda: sim.device.prefetch(dst, 0, stream),
     }[site]
 
 
@@ -376,11 +385,11 @@ def test_faults_only_hit_their_site(sim: SimulatorBackend) -> None:
     assert _outcomes(_operation(sim, "copy"), 1) == [True]
 
 
-def test_allocation_fault_message_and_no_leak(sim: SimulatorBackend) -> None:
-    stream = sim.create_stream()
+def test_allocation_fault_message_and_no_leak(sim: SimulatorBackend, mem: ByHand) -> None:
+    stream = sim.device.create_stream()
     sim.faults.inject("allocate")
     with pytest.raises(AllocationError, match=r"injected fault: allocating 80 bytes of device"):
-        sim.allocate((10,), F8, MemoryKind.DEVICE, stream)
+        mem.allocate((10,), F8, MemoryKind.DEVICE, stream)
     assert sim.used == 0
 
 
@@ -400,75 +409,77 @@ def test_bad_fault_rules_raise(sim: SimulatorBackend, kwargs: dict[str, Any]) ->
 
 
 # -- managed memory ----------------------------------------------------------------------------
-def test_prefetch_is_ordered_and_advice_is_checked(sim: SimulatorBackend) -> None:
-    stream = sim.create_stream()
-    array = sim.allocate((16,), F8, MemoryKind.MANAGED, stream)
+def test_prefetch_is_ordered_and_advice_is_checked(sim: SimulatorBackend, mem: ByHand) -> None:
+    stream = sim.device.create_stream()
+    array = mem.allocate((16,), F8, MemoryKind.MANAGED, stream)
     gate = gate_stream(stream)
-    sim.prefetch(array, 0, stream)
-    event = sim.record_event(stream)
+    sim.device.prefetch(array, 0, stream)
+    event = sim.device.record_event(stream)
     assert not event.query()
     gate.set()
     event.synchronize()
     for advice in ("preferred_location", "accessed_by", "read_mostly"):
-        sim.advise(array, advice, 0)
+        sim.device.advise(array, advice, 0)
     with pytest.raises(BackendError, match="unknown managed-memory advice"):
-        sim.advise(array, "fast_please", 0)  # type: ignore[arg-type]
+        sim.device.advise(array, "fast_please", 0)  # type: ignore[arg-type]
 
 
 # -- context resets ----------------------------------------------------------------------------
-def test_set_allocator_resets_and_closes_streams(sim: SimulatorBackend) -> None:
-    stream = sim.create_stream()
-    sim.allocate((100,), F8, MemoryKind.DEVICE, stream)
-    sim.set_allocator("cupy")
-    assert sim.allocator == "cupy" and sim.resets == 1
-    assert sim.used == 0 and sim.memory_info().free == TOTAL
+def test_reset_forgets_memory_and_closes_streams(sim: SimulatorBackend, mem: ByHand) -> None:
+    stream = sim.device.create_stream()
+    array = mem.allocate((100,), F8, MemoryKind.DEVICE, stream)
+    sim.device.reset()
+    assert sim.resets == 1
+    assert sim.used == 0 and sim.device.memory_info().free == TOTAL
+    with pytest.raises(BackendError, match="after a context reset"):  # its block went with the context
+        mem.free(array)
     assert stream.closed
     with pytest.raises(BackendError, match="closed by a context reset"):
-        sim.record_event(stream)
+        sim.device.record_event(stream)
     with pytest.raises(BackendError, match="closed by a context reset"):
-        sim.copy(np.ones(2), np.ones(2), stream)
-    sim.record_event(sim.create_stream()).synchronize()  # a new stream works
+        sim.device.copy(np.ones(2), np.ones(2), stream)
+    sim.device.record_event(sim.device.create_stream()).synchronize()  # a new stream works
 
 
 def test_reset_closes_streams_after_their_queued_work(sim: SimulatorBackend) -> None:
-    stream = sim.create_stream()
+    stream = sim.device.create_stream()
     gate = gate_stream(stream)
-    event = sim.record_event(stream)
-    sim.reset()
+    event = sim.device.record_event(stream)
+    sim.device.reset()
     gate.set()
     event.synchronize()  # work queued before the reset still completes
     with pytest.raises(BackendError):
         stream.enqueue(lambda: None)
 
 
-def test_unknown_allocator_resets_nothing(sim: SimulatorBackend) -> None:
-    stream = sim.create_stream()
-    sim.allocate((100,), F8, MemoryKind.DEVICE, stream)
-    with pytest.raises(UnknownAllocatorError, match="use one of default, cupy, cupy_async"):
-        sim.set_allocator("jemalloc")
-    assert sim.allocator == "default" and sim.resets == 0 and sim.used == 800
-    sim.record_event(stream).synchronize()
+def test_unknown_allocator_resets_nothing(sim: SimulatorBackend, mem: ByHand) -> None:
+    stream = sim.device.create_stream()
+    mem.allocate((100,), F8, MemoryKind.DEVICE, stream)
+    with pytest.raises(UnknownAllocatorError, match="use one of 'default', 'driver', 'cupy', 'cupy_async', 'numba'"):
+        sim.device.create_resource("jemalloc")
+    assert sim.resource.name == "driver" and sim.resets == 0 and sim.used == 800
+    sim.device.record_event(stream).synchronize()
 
 
-def test_copies_refuse_read_only_and_non_contiguous_arrays(sim: SimulatorBackend) -> None:
-    stream = sim.create_stream()
-    device = sim.allocate((4, 6), F8, MemoryKind.DEVICE, stream)
+def test_copies_refuse_read_only_and_non_contiguous_arrays(sim: SimulatorBackend, mem: ByHand) -> None:
+    stream = sim.device.create_stream()
+    device = mem.allocate((4, 6), F8, MemoryKind.DEVICE, stream)
     read_only = np.zeros((4, 6))
     read_only.flags.writeable = False
     with pytest.raises(BackendError, match="read-only"):
-        sim.copy(device, read_only, stream)
+        sim.device.copy(device, read_only, stream)
     with pytest.raises(BackendError, match="non-contiguous source"):
-        sim.copy(np.zeros((6, 4)).T, device, stream)
+        sim.device.copy(np.zeros((6, 4)).T, device, stream)
 
 
 def test_a_failing_work_item_does_not_stop_its_stream(sim: SimulatorBackend) -> None:
-    stream = sim.create_stream()
+    stream = sim.device.create_stream()
 
     def boom() -> None:
         raise RuntimeError("work failed")
 
     stream.enqueue(boom)
-    event = sim.record_event(stream)
+    event = sim.device.record_event(stream)
     event.synchronize()  # would block forever if the worker had died
     assert event.query()
 
@@ -476,7 +487,7 @@ def test_a_failing_work_item_does_not_stop_its_stream(sim: SimulatorBackend) -> 
 def test_an_unreferenced_stream_stops_its_worker() -> None:
     import gc
 
-    stream = SimulatorBackend(total=TOTAL).create_stream()
+    stream = SimulatorBackend(total=TOTAL).device.create_stream()
     name = f"aiocubie-sim-stream-{stream.id}"
     (worker,) = [t for t in threading.enumerate() if t.name == name]
     del stream

@@ -121,7 +121,7 @@ async def test_factory_under_pytest_asyncio(aiocubie_manager_factory):
 async def test_factory_under_anyio(aiocubie_manager_factory):
     async with aiocubie_manager_factory(total=1 << 20, latency=0.001) as one, aiocubie_manager_factory() as two:
         assert one.backend is not two.backend
-        assert (one.backend.total, one.backend.latency) == (1 << 20, 0.001)
+        assert (one.backend.total, one.backend.device.latency) == (1 << 20, 0.001)
         one.backend.faults.inject("copy")
         two.backend.faults.inject("copy")
 """,

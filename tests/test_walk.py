@@ -153,7 +153,7 @@ async def test_bad_walk_arguments_are_refused_before_any_copy() -> None:
             with pytest.raises(InvalidRequestError, match="takes one response"):
                 async for _ in walk_chunks(response, {"x": x}):
                     pass
-            by_hand = attrs.evolve(response, backend=None)
+            by_hand = attrs.evolve(response, device=None)
             with pytest.raises(InvalidRequestError, match="built by hand"):
                 async for _ in walk_chunks(by_hand, inputs={"x": x}):
                     pass
@@ -167,7 +167,7 @@ async def test_the_response_alone_is_walked_and_the_old_form_warns() -> None:
         mgr.register(solver)
         x = np.arange(SHAPES[0][0] * SHAPES[0][1], dtype=np.float64).reshape(SHAPES[0])
         async with mgr.request(solver, _requests(0)) as response:
-            assert response.backend is mgr.backend
+            assert response.device is mgr.backend.device
             new = [chunk.start async for chunk in walk_chunks(response, inputs={"x": x})]
             with pytest.warns(DeprecationWarning, match=r"call walk_chunks\(response, ...\)") as caught:
                 old = [chunk.start async for chunk in walk_chunks(mgr, solver, response, inputs={"x": x})]  # type: ignore[arg-type]

@@ -30,7 +30,7 @@ from aiocubie import (
     walk_chunks,
     walk_requests,
 )
-from aiocubie._backends._simarrays import host_data
+from aiocubie._backends._sim import host_data
 from aiocubie._planner import plan_chunks
 
 RUNS = 11
@@ -135,7 +135,7 @@ async def test_every_depth_is_bit_identical_to_the_serial_walk(axis: int, dtype:
         assert chunks == math.ceil(RUNS / 2)
         _same(overlapped, serial)
         assert sim.used == 0
-        assert mgr.backend.pinned_pool.in_use == 0
+        assert mgr.backend.device.pinned_pool.in_use == 0
 
 
 @pytest.mark.anyio
@@ -265,7 +265,7 @@ async def test_depth_three_overlaps_in_place_arrays_too() -> None:
 
 def _idle(sim: SimulatorBackend) -> bool:
     # at most the item that completed the walk's last event may still be counting itself done
-    return all(s._progress.queued - s._progress.done <= 1 for s in sim._streams)
+    return all(s._progress.queued - s._progress.done <= 1 for s in sim.device._streams)
 
 
 async def _interrupted(
@@ -301,7 +301,7 @@ async def _interrupted(
 def _assert_clean(sim: SimulatorBackend, mgr: MemoryManager) -> None:
     gc.collect()
     assert sim.used == 0
-    assert mgr.backend.pinned_pool.in_use == 0
+    assert mgr.backend.device.pinned_pool.in_use == 0
     assert mgr.stats().live_bytes == 0
 
 
@@ -323,7 +323,7 @@ async def test_an_exception_in_the_body_leaks_nothing(at: int, closing: bool) ->
     sim, mgr = seen
     for _ in range(100):  # unclosed, the walk is closed by the loop's async-generator hooks
         gc.collect()
-        if mgr.backend.pinned_pool.in_use == 0:
+        if mgr.backend.device.pinned_pool.in_use == 0:
             break
         await anyio.sleep(0.01)
     _assert_clean(sim, mgr)
@@ -468,12 +468,12 @@ async def test_pageable_walks_stage_through_exact_reused_pinned_buffers() -> Non
 def test_create_host_array_draws_from_the_pool() -> None:
     mgr = MemoryManager(SimulatorBackend(1 << 20))
     a = mgr.create_host_array((10, 3), np.float64, "pinned", pool=True)
-    assert a.shape == (10, 3) and not a.any() and mgr.backend.is_pinned(a[2:])
+    assert a.shape == (10, 3) and not a.any() and mgr.backend.device.is_pinned(a[2:])
     assert mgr.stats().pinned.in_use == 240
     del a
     gc.collect()
     assert mgr.stats().pinned.in_use == 0 and mgr.stats().pinned.held == 240
     b = mgr.create_host_array(30, np.float64, "pinned", pool=True)  # the same buffer again
     assert mgr.stats().pinned.pinned == 1 and b.shape == (30,)
-    assert not mgr.backend.is_pinned(np.zeros(3))
+    assert not mgr.backend.device.is_pinned(np.zeros(3))
     mgr.close()

@@ -19,6 +19,7 @@ import anyio
 import numpy as np
 import pytest
 from _reliability import SOAK, Component
+from simkit import ByHand
 
 from aiocubie import (
     AiocubieError,
@@ -167,7 +168,8 @@ def sim() -> Iterator[SimulatorBackend]:
 def test_array_requests_accepted_are_allocatable(seed: int, sim: SimulatorBackend) -> None:
     """What ArrayRequest accepts, numpy (and so the simulator and CuPy) can make; the rest is refused."""
     rng = random.Random(seed)
-    stream = sim.create_stream()
+    stream = sim.device.create_stream()
+    mem = ByHand(sim)
     for _ in range(CASES * 4):
         fields = random_request(rng)
         request: list[ArrayRequest] = []
@@ -177,11 +179,11 @@ def test_array_requests_accepted_are_allocatable(seed: int, sim: SimulatorBacken
         assert len(made.shape) <= 64
         if made.nbytes <= 1 << 16:  # accepted and small: it must allocate, as device and as host memory
             for where in ("device", "host"):
-                array = sim.allocate(
+                array = mem.allocate(
                     made.shape, made.dtype, made.kind if where == "device" else MemoryKind.HOST, stream
                 )
                 assert tuple(array.shape) == made.shape
-                sim.free(array)
+                mem.free(array)
             for chunk_length in (0, 1, 3):
                 np.empty(made.chunked_shape(chunk_length), made.dtype)
     assert sim.used == 0

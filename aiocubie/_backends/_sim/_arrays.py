@@ -8,6 +8,7 @@ import numba: a numba array is made only when asked for, by the maker that needs
 
 from __future__ import annotations
 
+import importlib.util
 import operator
 import threading
 from collections.abc import Callable, Iterator
@@ -15,6 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..._errors import ConfigurationError
 from ..._requests import MemoryKind
 from .._arrays import ArrayMaker, parse_array_type
 from .._device import StreamLike
@@ -336,6 +338,11 @@ class SimArrays(ArrayMaker):
         self.name = parse_array_type(array_type)
         self._device_array: Callable[[np.ndarray[Any, Any], Any], Any] = SimCupyArray
         if self.name == "numba":
+            if importlib.util.find_spec("numba") is None:  # found, not imported
+                raise ConfigurationError(
+                    "array_type='numba' hands out numba's device arrays, and numba is not installed: "
+                    "pip install 'aiocubie[numba]', or use array_type='cupy'"
+                )
             from ._numba_model import numba_model
 
             self._device_array = numba_model()
