@@ -1,28 +1,75 @@
-"""The CUDA backend, one concept a module: ``_pools`` (where blocks come from), ``_arrays``
-(arrays built over them), ``_events``, ``_streams``, ``_errors`` (the one error map) and
-``_backend`` (the :class:`CudaBackend` that ties them together).
+"""The CUDA backend on cuda.core, one concept a module: ``_device`` (:class:`CudaDevice`: streams,
+events, copies, activation), ``_resources`` (where blocks come from: ``driver``, ``cupy``,
+``cupy_async``), ``_arrays`` (CuPy arrays over blocks), ``_events``, ``_streams`` and ``_errors``
+(the one error map).
 
-Importing it imports numba.cuda (not CuPy); only ``aiocubie._backends`` imports it.
+Importing it imports cuda.core and cuda.bindings, never CuPy (until asked for) and never numba;
+only ``aiocubie._backends`` imports it.
 """
 
 from __future__ import annotations
 
-from ._backend import CudaBackend, cuda_usable
-from ._events import EVENT_MECHANISMS, CudaEvent
-from ._pools import CupyAsyncPoolManager, CupyPoolManager
-from ._streams import current_cupy_stream, stream_ptr
+from typing import Any
 
-# The names the GPU tests and benchmarks of 0.1.0 use.
-_CupyPoolManager = CupyPoolManager
-_CupyAsyncPoolManager = CupyAsyncPoolManager
-_stream_ptr = stream_ptr
+from ..._errors import ConfigurationError
+from .._arrays import ArrayMaker, parse_array_type
+from .._base import Backend
+from ._arrays import CupyArrays
+from ._device import DEFAULT_RESOURCE, CudaDevice, cuda_usable, driver_device_count
+from ._events import CudaEvent
+from ._resources import CudaResource, CupyAsyncResource, CupyResource, DriverResource
+from ._streams import current_cupy_stream, stream_handle
 
 __all__ = [
-    "EVENT_MECHANISMS",
-    "CudaBackend",
+    "DEFAULT_RESOURCE",
+    "CudaDevice",
     "CudaEvent",
-    "CupyAsyncPoolManager",
-    "CupyPoolManager",
+    "CudaResource",
+    "CupyArrays",
+    "CupyAsyncResource",
+    "CupyResource",
+    "DriverResource",
+    "create_arrays",
+    "create_cuda_backend",
     "cuda_usable",
     "current_cupy_stream",
+    "driver_device_count",
+    "stream_handle",
 ]
+
+
+def create_arrays(array_type: str | None, device: CudaDevice) -> ArrayMaker:
+    """The array maker for ``array_type`` (None: ``"cupy"``) on ``device``.
+
+    Raises
+    ------
+    ConfigurationError
+        For an unknown array type, or one whose library is not importable (naming the extra).
+    """
+    name = parse_array_type(array_type)
+    if name == "cupy":
+        return CupyArrays(device.device_id)
+    try:
+        from .._numba import NumbaArrays
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"array type 'numba' needs numba-cuda, which is not importable ({exc}): pip install 'aiocubie[numba]', "
+            "or use array_type='cupy'"
+        ) from exc
+    maker: Any = NumbaArrays(device)
+    return maker  # type: ignore[no-any-return]
+
+
+def create_cuda_backend(*, device: int = 0, allocator: str = "default", array_type: str | None = None) -> Backend:
+    """A GPU backend: a :class:`CudaDevice` on ``device``, its resource ``allocator``, ``array_type`` arrays.
+
+    Raises
+    ------
+    ConfigurationError
+        For a device the process does not see, or an array type whose library is missing.
+    UnknownAllocatorError
+        For an allocator this device cannot make here (the message names what to install).
+    """
+    cuda_device = CudaDevice(device)
+    arrays = create_arrays(array_type, cuda_device)
+    return Backend(cuda_device, cuda_device.create_resource(allocator), arrays)

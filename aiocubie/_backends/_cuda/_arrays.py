@@ -1,8 +1,8 @@
-"""Arrays built straight over a block: CuPy arrays, or numba device arrays in one constructor.
+"""Arrays over blocks: CuPy arrays for device-side kinds, numpy arrays for host kinds; array addresses.
 
-The only place that constructs numba's ``DeviceNDArray`` (:func:`numba_array`), so that
-following numba-cuda's deprecation of its host-side array API is a change here alone. It
-allocates nothing (``_pools`` does) and never calls ``cuda.device_array`` or its relatives.
+It allocates nothing (the resources do) and copies nothing (the device does). It never imports
+numba: numba arrays are ``aiocubie._backends._numba``'s, and any CUDA-array-interface object is
+read through that interface.
 """
 
 from __future__ import annotations
@@ -11,16 +11,20 @@ import ctypes
 from typing import Any
 
 import numpy as np
-from numba.cuda.cudadrv import driver as nbdriver
-from numba.cuda.cudadrv.devicearray import DeviceNDArray, DeviceNDArrayBase
 
-from ..._errors import BackendError
-from ._pools import Block
+from ..._errors import BackendError, ConfigurationError
+from ..._requests import MemoryKind
+from .._arrays import ArrayMaker
+from .._resource import Block
+from ._streams import import_cupy
 
-__all__ = ["cupy_array", "device_pointer", "numba_array", "pointer_and_contiguity"]
+__all__ = ["CupyArrays", "c_strides", "device_pointer", "host_array", "pointer_and_contiguity"]
+
+_HOST_KINDS = (MemoryKind.HOST, MemoryKind.PINNED)
 
 
-def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+def c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """The strides of a C-contiguous array of ``shape``."""
     strides, step = [], itemsize
     for extent in reversed(shape):
         strides.append(step)
@@ -28,33 +32,58 @@ def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def numba_array(shape: tuple[int, ...], dtype: np.dtype[Any], block: Block | None, stream: Any, context: Any) -> Any:
-    """A C-contiguous numba ``DeviceNDArray`` over ``block`` (None: an empty array), on ``stream``."""
-    if block is None:
-        gpu_data = None  # numba makes its own NULL pointer for an empty array
-    elif isinstance(block.owner, nbdriver.MemoryPointer):
-        gpu_data = block.owner
-    else:  # a CuPy pool block: numba's pointer holds it until the array goes
-        gpu_data = nbdriver.MemoryPointer(context, ctypes.c_void_p(block.ptr), block.size, owner=block.owner)
-    return DeviceNDArray(shape, _c_strides(shape, dtype.itemsize), dtype, stream=stream, gpu_data=gpu_data)
+def host_array(block: Block, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+    """A numpy array of ``shape`` over host ``block`` that keeps the block's memory alive."""
+    handle = block.handle
+    if isinstance(handle, np.ndarray):  # pageable host memory is numpy's own
+        return handle.view(dtype).reshape(shape)
+    if not block.nbytes:
+        return np.empty(shape, dtype)
+    raw = (ctypes.c_uint8 * block.nbytes).from_address(block.ptr)
+    raw._aiocubie_owner = handle  # type: ignore[attr-defined]  # numpy holds raw, raw holds the memory
+    flat: np.ndarray[Any, Any] = np.frombuffer(memoryview(raw), np.uint8)
+    return flat.view(dtype).reshape(shape)
 
 
-def cupy_array(cupy: Any, shape: tuple[int, ...], dtype: np.dtype[Any], block: Block | None, device_id: int) -> Any:
-    """A C-contiguous ``cupy.ndarray`` over ``block`` (None: an empty array)."""
-    if block is None:
-        return cupy.ndarray(shape, dtype)
-    if isinstance(block.owner, cupy.cuda.MemoryPointer):
-        return cupy.ndarray(shape, dtype, memptr=block.owner)
-    memory = cupy.cuda.UnownedMemory(block.ptr, block.size, block.owner, device_id)
-    return cupy.ndarray(shape, dtype, memptr=cupy.cuda.MemoryPointer(memory, 0))
+class CupyArrays(ArrayMaker):
+    """``cupy.ndarray`` over device-side blocks; numpy arrays over host ones.
+
+    Parameters
+    ----------
+    device_id : int
+        The device the blocks live on (CuPy records it on each array).
+
+    Raises
+    ------
+    ConfigurationError
+        If CuPy is not importable (the message names the extra to install).
+    """
+
+    name = "cupy"
+
+    def __init__(self, device_id: int) -> None:
+        self._cupy = cupy = import_cupy(ConfigurationError)
+        self._device_id = device_id
+        self._ndarray = cupy.ndarray
+        self._pointer_type = cupy.cuda.MemoryPointer
+        self._unowned = cupy.cuda.UnownedMemory
+
+    def make(self, block: Block, shape: tuple[int, ...], dtype: np.dtype[Any], stream: Any) -> Any:
+        if block.kind in _HOST_KINDS:
+            return host_array(block, shape, dtype)
+        handle = block.handle
+        if type(handle) is self._pointer_type:  # a CuPy pool's block: the array goes straight over it
+            return self._ndarray(shape, dtype, memptr=handle)
+        if not block.nbytes:
+            return self._ndarray(shape, dtype)
+        memory = self._unowned(block.ptr, block.nbytes, handle, self._device_id)
+        return self._ndarray(shape, dtype, memptr=self._pointer_type(memory, 0))
 
 
 def device_pointer(array: Any) -> int | None:
-    """The device address of a CuPy or numba array (or any CUDA-array-interface object); None for host arrays."""
+    """The device address of a CuPy array or any CUDA-array-interface object; None for numpy arrays."""
     if isinstance(array, np.ndarray):
         return None
-    if isinstance(array, DeviceNDArrayBase):
-        return int(array.device_ctypes_pointer.value or 0)
     data = getattr(array, "data", None)
     ptr = getattr(data, "ptr", None)  # cupy.ndarray.data is a MemoryPointer
     if isinstance(ptr, int):
@@ -64,12 +93,15 @@ def device_pointer(array: Any) -> int | None:
 
 
 def pointer_and_contiguity(array: Any) -> tuple[int, bool]:
-    """The address of any array (a host pointer for numpy, valid under unified addressing) and
+    """The address of any array (a host address for numpy, valid under unified addressing) and
     whether it is C-contiguous."""
     if isinstance(array, np.ndarray):
         return int(array.ctypes.data), bool(array.flags.c_contiguous)
-    if isinstance(array, DeviceNDArrayBase):
-        return int(array.device_ctypes_pointer.value or 0), bool(array.is_c_contiguous())
+    flags = getattr(array, "flags", None)
+    data = getattr(array, "data", None)
+    ptr = getattr(data, "ptr", None)
+    if isinstance(ptr, int) and flags is not None:  # CuPy: no interface dict to build
+        return ptr, bool(flags.c_contiguous)
     interface = getattr(array, "__cuda_array_interface__", None)
     if interface is None:
         raise BackendError(f"cannot copy a {type(array).__name__}: not an array this backend knows")
@@ -77,4 +109,4 @@ def pointer_and_contiguity(array: Any) -> tuple[int, bool]:
     if strides is None:
         return int(interface["data"][0]), True
     itemsize = np.dtype(interface["typestr"]).itemsize
-    return int(interface["data"][0]), tuple(strides) == _c_strides(tuple(interface["shape"]), itemsize)
+    return int(interface["data"][0]), tuple(strides) == c_strides(tuple(interface["shape"]), itemsize)

@@ -1,8 +1,8 @@
-"""Where CuPy's, numba's and the driver's errors become aiocubie's: one ``map_exceptions`` helper.
+"""The one error map of the CUDA backend: cuda.core, cuda.bindings, CuPy and numba errors become aiocubie's.
 
-Every call into those libraries that can fail with their own error types runs inside it, so
-users only ever catch AiocubieError subclasses; the original stays as ``__cause__``. It must
-not swallow an error it does not recognise: those propagate unchanged.
+Every call into those libraries that can fail runs under :class:`map_exceptions` (or :func:`check` for
+a raw ``cuda.bindings`` result), so that nothing above the backend layer sees a foreign exception. It
+recognises numba's errors by their module and never imports numba.
 """
 
 from __future__ import annotations
@@ -12,41 +12,46 @@ from types import TracebackType
 from typing import Any, Literal
 
 from cuda.bindings import driver as binding
-from numba.cuda.cudadrv import driver as nbdriver
-from numba.cuda.cudadrv.error import CudaDriverError
 
 from ..._errors import AiocubieError, BackendError, OutOfMemoryError
 
-__all__ = ["check", "is_oom", "map_exceptions"]
+__all__ = ["check", "is_oom", "map_exceptions", "translate"]
 
+_SUCCESS = binding.CUresult.CUDA_SUCCESS
 _OOM = binding.CUresult.CUDA_ERROR_OUT_OF_MEMORY
 _CUDA_RT_ERROR_MEMORY_ALLOCATION = 2  # cudaErrorMemoryAllocation, as CuPy's CUDARuntimeError.status
+_FOREIGN = ("cupy", "cupy_backends", "cuda", "numba")
 
 
 def is_oom(exc: BaseException) -> bool:
-    """True for an out-of-memory error of numpy, CuPy, numba or the driver."""
-    return (
-        isinstance(exc, MemoryError)  # numpy, and CuPy's OutOfMemoryError
-        or (isinstance(exc, nbdriver.CudaAPIError) and exc.code == _OOM)
-        or getattr(exc, "status", None) == _CUDA_RT_ERROR_MEMORY_ALLOCATION  # CuPy's CUDARuntimeError
-    )
+    """True for an out-of-memory error of numpy, CuPy, numba, cuda.core or the driver."""
+    if isinstance(exc, MemoryError):  # numpy, and CuPy's OutOfMemoryError
+        return True
+    if getattr(exc, "status", None) == _CUDA_RT_ERROR_MEMORY_ALLOCATION:  # CuPy's CUDARuntimeError
+        return True
+    code = getattr(exc, "code", None)  # numba's CudaAPIError
+    if code is not None and int(code) == int(_OOM):
+        return True
+    # cuda.core raises CUDAError with the driver's name of the result in the message
+    return _is_foreign(exc) and "OUT_OF_MEMORY" in str(exc)
 
 
-def _is_device_error(exc: BaseException) -> bool:
-    return isinstance(exc, CudaDriverError) or type(exc).__module__.startswith(("cupy", "cupy_backends", "cuda"))
+def _is_foreign(exc: BaseException) -> bool:
+    return type(exc).__module__.split(".", 1)[0] in _FOREIGN
 
 
 class map_exceptions:
-    """Translate CuPy/numba/driver errors raised in the block into aiocubie's.
+    """Translate cuda.core, cuda.bindings, CuPy and numba errors raised in the block into aiocubie's.
 
-    Out-of-memory errors become :class:`OutOfMemoryError`, other device errors
-    :class:`BackendError`; the message is ``what`` plus the library's, and ``detail()`` (called
-    only on failure) adds context such as free memory.
+    Out-of-memory errors become :class:`OutOfMemoryError`, other device errors :class:`BackendError`,
+    with the original as ``__cause__``; the message is ``what`` plus the library's, and ``detail()``
+    (called only on failure) adds context such as free memory. aiocubie's own errors and errors of
+    other origin (a ``TypeError`` from a bad argument) pass through unchanged.
 
     Examples
     --------
     >>> with map_exceptions("allocating 4096 bytes"):      # doctest: +SKIP
-    ...     block = pool.malloc(4096)
+    ...     buffer = resource.allocate(4096, stream=stream)
     """
 
     __slots__ = ("detail", "what")
@@ -61,23 +66,49 @@ class map_exceptions:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> Literal[False]:
-        if exc is None or isinstance(exc, AiocubieError) or not isinstance(exc, Exception):
+        if exc is None:
             return False
-        what = self.what() if callable(self.what) else self.what
-        extra = ""
-        if self.detail is not None:
-            try:
-                extra = f": {self.detail()}"
-            except Exception:  # the detail is a courtesy: never hide the real error behind it
-                extra = ""
-        if is_oom(exc):
-            raise OutOfMemoryError(f"out of memory {what}{extra} ({exc})") from exc
-        if _is_device_error(exc):
-            raise BackendError(f"{what} failed: {exc}{extra}") from exc
-        return False
+        mapped = translate(exc, self.what, self.detail)
+        if mapped is None:
+            return False
+        raise mapped from exc
 
 
-def check(result: tuple[Any, ...], what: str) -> None:
-    """Raise BackendError if a raw ``cuda.bindings`` call returned an error code."""
-    if result[0] != binding.CUresult.CUDA_SUCCESS:
-        raise BackendError(f"{what} failed: {result[0].name}")
+def translate(
+    exc: BaseException, what: str | Callable[[], str], detail: Callable[[], str] | None = None
+) -> AiocubieError | None:
+    """aiocubie's error for ``exc`` raised while doing ``what``, or None to let ``exc`` pass.
+
+    For hot paths that catch with ``try``/``except`` (free when nothing is raised) rather than
+    entering :class:`map_exceptions`: ``raise translate(exc, ...) or exc``.
+    """
+    if isinstance(exc, AiocubieError) or not isinstance(exc, Exception):
+        return None
+    oom = is_oom(exc)
+    if not oom and not _is_foreign(exc):
+        return None
+    said = what() if callable(what) else what
+    extra = ""
+    if detail is not None:
+        try:
+            extra = f": {detail()}"
+        except Exception:  # the detail is a courtesy: never hide the real error behind it
+            extra = ""
+    if oom:
+        return OutOfMemoryError(f"out of memory {said}{extra} ({exc})")
+    return BackendError(f"{said} failed: {exc}{extra}")
+
+
+def check(result: tuple[Any, ...], what: str | Callable[[], str]) -> None:
+    """Raise :class:`OutOfMemoryError` or :class:`BackendError` if a raw ``cuda.bindings`` call failed.
+
+    ``what`` (a string, or a callable giving one, called only on failure) says what was being done.
+    """
+    err = result[0]
+    if err == _SUCCESS:
+        return
+    said = what() if callable(what) else what
+    name = getattr(err, "name", str(err))
+    if err == _OOM:
+        raise OutOfMemoryError(f"out of memory {said} ({name})")
+    raise BackendError(f"{said} failed: {name}")

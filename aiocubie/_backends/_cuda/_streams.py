@@ -1,6 +1,7 @@
-"""numba streams as raw handles and as CuPy streams; the lazy CuPy import.
+"""Streams as cuda.core sees them and as CuPy sees them; the lazy CuPy import.
 
-It owns no stream: views made here never keep a numba stream alive or destroy it.
+It owns no stream: a view made here never keeps a stream alive or destroys it, and nothing here
+imports CuPy before CuPy is asked for.
 """
 
 from __future__ import annotations
@@ -9,12 +10,15 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from numba.cuda.cudadrv import driver as nbdriver
+from cuda.core import Stream
 
 from ..._errors import ConfigurationError, UnknownAllocatorError
-from .._base import CUPY_EXTRA_HINT
 
-__all__ = ["cupy_view", "current_cupy_stream", "import_cupy", "stream_ptr"]
+__all__ = ["CUPY_EXTRA_HINT", "as_stream", "cupy_view", "current_cupy_stream", "import_cupy", "stream_handle"]
+
+CUPY_EXTRA_HINT = (
+    "install CuPy with the extra that matches your CUDA: pip install 'aiocubie[cuda12]' or 'aiocubie[cuda13]'"
+)
 
 
 def import_cupy(error: type[ConfigurationError] = UnknownAllocatorError) -> Any:
@@ -26,13 +30,29 @@ def import_cupy(error: type[ConfigurationError] = UnknownAllocatorError) -> Any:
     return cupy
 
 
-def stream_ptr(stream: Any) -> int:
-    """The raw CUstream of a numba stream, or 0 for the default stream."""
-    return int(stream.handle) if isinstance(stream, nbdriver.Stream) else int(stream)
+def stream_handle(stream: Any) -> int:
+    """The raw ``CUstream`` address of a cuda.core stream, any ``__cuda_stream__`` object, or 0/None (legacy default)."""
+    if isinstance(stream, Stream):
+        return int(stream.handle)
+    if stream is None or (isinstance(stream, int) and not stream):
+        return 0
+    protocol = getattr(stream, "__cuda_stream__", None)
+    if protocol is not None:
+        return int(protocol()[1])
+    raise TypeError(f"expected a stream (an object with __cuda_stream__, e.g. a cuda.core Stream), got {stream!r}")
+
+
+def as_stream(stream: Any) -> Stream:
+    """A cuda.core ``Stream`` for ``stream`` (itself when it is one; a view of a foreign one; the legacy default for None/0)."""
+    if isinstance(stream, Stream):
+        return stream
+    return Stream.from_handle(stream_handle(stream))
 
 
 class _StreamPointer:
-    """A bare CUDA-stream-protocol object: lets CuPy view a stream without keeping it alive."""
+    """A bare ``__cuda_stream__`` object: lets CuPy view a stream without keeping it alive."""
+
+    __slots__ = ("ptr",)
 
     def __init__(self, ptr: int) -> None:
         self.ptr = ptr
@@ -42,8 +62,8 @@ class _StreamPointer:
 
 
 def cupy_view(cupy: Any, stream: Any) -> Any:
-    """A CuPy stream for a numba stream (or 0); it does not own the stream."""
-    ptr = stream_ptr(stream)
+    """A CuPy stream for ``stream`` (None or 0: the legacy default); it does not own the stream."""
+    ptr = stream_handle(stream)
     if not ptr:
         return cupy.cuda.Stream.null
     from_external = getattr(cupy.cuda.Stream, "from_external", None)  # CuPy 14 deprecates ExternalStream
@@ -52,20 +72,20 @@ def cupy_view(cupy: Any, stream: Any) -> Any:
 
 @contextlib.contextmanager
 def current_cupy_stream(stream: Any) -> Iterator[Any]:
-    """Make a numba stream CuPy's current stream for the block.
+    """Make ``stream`` CuPy's current stream for the block.
 
-    CuPy work in the block (kernels, copies, ``MemoryAsyncPool`` allocations) is then ordered
-    on ``stream``, and CuPy arrays report it in their ``__cuda_array_interface__``.
+    CuPy work in the block (kernels, copies, ``MemoryAsyncPool`` allocations) is then ordered on
+    ``stream``, and CuPy arrays report it in their ``__cuda_array_interface__``.
 
     Parameters
     ----------
-    stream : numba.cuda.cudadrv.driver.Stream or 0
-        The stream to bind; 0 binds the default stream.
+    stream : cuda.core Stream, any ``__cuda_stream__`` object, or 0
+        The stream to bind; 0 binds the legacy default stream.
 
     Yields
     ------
     cupy.cuda.Stream
-        The CuPy view of ``stream``; it does not own the stream.
+        CuPy's view of ``stream``; it does not own the stream.
     """
     with cupy_view(import_cupy(), stream) as cupy_stream:
         yield cupy_stream

@@ -1,0 +1,386 @@
+"""The CUDA device on cuda.core: streams, events, copies, fills, memory readings, managed memory.
+
+Activation: stream-ordered work (copies, fills, event records and waits, pool allocations)
+names its stream, and the driver runs it in the stream's context whatever is current, so the
+hot path makes nothing current. Only what acts on the *current* context (creating streams and
+events, reading free memory, CuPy's pools, host and managed allocations) calls
+:meth:`CudaDevice.make_current`: one driver query (about 0.5 us) when this device already is
+current, a ``set_current`` when another is (two managers on two devices in one thread). The
+device stays current afterwards: nothing is pushed and popped around calls. It never destroys
+the primary context (shared with CuPy, numba and the user) and never imports numba.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+from cuda.bindings import driver as binding
+from cuda.core import Device as CoreDevice
+from cuda.core import Host, ManagedBuffer, Stream, StreamOptions
+
+from ..._errors import AllocationError, BackendError, ConfigurationError, InvalidRequestError, UnknownAllocatorError
+from ..._requests import MemoryKind
+from .._device import Advice, Device, MemoryInfo
+from .._resource import Block, MemoryResource
+from ._arrays import device_pointer, host_array, pointer_and_contiguity
+from ._errors import check, map_exceptions, translate
+from ._events import EVENT_OPTIONS, CudaEvent, StreamWaiter
+from ._resources import CupyAsyncResource, CupyResource, DriverResource, HostAllocation
+from ._streams import as_stream, stream_handle
+
+__all__ = ["DEFAULT_RESOURCE", "CudaDevice", "cuda_usable", "driver_device_count"]
+
+#: The resource ``allocator="default"`` names on a GPU: the device's stream-ordered pool
+#: (benchmarks/README.md has the measurements behind the choice).
+DEFAULT_RESOURCE = "driver"
+
+_MEMORY_TYPE = binding.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+_IS_MANAGED = binding.CUpointer_attribute.CU_POINTER_ATTRIBUTE_IS_MANAGED
+_HOST_MEMORY = int(binding.CUmemorytype.CU_MEMORYTYPE_HOST)
+_SUCCESS = binding.CUresult.CUDA_SUCCESS
+# Blocking streams, as numba's and CuPy's own: work on the legacy default stream (CuPy's and
+# numba's default for copies) stays ordered with the groups' streams.
+_STREAM_OPTIONS = StreamOptions(nonblocking=False)
+_HOST_ALLOC_PINNED = binding.CU_MEMHOSTALLOC_PORTABLE
+
+
+def driver_device_count() -> tuple[int, str]:
+    """How many GPUs the driver shows this process, and a sentence saying so (or why none)."""
+    try:
+        (err,) = binding.cuInit(0)
+        if err != _SUCCESS:
+            return 0, f"the CUDA driver failed to initialise ({err.name})"
+        err, count = binding.cuDeviceGetCount()
+    except Exception as exc:  # no libcuda: cuda.bindings raises when it cannot load the driver
+        return 0, f"no usable CUDA driver ({exc})"
+    if err != _SUCCESS or not count:
+        return 0, f"the CUDA driver sees no device ({getattr(err, 'name', err)})"
+    return int(count), f"{count} CUDA device(s)"
+
+
+def cuda_usable() -> tuple[bool, str]:
+    """Whether cuda.core can use a GPU here, and why (or why not); opens no context.
+
+    Returns
+    -------
+    tuple of (bool, str)
+        ``(True, "<device name> (device 0), <total> MiB")`` or ``(False, reason)``.
+    """
+    count, why = driver_device_count()
+    if not count:
+        return False, why
+    try:
+        device = CoreDevice(0)
+        total = int(binding.cuDeviceTotalMem(0)[1])
+        return True, f"{device.name} (device 0 of {count}), {total >> 20} MiB"
+    except Exception as exc:
+        return False, f"cuda.core cannot open device 0: {exc}"
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # a finder that refuses the name
+        return False
+
+
+class CudaDevice(Device):
+    """One GPU through cuda.core: its primary context, shared with the whole process.
+
+    Parameters
+    ----------
+    device_id : int
+        Which GPU, among those the process sees (``CUDA_VISIBLE_DEVICES`` renumbers them from 0).
+
+    Raises
+    ------
+    ConfigurationError
+        For a device the process does not see (naming how many it sees).
+    BackendError
+        If the device's context cannot be opened.
+
+    Notes
+    -----
+    Memory goes back when the last array over a block goes (stream-ordered for the ``driver``
+    and ``cupy_async`` resources): ``memory_info`` lags a ``free`` until references drop.
+    """
+
+    name = "cuda"
+    granule = 2 << 20
+
+    def __init__(self, device_id: int = 0) -> None:
+        count, why = driver_device_count()
+        if isinstance(device_id, bool) or not isinstance(device_id, int) or not 0 <= device_id < count:
+            seen = f"{count} (ids 0 to {count - 1})" if count else f"none ({why})"
+            raise ConfigurationError(
+                f"no CUDA device {device_id!r}: this process sees {seen}; CUDA_VISIBLE_DEVICES limits "
+                "them: pass one of those"
+            )
+        self.device_id = device_id
+        with map_exceptions(f"opening CUDA device {device_id}"):
+            previous = binding.cuCtxGetCurrent()[1]
+            core = CoreDevice(device_id)
+            core.set_current()  # retains the primary context; cheap ever after
+            self.context = core.context.handle  # the primary context is never destroyed: look it up once
+            self._context = int(self.context)
+            self.device_name = str(core.name)
+            if int(previous) and int(previous) != self._context:
+                binding.cuCtxSetCurrent(previous)  # opening a device is not choosing it
+        self._lock = threading.Lock()
+        self._waiters: dict[int, StreamWaiter] = {}
+        # Recorded events come back here when dropped (CudaEvent.__del__) and are recorded
+        # again: a re-record costs a third of a new event.
+        self._spare_events: list[Any] = []
+        self.resources = tuple(
+            name
+            for name, present in (
+                ("driver", True),
+                ("cupy", _installed("cupy")),
+                ("cupy_async", _installed("cupy")),
+                ("numba", _installed("numba_cuda")),
+            )
+            if present
+        )
+        self.default_resource = DEFAULT_RESOURCE
+
+    # -- activation ---------------------------------------------------------------------------
+    def make_current(self) -> None:
+        """Make this device's context current in the calling thread, and leave it so.
+
+        One driver query when it already is (no thread-local guess: the user, CuPy or numba may
+        have switched devices since); a cuda.core ``set_current`` when it is not.
+        """
+        if int(binding.cuCtxGetCurrent()[1]) != self._context:
+            with map_exceptions(f"making CUDA device {self.device_id} current"):
+                CoreDevice(self.device_id).set_current()
+
+    @contextlib.contextmanager
+    def activate(self) -> Iterator[None]:
+        """Make this GPU current for the block (numba's, CuPy's and cuda.core's current device),
+        then put back whichever context was current before, if another was."""
+        previous = binding.cuCtxGetCurrent()[1]
+        if int(previous) == self._context:
+            yield
+            return
+        self.make_current()
+        try:
+            yield
+        finally:
+            if int(previous):
+                binding.cuCtxSetCurrent(previous)
+
+    def synchronize(self) -> None:
+        """Block until every stream of the device is idle."""
+        self.make_current()
+        check(binding.cuCtxSynchronize(), f"synchronizing {self.device_name}")
+
+    # -- resources ----------------------------------------------------------------------------
+    def _create_resource(self, name: str) -> MemoryResource:
+        """The resource ``name``; where the program uses numba, numba's own allocations on this
+        device draw from it from now on (numba's EMM plugin, seed 001)."""
+        resource = self._new_resource(name)
+        if "numba.cuda" in sys.modules:  # numba in use: never import it here otherwise
+            from .._numba import install_memory_manager
+
+            install_memory_manager(self, resource)
+        return resource
+
+    def _new_resource(self, name: str) -> MemoryResource:
+        if name == "driver":
+            return DriverResource(self)
+        if name == "cupy":
+            return CupyResource(self)
+        if name == "cupy_async":
+            return CupyAsyncResource(self)
+        if name == "numba":
+            try:
+                from .._numba import NumbaResource
+            except ImportError as exc:
+                raise UnknownAllocatorError(
+                    f"allocator 'numba' needs numba-cuda, which is not importable ({exc}): pip install "
+                    "'aiocubie[numba]', or use one of 'driver', 'cupy', 'cupy_async'"
+                ) from exc
+            return NumbaResource(self)
+        raise UnknownAllocatorError(f"unknown allocator {name!r}: use one of {', '.join(map(repr, self.resources))}")
+
+    # -- memory -------------------------------------------------------------------------------
+    def driver_memory(self) -> tuple[int, int]:
+        """Free and total bytes as the driver reports them (``cuMemGetInfo`` reads the current context)."""
+        self.make_current()
+        err, free, total = binding.cuMemGetInfo()
+        check((err,), f"reading {self.device_name}'s memory")
+        return int(free), int(total)
+
+    def memory_info(self) -> MemoryInfo:
+        free, total = self.driver_memory()
+        return MemoryInfo(free=free, total=total)
+
+    def free_text(self) -> str:
+        """A clause for error messages: the device's free and total memory."""
+        free, total = self.driver_memory()
+        return f"{free} of {total} bytes free on {self.device_name}"
+
+    def host_array(self, shape: tuple[int, ...], dtype: np.dtype[Any], kind: MemoryKind) -> np.ndarray[Any, Any]:
+        kind = MemoryKind(kind)
+        dtype = np.dtype(dtype)
+        if kind is MemoryKind.HOST:
+            try:
+                return np.zeros(shape, dtype)
+            except MemoryError as exc:
+                raise AllocationError(f"the host has no room for a {shape} {dtype} array") from exc
+        if kind is not MemoryKind.PINNED:
+            raise InvalidRequestError(f"host arrays are 'pinned' or 'host', not {kind.value!r}")
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if not nbytes:
+            return np.zeros(shape, dtype)
+        with map_exceptions(f"pinning {nbytes} bytes of host memory ({shape}, {dtype})"):
+            self.make_current()
+            memory = HostAllocation(nbytes, _HOST_ALLOC_PINNED, self.context)
+        array = host_array(Block(memory.ptr, nbytes, kind, None, memory), shape, dtype)
+        array.fill(0)
+        return array
+
+    def is_pinned(self, array: Any) -> bool:
+        """Whether the driver knows ``array``'s memory as page-locked host memory."""
+        if not isinstance(array, np.ndarray) or not array.nbytes:
+            return False
+        err, kind = binding.cuPointerGetAttribute(_MEMORY_TYPE, array.ctypes.data)
+        return err == _SUCCESS and int(kind) == _HOST_MEMORY
+
+    # -- streams, events, copies ------------------------------------------------------------
+    def create_stream(self) -> Stream:
+        """A new cuda.core ``Stream``, blocking: ordered with the legacy default stream, as CuPy's and numba's are."""
+        with map_exceptions(f"creating a stream on {self.device_name}"):
+            self.make_current()
+            return CoreDevice(self.device_id).create_stream(options=_STREAM_OPTIONS)
+
+    def record_event(self, stream: Any) -> CudaEvent:
+        stream = stream if type(stream) is Stream else as_stream(stream)
+        spares = self._spare_events
+        try:
+            if spares:
+                event = stream.record(spares.pop())
+            else:
+                self.make_current()  # a new event belongs to the current context
+                event = stream.record(options=EVENT_OPTIONS)
+        except Exception as exc:
+            mapped = translate(exc, f"recording an event on {stream!r}")
+            if mapped is None:
+                raise
+            raise mapped from exc
+        return CudaEvent(event, stream, self._waiter, spares)
+
+    def _waiter(self, stream: Any) -> StreamWaiter:
+        key = stream_handle(stream)
+        with self._lock:
+            waiter = self._waiters.get(key)
+            if waiter is None:
+                waiter = self._waiters[key] = StreamWaiter(f"aiocubie-events-{key:#x}")
+            return waiter
+
+    def wait_event(self, stream: Any, event: Any) -> None:
+        """The stream waits on the GPU for ``event``; the host does not."""
+        stream = stream if type(stream) is Stream else as_stream(stream)
+        try:
+            stream.wait(event.event)
+        except Exception as exc:
+            mapped = translate(exc, f"making {stream!r} wait for an event")
+            if mapped is None:
+                raise
+            raise mapped from exc
+
+    def copy(self, src: Any, dst: Any, stream: Any, *, tag: object = None) -> None:
+        """Queue one ``cuMemcpyAsync``; unified addressing tells the direction.
+
+        That covers every kind and array type on either side (cuda.core's ``Buffer.copy_to``
+        would need a Buffer made around each array first). A pageable host side makes the copy
+        synchronous, as CUDA does.
+        """
+        if getattr(src, "shape", None) != getattr(dst, "shape", None) or src.dtype != dst.dtype:
+            raise BackendError(
+                f"cannot copy {getattr(src, 'shape', '?')} {getattr(src, 'dtype', '?')} into "
+                f"{getattr(dst, 'shape', '?')} {getattr(dst, 'dtype', '?')}: shapes and dtypes must match"
+            )
+        nbytes = int(src.nbytes)
+        if not nbytes:
+            return
+        (src_ptr, src_c), (dst_ptr, dst_c) = pointer_and_contiguity(src), pointer_and_contiguity(dst)
+        if not (src_c and dst_c):
+            raise BackendError("copies need C-contiguous arrays")
+        check(binding.cuMemcpyAsync(dst_ptr, src_ptr, nbytes, stream_handle(stream)), lambda: f"copying {nbytes} bytes")
+
+    def zero(self, array: Any, stream: Any) -> None:
+        """Queue a memset on ``stream`` for device-side arrays; fill host arrays now.
+
+        Host arrays (host, pinned) come straight from an allocation with no work queued on them.
+        """
+        ptr = device_pointer(array)
+        if ptr is None:
+            np.asarray(array).fill(0)
+        elif array.nbytes:
+            nbytes = int(array.nbytes)
+            check(binding.cuMemsetD8Async(ptr, 0, nbytes, stream_handle(stream)), lambda: f"zeroing {nbytes} bytes")
+
+    # -- managed memory -----------------------------------------------------------------------
+    def prefetch(self, array: Any, device: int | None, stream: Any) -> None:
+        buffer = self._managed(array)
+        with map_exceptions(lambda: f"prefetching {buffer.size} bytes of managed memory"):
+            buffer.prefetch(_location(device), stream=as_stream(stream))
+
+    def advise(self, array: Any, advice: Advice, device: int | None) -> None:
+        if advice not in ("preferred_location", "accessed_by", "read_mostly"):
+            raise BackendError(
+                f"unknown managed-memory advice {advice!r}: use one of 'preferred_location', 'accessed_by', "
+                "'read_mostly'"
+            )
+        buffer = self._managed(array)
+        with map_exceptions(f"advising {advice} for managed memory"):
+            if advice == "preferred_location":
+                buffer.preferred_location = _location(device)
+            elif advice == "accessed_by":
+                buffer.accessed_by.add(_location(device))
+            else:
+                buffer.read_mostly = True
+
+    @staticmethod
+    def _managed(array: Any) -> Any:
+        """A cuda.core ``ManagedBuffer`` over managed ``array`` (holding it), or BackendError if it is not managed."""
+        ptr = device_pointer(array)
+        managed = False
+        if ptr:
+            err, value = binding.cuPointerGetAttribute(_IS_MANAGED, ptr)
+            managed = err == _SUCCESS and bool(value)
+        if not managed:
+            raise BackendError(f"prefetch and advice need a managed array, got a {type(array).__name__} that is not")
+        return ManagedBuffer.from_handle(ptr, int(array.nbytes), owner=array)
+
+    # -- lifetime -----------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Wait for queued work, run pending callbacks, stop the waiting threads.
+
+        The primary context is not destroyed (CuPy, numba and the user share it): arrays and
+        streams handed out before stay usable in fact, but callers must treat them as invalid,
+        as the protocol says, and make new resources.
+        """
+        try:
+            self.synchronize()
+        except BackendError:
+            pass  # a device error: the waiters below still wake (their events report it)
+        with self._lock:
+            waiters, self._waiters = self._waiters, {}
+        for waiter in waiters.values():
+            waiter.stop()
+
+    def close(self) -> None:
+        self.reset()
+        self._spare_events.clear()
+
+
+def _location(device: int | None) -> Any:
+    return Host() if device is None else CoreDevice(device)
