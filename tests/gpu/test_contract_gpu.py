@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from gpukit import require
 
 from aiocubie import gpu_status
 from aiocubie._backends import ALLOCATORS, ARRAY_TYPES
@@ -28,11 +29,10 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture(
     scope="module", params=[(a, t) for t in ARRAY_TYPES for a in ALLOCATORS], ids=lambda p: f"{p[1]}-{p[0]}"
 )
-def contract(request: pytest.FixtureRequest, cuda_backend: Any, cu: Any) -> Iterator[Contract]:
+def contract(request: pytest.FixtureRequest, cu: Any) -> Iterator[Contract]:
     allocator, array_type = request.param
-    if allocator != "default" or array_type == "cupy":
-        pytest.importorskip("cupy")
-    backend = cu.CudaBackend(allocator, array_type=array_type)
+    require(allocator)
+    require("numba" if array_type == "numba" else "cupy")
+    backend = cu.create_cuda_backend(device=0, allocator=allocator, array_type=array_type)
     yield Contract(backend, array_type, allocator)
     backend.close()
-    cuda_backend.set_allocator(cuda_backend.allocator)  # numba's plugin back to what the session expects
