@@ -15,14 +15,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from gpukit import RESOURCES, require
 
 from aiocubie._requests import MemoryKind
 
 _HERE = Path(__file__).parent
-
-#: Every resource a GPU can make, when its library is installed.
-RESOURCES = ("driver", "cupy", "cupy_async", "numba")
-_NEEDS = {"cupy": "cupy", "cupy_async": "cupy", "numba": "numba_cuda"}
 
 
 def _gpu_status() -> tuple[bool, str]:
@@ -40,13 +37,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         skip = pytest.mark.skip(reason=f"no usable GPU: {why}")
         for item in mine:
             item.add_marker(skip)
-
-
-def require(resource: str) -> None:
-    """Skip the test unless the library ``resource`` needs is installed."""
-    module = _NEEDS.get(resource)
-    if module is not None:
-        pytest.importorskip(module, reason=f"resource {resource!r} needs {module}, which is not installed")
 
 
 @pytest.fixture(scope="session")
@@ -70,6 +60,23 @@ def resource(request: pytest.FixtureRequest, device: Any) -> Any:
     made = device.create_resource(request.param)
     yield made
     made.release_cached()
+
+
+@pytest.fixture(scope="session")
+def cuda_backend(cu: ModuleType) -> Iterator[Any]:
+    """The session's GPU backend: device 0, the default resource, CuPy arrays."""
+    backend = cu.create_cuda_backend(device=0)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="module", params=RESOURCES)
+def backend(request: pytest.FixtureRequest, cu: ModuleType) -> Iterator[Any]:
+    """A GPU backend on each resource in turn (module scope)."""
+    require(request.param)
+    made = cu.create_cuda_backend(device=0, allocator=request.param)
+    yield made
+    made.close()
 
 
 @pytest.fixture(scope="session")
@@ -113,6 +120,11 @@ extern "C" __global__ void fill_chunk(double* out, long long rows, long long col
     long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < rows && j < cols) out[i * cols + j] = (double)(i * runs + start + j + 1);
 }
+extern "C" __global__ void fill_chunk_f32(float* out, long long rows, long long cols, long long start, long long runs) {
+    long long i = (long long)blockIdx.y;
+    long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < rows && j < cols) out[i * cols + j] = (float)(i * runs + start + j + 1);
+}
 """
 
 
@@ -123,7 +135,7 @@ class Kernels:
         module = cupy.RawModule(code=_SOURCE)
         self._sleep = module.get_function("sleep_then_flag")
         self._add_one = module.get_function("add_one")
-        self._fill = module.get_function("fill_chunk")
+        self._fill = {8: module.get_function("fill_chunk"), 4: module.get_function("fill_chunk_f32")}
         self._cu = cu
         self._np = cupy
 
@@ -139,10 +151,10 @@ class Kernels:
             self._add_one(((n + 255) // 256,), (256,), (array, np.int64(n)))
 
     def fill_chunk(self, stream: Any, out: Any, start: int, runs: int) -> None:
-        """Element (i, j) of a float64 chunk starting at run ``start`` gets i * runs + start + j + 1."""
+        """Element (i, j) of a float64 or float32 chunk starting at run ``start`` gets i * runs + start + j + 1."""
         rows, cols = out.shape
         with self._cu.current_cupy_stream(stream):
-            self._fill(
+            self._fill[out.dtype.itemsize](
                 ((cols + 127) // 128, rows),
                 (128,),
                 (out, np.int64(rows), np.int64(cols), np.int64(start), np.int64(runs)),

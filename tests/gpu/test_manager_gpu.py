@@ -1,6 +1,6 @@
-"""The whole service on a real GPU: MemoryManager over CudaBackend, on asyncio and trio.
+"""The whole service on a real GPU: MemoryManager over the CUDA backend, on asyncio and trio.
 
-Chunked batches are written chunk by chunk by a real numba kernel on the group's stream and
+Chunked batches are written chunk by chunk by a real kernel on the group's stream and
 every element is checked on the host. Skipped without a GPU (see conftest.py).
 """
 
@@ -12,6 +12,7 @@ import anyio
 import numpy as np
 import pytest
 from backend_contract import to_numpy
+from gpukit import RESOURCES, require
 
 from aiocubie import ArrayRequest, MemoryManager, UnknownAllocatorError, walk_chunks
 
@@ -22,11 +23,10 @@ class Solver:
     """A component: one per requester."""
 
 
-@pytest.fixture(params=["default", "cupy", "cupy_async"])
-def allocator(request: pytest.FixtureRequest, cuda_backend: Any) -> str:
-    """Each allocator in turn (the session's backend is swapped back to default afterwards)."""
-    if request.param != "default":
-        pytest.importorskip("cupy")
+@pytest.fixture(params=["default", *RESOURCES])
+def allocator(request: pytest.FixtureRequest) -> str:
+    """Each allocator in turn, on the session's backend."""
+    require(request.param)
     return str(request.param)
 
 
@@ -57,9 +57,7 @@ async def _solve(
         host = np.full((rows, runs), np.nan, np.float32)
         async for chunk in walk_chunks(response, outputs={"out": host}):
             out = chunk.device["out"]
-            threads = (4, 128)
-            blocks = (1, -(-out.shape[1] // threads[1]))
-            kernels.fill_chunk[blocks, threads, response.stream](out, chunk.start, runs)
+            kernels.fill_chunk(response.stream, out, chunk.start, runs)
         expected = np.arange(1, runs + 1, dtype=np.float64)[None, :] + runs * np.arange(rows)[:, None]
         np.testing.assert_array_equal(host, expected.astype(np.float32))
 
@@ -100,7 +98,7 @@ async def test_set_allocator_resets_and_invalidates(cuda_backend: Any) -> None:
         with pytest.warns(Warning, match="resets the device context"):
             mgr.set_allocator("cupy_async")
         assert invalidated == ["solver"]
-        assert mgr.stats().live_bytes == 0 and cuda_backend.allocator == "cupy_async"
+        assert mgr.stats().live_bytes == 0 and mgr.allocator == "cupy_async"
         with pytest.raises(UnknownAllocatorError, match="'nope'"):
             mgr.set_allocator("nope")
         async with mgr.request(solver, {"a": ArrayRequest((1 << 20,), np.uint8, zero=True)}) as response:

@@ -1,8 +1,8 @@
 """Two GPUs: a backend and a manager on device 1, and a DeviceSet over both. Skipped with fewer.
 
-Device 0's backend is the session's (numba's memory manager is process-wide); device 1 gets
-its own. Every array is checked to live on the device its manager drives, and the thread's
-current context is checked to be left as it was.
+Device 0's backend is the session's; device 1 gets its own. Every array is checked to live on
+the device its manager drives. A device is made current where a call needs it and left so (no
+push and pop around calls): what runs in ``on_device()`` runs on that manager's device.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from gpukit import require
 
 from aiocubie import (
     ArrayRequest,
@@ -27,10 +28,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
 
 
 @pytest.fixture(scope="module")
-def gpus() -> int:
-    from numba import cuda
-
-    count = len(cuda.gpus)
+def gpus(cu: Any) -> int:
+    count = cu.driver_device_count()[0]
     if count < 2:
         pytest.skip(f"needs 2 GPUs, this machine has {count}")
     return count
@@ -38,8 +37,8 @@ def gpus() -> int:
 
 @pytest.fixture
 def device1(cu: Any, gpus: int, cuda_backend: Any) -> Iterator[Any]:
-    """A backend on device 1 with the session backend's allocator."""
-    backend = cu.CudaBackend(allocator=cuda_backend.allocator, device=1)
+    """A backend on device 1 with the session backend's resource."""
+    backend = cu.create_cuda_backend(device=1, allocator=cuda_backend.resource.name)
     yield backend
     backend.close()
 
@@ -65,42 +64,50 @@ def _device_of(array: Any) -> int:
 
 def test_a_device_that_does_not_exist_is_refused(cu: Any, gpus: int) -> None:
     with pytest.raises(ConfigurationError, match=f"no CUDA device {gpus}: this process sees {gpus}"):
-        cu.CudaBackend(device=gpus)
+        cu.create_cuda_backend(device=gpus)
     with pytest.raises(ConfigurationError, match=f"this process sees {gpus}"):
         MemoryManager("cuda", device=gpus)
 
 
-@pytest.mark.parametrize("allocator", ["default", "cupy", "cupy_async"])
+@pytest.mark.parametrize("allocator", ["driver", "cupy", "cupy_async", "numba"])
 @pytest.mark.parametrize("array_type", ["cupy", "numba"])
 def test_device1_allocates_fills_and_copies_on_device1(cu: Any, gpus: int, allocator: str, array_type: str) -> None:
     pytest.importorskip("cupy")
+    require(allocator)
+    require("numba" if array_type == "numba" else "cupy")
     before = _current()
-    backend = cu.CudaBackend(allocator=allocator, array_type=array_type, device=1)
+    backend = cu.create_cuda_backend(device=1, allocator=allocator, array_type=array_type)
+    device, resource, arrays = backend.device, backend.resource, backend.arrays
     try:
-        assert backend.device == 1 and _current() == before
-        stream = backend.create_stream()
-        array = backend.allocate((64 << 20,), np.dtype(np.uint8), MemoryKind.DEVICE, stream)
-        assert _device_of(array) == 1
-        assert backend.memory_info().total > 0
-        backend.zero(array, stream)
-        host = backend.host_array((64 << 20,), np.dtype(np.uint8), MemoryKind.PINNED)
-        host[:] = 7
-        backend.copy(array, host, stream)
-        backend.record_event(stream).synchronize()
-        assert not host.any()
-        managed = backend.allocate((1024,), np.dtype(np.float32), MemoryKind.MANAGED, stream)
-        backend.prefetch(managed, 1, stream)
-        backend.prefetch(managed, 0, stream)  # to the other GPU
-        backend.advise(managed, "preferred_location", 1)
-        backend.record_event(stream).synchronize()
-        assert _current() == before  # every call popped what it pushed
+        assert device.device_id == 1 and _current() == before  # opening a device is not choosing it
+
+        def alloc(shape: tuple[int, ...], dtype: Any, kind: MemoryKind, stream: Any) -> Any:
+            dtype = np.dtype(dtype)
+            block = resource.allocate(int(np.prod(shape)) * dtype.itemsize, kind, stream)
+            return arrays.make(block, shape, dtype, stream)
+
+        stream = device.create_stream()
+        with cu.CudaDevice(0).activate():  # device 0 current: device 1's calls must still land on device 1
+            array = alloc((64 << 20,), np.uint8, MemoryKind.DEVICE, stream)
+            assert _device_of(array) == 1
+            assert device.memory_info().total > 0
+            device.zero(array, stream)
+            host = device.host_array((64 << 20,), np.dtype(np.uint8), MemoryKind.PINNED)
+            host[:] = 7
+            device.copy(array, host, stream)
+            device.record_event(stream).synchronize()
+            assert not host.any()
+            managed = alloc((1024,), np.float32, MemoryKind.MANAGED, stream)
+            device.prefetch(managed, 1, stream)
+            device.prefetch(managed, 0, stream)  # to the other GPU
+            device.advise(managed, "preferred_location", 1)
+            device.record_event(stream).synchronize()
     finally:
         backend.close()
 
 
 async def test_manager_on_device1_serves_walks_with_kernels(device1: Any) -> None:
     cupy = pytest.importorskip("cupy")
-    before = _current()
     async with MemoryManager(device1, mode="active") as mgr:
         assert mgr.device == 1
         solver = object.__new__(type("Solver", (), {}))
@@ -120,7 +127,6 @@ async def test_manager_on_device1_serves_walks_with_kernels(device1: Any) -> Non
         np.testing.assert_array_equal(out, host * 2)
         group = mgr.stats().groups["solve"]
         assert group.cap_bytes is not None and 0 < group.peak_bytes <= group.cap_bytes
-    assert _current() == before
 
 
 async def test_device_set_over_two_gpus(cuda_backend: Any, device1: Any) -> None:

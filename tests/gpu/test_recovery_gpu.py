@@ -64,7 +64,7 @@ async def test_pool_cache_is_freed_for_a_request_larger_than_free(cuda_backend: 
     pytest.importorskip("cupy")
     async with MemoryManager(cuda_backend, allocator="cupy") as mgr:
         gc.collect()  # arrays an earlier test's frames still hold go back to the pool first
-        cuda_backend.release_cached()  # nothing cached from earlier tests
+        cuda_backend.resource.release_cached()  # the device pool's cache from earlier tests goes back
         part = Part()
         mgr.register(part, stream_group="g")
         for _ in range(2):  # two 1 GiB blocks end up cached in the pool
@@ -72,8 +72,8 @@ async def test_pool_cache_is_freed_for_a_request_larger_than_free(cuda_backend: 
         mgr.free_all()
         facts = mgr.stats().pool
         assert facts.held is not None and facts.in_use is not None and facts.held - facts.in_use >= 2 * GiB
-        hog.take(cuda_backend.device, leave=GiB)  # 1 GiB free on the device, 2 GiB cached in the pool
-        assert driver_free(cuda_backend.device) < 2 * GiB
+        hog.take(cuda_backend.device.device_id, leave=GiB)  # 1 GiB free on the device, 2 GiB cached in the pool
+        assert driver_free(cuda_backend.device.device_id) < 2 * GiB
         request = {"x": ArrayRequest((5 * GiB // 2,), np.uint8, unchunkable=True)}  # 2.5 GiB: no cached block holds it
         async with mgr.request(part, request) as response:
             assert response.chunks == 1 and response.arrays["x"].nbytes == 5 * GiB // 2
@@ -87,13 +87,13 @@ async def test_reclaim_hook_frees_memory_another_library_holds(cuda_backend: Any
     pytest.importorskip("cupy")
     async with MemoryManager(cuda_backend, allocator="cupy", free_cache_seconds=3600) as mgr:
         gc.collect()  # arrays an earlier test's frames still hold go back to the pool first
-        cuda_backend.release_cached()  # no cached block from earlier tests may serve the request
+        cuda_backend.resource.release_cached()  # the device pool's cache from earlier tests goes back
         part = Part()
         mgr.register(part, stream_group="g")
         async with mgr.request(part, {"warm": ArrayRequest((1 << 20,), np.uint8)}):
             pass  # the manager reads the device now, and keeps that reading
         mgr.add_reclaim_hook(hog.give_back)
-        hog.take(cuda_backend.device, leave=GiB)  # unseen by the manager until it reads again
+        hog.take(cuda_backend.device.device_id, leave=GiB)  # unseen by the manager until it reads again
         request = {"x": ArrayRequest((2 * GiB,), np.uint8, unchunkable=True)}
         async with mgr.request(part, request) as response:
             assert response.arrays["x"].nbytes == 2 * GiB
