@@ -11,8 +11,8 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
-from backend_contract import to_numpy
 from gpukit import RESOURCES, require
+from gpukit import to_host as to_numpy
 
 from aiocubie import ArrayRequest, MemoryManager, UnknownAllocatorError, walk_chunks
 
