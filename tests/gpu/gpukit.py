@@ -1,7 +1,10 @@
-"""What the GPU tests share besides fixtures: the resource names and how to skip one that cannot be made."""
+"""What the GPU tests share besides fixtures: the resource names, skipping one that cannot be made, host copies."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import pytest
 
 #: Every resource a GPU can make, when its library is installed.
@@ -14,3 +17,12 @@ def require(resource: str) -> None:
     module = _NEEDS.get(resource)
     if module is not None:
         pytest.importorskip(module, reason=f"resource {resource!r} needs {module}, which is not installed")
+
+
+def to_host(array: Any) -> np.ndarray[Any, Any]:
+    """A host copy of a numpy, CuPy or numba array (its stream synchronized first by the caller)."""
+    if isinstance(array, np.ndarray):
+        return np.array(array)
+    if hasattr(array, "copy_to_host"):
+        return np.asarray(array.copy_to_host())
+    return np.asarray(array.get())

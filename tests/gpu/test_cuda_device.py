@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from gpukit import to_host
 
 from aiocubie._errors import (
     AllocationError,
@@ -29,15 +30,6 @@ pytestmark = pytest.mark.gpu
 
 GiB = 1 << 30
 rng = np.random.default_rng()
-
-
-def to_host(array: Any) -> np.ndarray[Any, Any]:
-    """A host copy of a numpy, CuPy or numba array (its stream synchronized first)."""
-    if isinstance(array, np.ndarray):
-        return np.array(array)
-    if hasattr(array, "copy_to_host"):
-        return np.asarray(array.copy_to_host())
-    return np.asarray(array.get())
 
 
 # -- the device ----------------------------------------------------------------------------

@@ -11,8 +11,7 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
-from gpukit import RESOURCES, require
-from gpukit import to_host as to_numpy
+from gpukit import RESOURCES, require, to_host
 
 from aiocubie import ArrayRequest, MemoryManager, UnknownAllocatorError, walk_chunks
 
@@ -53,7 +52,7 @@ async def _solve(
 ) -> None:
     async with mgr.request(solver, request) as response:
         assert response.chunks > 1
-        assert np.array_equal(to_numpy(response.arrays["params"]), np.zeros(16))
+        assert np.array_equal(to_host(response.arrays["params"]), np.zeros(16))
         host = np.full((rows, runs), np.nan, np.float32)
         async for chunk in walk_chunks(response, outputs={"out": host}):
             out = chunk.device["out"]
@@ -102,7 +101,7 @@ async def test_set_allocator_resets_and_invalidates(cuda_backend: Any) -> None:
         with pytest.raises(UnknownAllocatorError, match="'nope'"):
             mgr.set_allocator("nope")
         async with mgr.request(solver, {"a": ArrayRequest((1 << 20,), np.uint8, zero=True)}) as response:
-            assert to_numpy(response.arrays["a"]).sum() == 0
+            assert to_host(response.arrays["a"]).sum() == 0
         with pytest.warns(Warning):
             mgr.set_allocator("default")
         assert invalidated == ["solver", "solver"]
