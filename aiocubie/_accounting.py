@@ -116,16 +116,10 @@ class DeviceAccount:
         UnknownAllocatorError
             For a name the device cannot make (see ``Device.create_resource``).
         """
-        self.device.create_resource(name)  # an unknown or unavailable name: refused before anything resets
+        resource = self.device.create_resource(name)  # an unknown or unavailable name: refused before the reset
         self.device.reset()
         self.forget_all()
-        self.resource = self.device.create_resource(name)  # made after the reset: a fresh pool
-
-    def reset(self) -> None:
-        """Reset the device's context and empty the ledger; the resource (its pool) starts afresh."""
-        self.device.reset()
-        self.forget_all()
-        self.resource = self.device.create_resource(self.resource.name)
+        self.resource = resource
 
     # -- what there is -----------------------------------------------------------------------
     def memory_info(self) -> MemoryInfo:

@@ -221,7 +221,8 @@ class Device(abc.ABC):
     def reset(self) -> None:
         """Reset the context: every array, block and stream handed out before is invalid.
 
-        Resources made before must not be used afterwards; the account makes a new one.
+        Resources stay usable (what they cached is gone with the context); blocks they handed out
+        before must not be given back.
         """
 
     def close(self) -> None:  # noqa: B027 - optional: a device that holds nothing need not override it

@@ -30,14 +30,16 @@ class SimState:
     """The simulated device's memory, shared by its resources (a reset empties it).
 
     ``used``: device-side bytes of blocks handed out, those a pool caches included (as the
-    driver counts them); ``cached``: sizes of the device blocks the pool caches; ``live``: the
-    blocks handed out and not given back, by id; ``pinned``: the page-locked host buffers.
+    driver counts them); ``cached``: sizes of the device blocks the pool caches; ``pooled``: bytes
+    of the pool's blocks in use; ``live``: the blocks handed out and not given back, by id;
+    ``pinned``: the page-locked host buffers.
     """
 
     total: int
     reserved: int = 0
     used: int = 0
     cached: list[int] = attrs.Factory(list)
+    pooled: int = 0
     live: dict[int, Block] = attrs.Factory(dict)
     pinned: weakref.WeakValueDictionary[int, np.ndarray[Any, Any]] = attrs.Factory(weakref.WeakValueDictionary)
 
@@ -48,7 +50,7 @@ class SimState:
 
     def clear(self) -> None:
         """Forget every block: the context that held them is gone."""
-        self.used = 0
+        self.used = self.pooled = 0
         self.cached.clear()
         self.live.clear()
 
@@ -135,7 +137,6 @@ class SimPool(ResourceAdaptor):
         super().__init__(upstream)
         self.memory = upstream
         self.name = name
-        self.in_use = 0
 
     def allocate(self, nbytes: int, kind: MemoryKind, stream: StreamLike | None) -> Block:
         if kind is not MemoryKind.DEVICE or not nbytes:
@@ -152,7 +153,7 @@ class SimPool(ResourceAdaptor):
             data = host_memory(nbytes, kind)
             block = Block(id(data), nbytes, kind, stream, data)
             state.live[id(block)] = block
-        self.in_use += nbytes
+        state.pooled += nbytes
         return block
 
     def deallocate(self, block: Block) -> None:
@@ -165,7 +166,7 @@ class SimPool(ResourceAdaptor):
                 f"{block.nbytes}-byte device block given back to the pool twice, or after a context reset: "
                 "on a GPU that frees memory another array may be using"
             )
-        self.in_use -= block.nbytes
+        state.pooled -= block.nbytes
         state.cached.append(block.nbytes)  # the pool keeps it for reuse
 
     def release_cached(self) -> int:
@@ -176,8 +177,9 @@ class SimPool(ResourceAdaptor):
         return freed
 
     def pool_facts(self) -> PoolFacts:
-        cached = self.memory.state.cached
-        return PoolFacts(held=self.in_use + sum(cached), in_use=self.in_use, largest_free=max(cached, default=0))
+        state = self.memory.state
+        cached = state.cached
+        return PoolFacts(held=state.pooled + sum(cached), in_use=state.pooled, largest_free=max(cached, default=0))
 
 
 class SimFaults(ResourceAdaptor):
