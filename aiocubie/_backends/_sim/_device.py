@@ -206,7 +206,7 @@ class SimDevice(Device):
 
         stream.enqueue(run)
 
-    def copy(self, src: Any, dst: Any, stream: SimStream, *, tag: object = None) -> None:
+    def copy(self, src: Any, dst: Any, stream: SimStream, *, tag: object = None) -> None:  # type: ignore[override]
         if getattr(src, "shape", None) != getattr(dst, "shape", None) or getattr(src, "dtype", None) != getattr(
             dst, "dtype", None
         ):
@@ -259,7 +259,7 @@ class SimDevice(Device):
                 f"(ids 0 to {self.devices - 1}); pass devices= to SimulatorBackend for more"
             )
 
-    def prefetch(self, array: Any, device: int | None, stream: SimStream) -> None:
+    def prefetch(self, array: Any, device: int | None, stream: SimStream) -> None:  # type: ignore[override]
         self._check_location(device)
         if self.faults.check("prefetch"):
             raise BackendError(f"injected fault: prefetching {array.nbytes} bytes on {stream}")

@@ -1,8 +1,8 @@
-"""What users do with the arrays they are handed, for each array type: the "user code" suite.
+"""What users do with the arrays they are handed, for each case of the contract: the "user code" suite.
 
-Imported, like ``backend_contract``, by a module that supplies the ``contract`` fixture: it
-runs on the simulator in CI (numba kernels under numba's CUDA simulator) and unchanged on
-the GPU. Code here is written once for both: only the array type decides what it calls.
+It runs on the simulator in CI (numba kernels under numba's CUDA simulator) and unchanged on the
+GPU. Code here is written once for both: only the array type decides what it calls. The numba
+kernel test needs numba (the numba extra) and skips, saying so, without it.
 """
 
 from __future__ import annotations
@@ -12,17 +12,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from backend_contract import Contract, to_numpy
-from numba import cuda
+from contractkit import Contract, to_numpy
 
 from aiocubie import ArrayRequest, MemoryManager, walk_chunks
-
-__all__ = [
-    "test_user_cupy_arithmetic_walk",
-    "test_user_numba_kernel_walk",
-    "test_user_reads_zeroed_arrays",
-    "test_user_torch_interop",
-]
 
 RUNS = 10_000
 
@@ -33,14 +25,6 @@ def need_numba_mode(backend_name: str) -> None:
 
     if bool(config.ENABLE_CUDASIM) != (backend_name == "simulator"):
         pytest.skip("numba.cuda was imported in the other mode than this backend needs")
-
-
-@cuda.jit
-def axpy(x: Any, y: Any) -> None:  # pragma: no cover - compiled by numba
-    # Module level: numba's simulator swaps the module-global ``cuda`` while a kernel runs.
-    for j in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
-        for i in range(x.shape[0]):
-            y[i, j] = 3.0 * x[i, j] - 1.0
 
 
 def _launch(kernel: Any, backend_name: str, size: int, stream: Any, *args: Any) -> None:
@@ -93,7 +77,10 @@ async def test_user_cupy_arithmetic_walk(contract: Contract) -> None:
 @pytest.mark.anyio
 async def test_user_numba_kernel_walk(contract: Contract) -> None:
     """A numba kernel on the group's stream over every chunk, for either array type."""
+    pytest.importorskip("numba", reason="numba kernels need numba, the numba extra: pip install 'aiocubie[numba]'")
     need_numba_mode(contract.backend.name)
+    from numba_kernels import axpy
+
     x = np.random.default_rng(1).standard_normal((3, 2_000))
     y = np.full_like(x, np.nan)
     async with MemoryManager(contract.backend) as mgr:

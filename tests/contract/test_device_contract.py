@@ -1,0 +1,193 @@
+"""The device contract: what every Device promises (streams, events, copies, fills, memory, managed memory).
+
+Runs on every case of ``contractkit.CASES``: the simulator's resources and array types here, and
+every CUDA resource on a GPU. Arrays come from the case's resource and array maker, as the device
+account makes them.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from contractkit import DEVICE_SIDE, HOST_SIDE, RESOURCES, Contract, to_numpy
+
+from aiocubie import ALLOCATORS, BackendError, InvalidRequestError, MemoryKind, UnknownAllocatorError
+from aiocubie._backends import Device, StreamLike
+
+rng = np.random.default_rng()
+
+
+def test_protocol_attributes(contract: Contract) -> None:
+    device = contract.device
+    assert isinstance(device, Device) and contract.backend.name == device.name in ("simulator", "cuda")
+    assert device.device_name and device.device_id == 0 and device.granule >= 0
+    assert set(device.resources) <= set(RESOURCES) and device.default_resource in device.resources
+    assert contract.resource.name == contract.resource_name in device.resources
+    assert contract.backend.array_type == contract.array_type
+    info = device.memory_info()
+    assert 0 < info.free <= info.total
+    stream = device.create_stream()
+    assert isinstance(stream, StreamLike) and isinstance(stream.__cuda_stream__(), tuple)
+    with device.activate():  # cheap, and nestable
+        with device.activate():
+            contract.sync(stream)
+
+
+def test_create_resource_names(contract: Contract) -> None:
+    device = contract.device
+    for name in ("nope", None, 3):
+        with pytest.raises(UnknownAllocatorError, match="use one of"):
+            device.create_resource(name)  # type: ignore[arg-type]
+    assert device.create_resource("default").name == device.default_resource
+    assert all(name in ALLOCATORS for name in device.resources)
+
+
+@pytest.mark.parametrize("kind", list(MemoryKind), ids=lambda k: k.value)
+def test_zero_every_kind(contract: Contract, kind: MemoryKind) -> None:
+    device = contract.device
+    stream = device.create_stream()
+    array = contract.alloc((3, 1000), np.float64, kind, stream)
+    device.copy(np.full((3, 1000), np.nan), array, stream)  # so that zero() must really write
+    device.zero(array, stream)
+    contract.sync(stream)
+    assert np.array_equal(to_numpy(array), np.zeros((3, 1000)))
+    contract.free(array)
+
+
+@pytest.mark.parametrize("host_kind", HOST_SIDE, ids=lambda k: k.value)
+@pytest.mark.parametrize("device_kind", DEVICE_SIDE, ids=lambda k: k.value)
+def test_copies_round_trip_every_kind(contract: Contract, device_kind: MemoryKind, host_kind: MemoryKind) -> None:
+    device = contract.device
+    stream = device.create_stream()
+    shape, dtype = (500, 37), np.dtype(np.float64)
+    src = device.host_array(shape, dtype, host_kind)
+    src[...] = rng.standard_normal(shape)
+    dev = contract.alloc(shape, dtype, device_kind, stream)
+    other = contract.alloc(shape, dtype, device_kind, stream)
+    dst = device.host_array(shape, dtype, host_kind)
+    dst[...] = np.nan
+    device.copy(src, dev, stream)
+    device.copy(dev, other, stream)  # device to device
+    device.copy(other, dst, stream)
+    contract.sync(stream)
+    assert np.array_equal(dst, src)
+    assert np.array_equal(to_numpy(dev), src)
+    contract.free(dev)
+    contract.free(other)
+
+
+def test_copy_rejects_mismatches(contract: Contract) -> None:
+    device = contract.device
+    stream = device.create_stream()
+    dev = contract.alloc((10,), np.float32, MemoryKind.DEVICE, stream)
+    with pytest.raises(BackendError, match="shapes and dtypes"):
+        device.copy(np.zeros(11, np.float32), dev, stream)
+    with pytest.raises(BackendError, match="shapes and dtypes"):
+        device.copy(dev, np.zeros(10, np.float64), stream)
+    with pytest.raises(BackendError, match="contiguous"):
+        device.copy(np.zeros(20, np.float32)[::2], dev, stream)
+    grid = contract.alloc((4, 6), np.float32, MemoryKind.DEVICE, stream)
+    with pytest.raises(BackendError, match="contiguous"):
+        device.copy(grid[:, :3], np.zeros((4, 3), np.float32), stream)
+    contract.sync(stream)
+    contract.free(dev)
+    contract.free(grid)
+
+
+def test_event_callbacks_and_queries(contract: Contract) -> None:
+    device = contract.device
+    stream = device.create_stream()
+    array = contract.alloc((1 << 16,), np.float64, MemoryKind.DEVICE, stream)
+    device.zero(array, stream)
+    event = device.record_event(stream)
+    fired: list[int] = []
+    done = threading.Event()
+
+    def callback() -> None:
+        fired.append(1)
+        done.set()
+
+    event.add_done_callback(callback)
+    assert done.wait(10)
+    event.synchronize()
+    assert event.query() and fired == [1]
+    event.add_done_callback(callback)  # already complete: at once, on this thread
+    assert fired == [1, 1]
+    contract.free(array)
+
+
+def test_a_stream_waits_for_another_streams_event(contract: Contract) -> None:
+    # copy in on one stream, device-to-device on a second that waits for the first's event,
+    # copy out on a third that waits for the second's: the data must arrive whole
+    device = contract.device
+    first, second, third = device.create_stream(), device.create_stream(), device.create_stream()
+    shape, dtype = (1 << 20,), np.dtype(np.float32)
+    src = device.host_array(shape, dtype, MemoryKind.PINNED)
+    src[...] = rng.standard_normal(shape)
+    a = contract.alloc(shape, dtype, MemoryKind.DEVICE, first)
+    b = contract.alloc(shape, dtype, MemoryKind.DEVICE, first)
+    contract.sync(first)
+    dst = device.host_array(shape, dtype, MemoryKind.PINNED)
+    device.copy(src, a, first)
+    device.wait_event(second, device.record_event(first))
+    device.copy(a, b, second)
+    device.wait_event(third, device.record_event(second))
+    device.copy(b, dst, third)
+    contract.sync(third)
+    assert np.array_equal(dst, src)
+    device.wait_event(third, device.record_event(third))  # an event already reached: no wait
+    contract.free(a)
+    contract.free(b)
+
+
+def test_pinned_host_memory_is_known(contract: Contract) -> None:
+    device = contract.device
+    pinned = device.host_array((64, 3), np.dtype(np.float64), MemoryKind.PINNED)
+    assert device.is_pinned(pinned) and device.is_pinned(pinned[5:9])
+    assert not device.is_pinned(device.host_array((64, 3), np.dtype(np.float64), MemoryKind.HOST))
+    assert not device.is_pinned(np.zeros(10))
+    stream = device.create_stream()
+    block_pinned = contract.alloc((16,), np.float32, MemoryKind.PINNED, stream)  # the resource's pinned blocks too
+    assert isinstance(block_pinned, np.ndarray) and device.is_pinned(block_pinned)
+    contract.free(block_pinned)
+    pool = device.pinned_pool
+    buffer = pool.acquire(1000)
+    assert buffer.nbytes >= 1000 and device.is_pinned(buffer)
+    pool.release(buffer)
+    assert pool.acquire(900) is buffer  # reused, not pinned again
+    pool.release(buffer)
+
+
+def test_host_array(contract: Contract) -> None:
+    device = contract.device
+    for kind in HOST_SIDE:
+        array = device.host_array((3, 5), np.dtype(np.int64), kind)
+        assert isinstance(array, np.ndarray) and array.shape == (3, 5) and not array.any()
+    for kind in DEVICE_SIDE:
+        with pytest.raises(InvalidRequestError):
+            device.host_array((3,), np.dtype(np.int64), kind)
+
+
+def test_managed_prefetch_and_advice(contract: Contract) -> None:
+    device = contract.device
+    stream = device.create_stream()
+    array = contract.alloc((1 << 16,), np.float32, MemoryKind.MANAGED, stream)
+    expected = rng.standard_normal(1 << 16).astype(np.float32)
+    device.copy(expected, array, stream)
+    for advice in ("preferred_location", "accessed_by", "read_mostly"):
+        device.advise(array, advice, 0)
+    device.advise(array, "accessed_by", None)
+    device.prefetch(array, 0, stream)
+    device.prefetch(array, None, stream)
+    contract.sync(stream)
+    assert np.array_equal(to_numpy(array), expected)
+    with pytest.raises(BackendError, match="advice"):
+        device.advise(array, "nonsense", 0)  # type: ignore[arg-type]
+    if contract.backend.name == "cuda":  # the simulator does not track which memory is managed
+        plain = contract.alloc((4,), np.float32, MemoryKind.DEVICE, stream)
+        with pytest.raises(BackendError, match="managed"):
+            device.prefetch(plain, 0, stream)
+        contract.free(plain)
+    contract.free(array)
