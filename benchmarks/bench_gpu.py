@@ -6,6 +6,8 @@ cuda.bindings (and numba, where installed, for its raw path alone).
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import ctypes
 import importlib.util
 import itertools
@@ -16,12 +18,15 @@ from typing import Any
 
 import cupy
 import numpy as np
-from bench_common import MIB, RawPath, Step
+from bench_common import MIB, RawPath, Settings, Step
 from bench_sim import F32, SHAPE, backend_path
 from cuda.bindings import driver as binding
 
 from aiocubie._backends import Backend
 from aiocubie._backends._cuda import create_cuda_backend, current_cupy_stream, stream_handle
+
+#: Kernel length before the stamp in bridge.py's measurement: allocation-sized GPU work.
+KERNEL_US = 20
 
 _HOST_FN_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _blocks: dict[int, tuple[float, list[int]]] = {}
@@ -138,6 +143,27 @@ class CudaDevice:
             except metadata.PackageNotFoundError:
                 pass
         return facts
+
+    def mechanisms(self, settings: Settings) -> dict[str, Any]:
+        """benchmarks/bridge.py's comparison of event->loop mechanisms (asyncio, a 20 us kernel) on this backend."""
+        import bridge
+
+        args = argparse.Namespace(
+            rounds=settings.iters(20, 2),
+            per_round=settings.iters(20, 3),
+            warmup=settings.iters(3, 1),
+            idle_s=settings.idle_seconds,
+        )
+        bench = bridge.Bench(self.backend, slots=2)
+        try:
+
+            async def both() -> dict[str, Any]:
+                measured = await bridge.measure(args, bench, KERNEL_US)
+                return {"mechanisms": measured, "idle_cpu_pct": await bridge.idle_cpu(args, bench)}
+
+            return asyncio.run(both())
+        finally:
+            bench.close()
 
     def walk_kit(self) -> CudaWalkKit:
         """Raw copies and a timed kernel for bench_walk."""
