@@ -5,6 +5,7 @@ Plain functions over the real simulator backend; nothing here replaces or mocks 
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import threading
 from collections.abc import Callable
@@ -12,11 +13,18 @@ from typing import Any
 
 import anyio
 import numpy as np
+import pytest
 
 from aiocubie import ArrayRequest, MemoryKind, MemoryManager, SimulatorBackend
 from aiocubie._backends import Backend, Block, MemoryResource
 
 TOTAL = 1_000_000  # bytes of the simulated device
+
+#: For a test that needs numba (its arrays, its kernels, the demo): the numba extra, which CI's
+#: numba-free run does not install.
+needs_numba = pytest.mark.skipif(
+    importlib.util.find_spec("numba") is None, reason="needs numba, the numba extra: pip install 'aiocubie[numba]'"
+)
 HANG_GUARD = 10  # seconds: only a hung test takes this long
 
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from simkit import needs_numba
 
 import aiocubie
 from aiocubie import _cli
@@ -35,6 +36,7 @@ def _has_matplotlib() -> bool:
     return True
 
 
+@needs_numba
 def test_demo_batches_chunks_overlaps_and_checks_every_element(tmp_path: Path) -> None:
     plot = tmp_path / "demo.png"
     result = _run(
@@ -146,6 +148,7 @@ def test_version() -> None:
     assert result.returncode == 0 and result.stdout.strip() == f"aiocubie {aiocubie.__version__}"
 
 
+@needs_numba
 def test_an_aiocubie_error_inside_a_task_group_is_one_line_without_traceback() -> None:
     result = _run("demo", "--backend", "simulator", "--budget", "100", "--no-progress")
     assert result.returncode == 1
@@ -155,6 +158,7 @@ def test_an_aiocubie_error_inside_a_task_group_is_one_line_without_traceback() -
     assert debug.returncode == 1 and "Traceback" in debug.stderr
 
 
+@needs_numba
 def test_demo_says_its_plan_first_and_refuses_an_absurd_one_unless_forced() -> None:
     result = _run("demo", "--backend", "simulator", "--budget", "2000", "--no-progress")
     assert result.returncode == 1

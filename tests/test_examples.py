@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from simkit import needs_numba
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -28,6 +29,7 @@ def test_async_pipeline() -> None:
     assert "post: sums of 20000 runs correct" in out
 
 
+@needs_numba
 def test_data_loader() -> None:
     out = _run(str(EXAMPLES / "data_loader.py"))
     assert len(re.findall(r"batch \d: 2000 rows normalised in \d+ chunks", out)) == 4

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from simkit import needs_numba
 
 from aiocubie import ConfigurationError, LimitMode, MemoryManager, Options, Policy, SimulatorBackend
 
@@ -82,6 +83,7 @@ def test_manager_settings_have_one_way_in() -> None:
     mgr.close()
 
 
+@needs_numba
 def test_array_type_is_chosen_per_manager() -> None:
     for array_type in ("cupy", "numba"):
         mgr = MemoryManager("simulator", array_type=array_type)

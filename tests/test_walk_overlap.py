@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from simkit import needs_numba
 
 from aiocubie import (
     AiocubieError,
@@ -140,7 +141,7 @@ async def test_every_depth_is_bit_identical_to_the_serial_walk(axis: int, dtype:
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("kind", ["device", "managed", "mapped", "pinned"])
-@pytest.mark.parametrize("array_type", ["cupy", "numba"])
+@pytest.mark.parametrize("array_type", ["cupy", pytest.param("numba", marks=needs_numba)])
 async def test_every_kind_and_array_type(kind: str, array_type: str) -> None:
     if kind == "pinned" and array_type == "numba":
         pytest.skip("pinned device-side arrays are numpy arrays: the numba body does not apply")
