@@ -348,7 +348,7 @@ class SimArrays(ArrayMaker):
             self._device_array = numba_model()
 
     def make(self, block: Block, shape: tuple[int, ...], dtype: np.dtype[Any], stream: StreamLike | None) -> Any:
-        data = block.handle.view(dtype).reshape(shape)
+        data = np.ndarray(shape, dtype, buffer=block.handle)
         if block.kind is MemoryKind.HOST or block.kind is MemoryKind.PINNED:
             return data
         return self._device_array(data, stream)
