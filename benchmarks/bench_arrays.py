@@ -1,8 +1,8 @@
 """Array construction and kernel-launch costs on the GPU, each against a baseline of the same run.
 
 Construction: a CuPy array over a CuPy pool block, a numba DeviceNDArray over one (what
-aiocubie builds), ``cuda.device_array`` (numba's own path), and ``CudaBackend.allocate`` of each
-array type. Launch: a numba kernel on two handed-out arrays of each type against two arrays
+aiocubie builds), ``cuda.device_array`` (numba's own path, drawing from aiocubie's resource through
+the EMM plugin), and a backend's allocate + make of each array type. Launch: a numba kernel on two handed-out arrays of each type against two arrays
 numba made itself (target: numba arrays <= 1.1x). Also checks interop facts the design relies
 on and records deprecation warnings raised from aiocubie's own calls.
 Run on the GPU: python3 benchmarks/bench_arrays.py [--out DIR] [--name NAME]. Prints medians in us.
@@ -49,24 +49,29 @@ def main() -> int:
     import cupy
     from numba import cuda
 
-    from aiocubie._backends._cuda import CudaBackend, _arrays, _pools
+    from aiocubie._backends import Backend, Block
+    from aiocubie._backends._cuda import create_cuda_backend
+    from aiocubie._backends._numba import install_memory_manager
     from aiocubie._requests import MemoryKind
+
+    def allocate(backend: Backend, shape: tuple[int, ...], kind: MemoryKind = MemoryKind.DEVICE) -> Any:
+        block = backend.resource.allocate(int(np.prod(shape)) * F32.itemsize, kind, stream)
+        return backend.arrays.make(block, shape, F32, stream)
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        numba_backend = CudaBackend("cupy", array_type="numba")
-        cupy_backend = CudaBackend("cupy", array_type="cupy")
-        stream = cupy_backend.create_stream()
+        numba_backend = create_cuda_backend(device=0, allocator="cupy", array_type="numba")
+        cupy_backend = create_cuda_backend(device=0, allocator="cupy", array_type="cupy")
+        stream = cupy_backend.device.create_stream()
         for backend in (numba_backend, cupy_backend):
             for kind in MemoryKind:
-                a = backend.allocate(SHAPE, F32, kind, stream)
+                a = allocate(backend, SHAPE, kind)
                 backend.device.zero(a, stream)
                 backend.device.copy(np.ones(SHAPE, F32), a, stream)
-        stream.synchronize()
+        stream.sync()
     ours = [w for w in caught if issubclass(w.category, (DeprecationWarning, PendingDeprecationWarning, FutureWarning))]
 
-    context = cuda.current_context()
-    pool = context.memory_manager.pool
+    pool = cupy.cuda.MemoryPool()
     nbytes = SHAPE[0] * SHAPE[1] * 4
     results: dict[str, float] = {}
 
@@ -78,7 +83,7 @@ def main() -> int:
 
     def numba_over_block() -> Any:
         block = pool.malloc(nbytes)
-        return _arrays.numba_array(SHAPE, F32, _pools.Block(block.ptr, nbytes, block), stream, context)
+        return numba_backend.arrays.make(Block(block.ptr, nbytes, MemoryKind.DEVICE, stream, block), SHAPE, F32, stream)
 
     def device_array() -> Any:
         return cuda.device_array(SHAPE, F32, stream=stream)
@@ -86,22 +91,17 @@ def main() -> int:
     results["CuPy MemoryPool.malloc (baseline)"] = median_us(raw_block)
     results["cupy.ndarray over a pool block"] = median_us(cupy_over_block)
     results["numba DeviceNDArray over a pool block"] = median_us(numba_over_block)
-    results["cuda.device_array (cupy plugin)"] = median_us(device_array)
-    results["CudaBackend.allocate, array_type=cupy"] = median_us(
-        lambda: cupy_backend.allocate(SHAPE, F32, MemoryKind.DEVICE, stream)
-    )
-    results["CudaBackend.allocate, array_type=numba"] = median_us(
-        lambda: numba_backend.allocate(SHAPE, F32, MemoryKind.DEVICE, stream)
-    )
-    numba_backend.set_allocator("default")
-    results["cuda.device_array (default numba manager)"] = median_us(device_array, n=1000)
-    results["CudaBackend.allocate default allocator, numba"] = median_us(
-        lambda: numba_backend.allocate(SHAPE, F32, MemoryKind.DEVICE, stream), n=1000
-    )
-    results["CudaBackend.allocate default allocator, cupy"] = median_us(
-        lambda: cupy_backend.allocate(SHAPE, F32, MemoryKind.DEVICE, stream), n=1000
-    )
-    numba_backend.set_allocator("cupy")
+    results["cuda.device_array (EMM plugin over the cupy resource)"] = median_us(device_array)
+    results["cupy resource allocate + make, array_type=cupy"] = median_us(lambda: allocate(cupy_backend, SHAPE))
+    results["cupy resource allocate + make, array_type=numba"] = median_us(lambda: allocate(numba_backend, SHAPE))
+    install_memory_manager(cupy_backend.device, None)
+    results["cuda.device_array (numba's own manager)"] = median_us(device_array, n=1000)
+    driver_numba = create_cuda_backend(device=0, allocator="driver", array_type="numba")
+    driver_cupy = create_cuda_backend(device=0, allocator="driver", array_type="cupy")
+    install_memory_manager(cupy_backend.device, None)
+    results["driver resource allocate + make, numba"] = median_us(lambda: allocate(driver_numba, SHAPE), n=1000)
+    results["driver resource allocate + make, cupy"] = median_us(lambda: allocate(driver_cupy, SHAPE), n=1000)
+    install_memory_manager(cupy_backend.device, cupy_backend.resource)
 
     @cuda.jit
     def touch(x: Any, y: Any) -> None:  # pragma: no cover - compiled by numba
@@ -115,10 +115,8 @@ def main() -> int:
             cuda.device_array(flat, F32, stream=stream),
             cuda.device_array(flat, F32, stream=stream),
         ),
-        "handed-out numba arrays": tuple(
-            numba_backend.allocate(flat, F32, MemoryKind.DEVICE, stream) for _ in range(2)
-        ),
-        "handed-out CuPy arrays": tuple(cupy_backend.allocate(flat, F32, MemoryKind.DEVICE, stream) for _ in range(2)),
+        "handed-out numba arrays": tuple(allocate(numba_backend, flat) for _ in range(2)),
+        "handed-out CuPy arrays": tuple(allocate(cupy_backend, flat) for _ in range(2)),
     }
     launch: dict[str, float] = {}
     for name, (x, y) in pairs.items():
@@ -128,14 +126,14 @@ def main() -> int:
             touch[1, 32, stream](x, y)  # one tiny block: the launch's host cost, not the GPU's
             counter[0] += 1
             if counter[0] % 256 == 0:
-                stream.synchronize()
+                stream.sync()
 
         launch[name] = median_us(go)
-        stream.synchronize()
+        stream.sync()
     base = launch["numba-made (cuda.device_array)"]
 
     facts: dict[str, Any] = {}
-    a = cupy_backend.allocate((4,), F32, MemoryKind.DEVICE, stream)
+    a = allocate(cupy_backend, (4,))
     facts["cupy CAI stream (current stream null)"] = a.__cuda_array_interface__.get("stream", "absent")
     from aiocubie import current_cupy_stream
 
@@ -143,7 +141,7 @@ def main() -> int:
         facts["cupy CAI stream inside current_cupy_stream == group stream"] = a.__cuda_array_interface__.get(
             "stream"
         ) == int(stream.handle)
-    b = numba_backend.allocate((4,), F32, MemoryKind.DEVICE, stream)
+    b = allocate(numba_backend, (4,))
     facts["numba CAI stream == group stream"] = b.__cuda_array_interface__["stream"] == int(stream.handle)
     try:
         a[...] = np.arange(4, dtype=F32)
@@ -163,11 +161,9 @@ def main() -> int:
         f"{w.category.__name__} {Path(w.filename).name}:{w.lineno}: {w.message}" for w in ours
     ]
 
-    versions = {d: metadata.version(d) for d in ("numpy", "numba-cuda", "cupy-cuda13x") if _has(d)}
+    versions = {d: metadata.version(d) for d in ("numpy", "numba-cuda", "cupy-cuda13x", "cuda-core") if _has(d)}
     report = {
-        "machine": cuda.get_current_device().name.decode()
-        if isinstance(cuda.get_current_device().name, bytes)
-        else str(cuda.get_current_device().name),
+        "machine": cupy_backend.device.device_name,
         "python": platform.python_version(),
         "versions": versions,
         "construction_us": results,

@@ -1,7 +1,7 @@
-"""The CUDA backend as a benchmark device: raw CuPy-pool and numba baselines, a stream blocker.
+"""The CUDA backend as a benchmark device: raw CuPy-pool (and numba) baselines, a stream blocker.
 
-Only ``benchmarks/run --backend cuda`` imports this module: it is the one that imports
-numba.cuda, CuPy and cuda.bindings.
+Only ``benchmarks/run --backend cuda`` imports this module: it is the one that imports CuPy and
+cuda.bindings (and numba, where installed, for its raw path alone).
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
+import importlib.util
 import itertools
 import time
 from collections.abc import Callable
@@ -16,14 +17,13 @@ from importlib import metadata
 from typing import Any
 
 import cupy
+import numpy as np
 from bench_common import MIB, RawPath, Settings, Step
 from bench_sim import F32, SHAPE, backend_path
 from cuda.bindings import driver as binding
-from numba import cuda
 
-from aiocubie import ALLOCATORS
-from aiocubie._backends import ARRAY_TYPES
-from aiocubie._backends._cuda import CudaBackend, _stream_ptr
+from aiocubie._backends import Backend
+from aiocubie._backends._cuda import create_cuda_backend, current_cupy_stream, stream_handle
 
 #: Kernel length before the stamp in bridge.py's measurement: allocation-sized GPU work.
 KERNEL_US = 20
@@ -44,52 +44,57 @@ def _sleep_then_stamp(key: int) -> None:
 _SLEEP_FN = binding.CUhostFn(ctypes.cast(_sleep_then_stamp, ctypes.c_void_p).value)
 
 
+def _numba_installed() -> bool:
+    try:
+        return importlib.util.find_spec("numba_cuda") is not None
+    except ImportError:  # hidden (scripts/no_numba)
+        return False
+
+
 class CudaDevice:
-    """Device 0 through aiocubie's CudaBackend, plus the raw paths it is compared with."""
+    """Device 0 through aiocubie's CUDA backend (one per resource and array type), plus the raw paths."""
 
     name = "cuda"
-    allocators = ALLOCATORS
-    array_types = ARRAY_TYPES
     baseline = "raw CuPy MemoryPool.malloc + event record + synchronize"
 
     def __init__(self) -> None:
-        self.backend = CudaBackend()
-        self._others: dict[str, CudaBackend] = {}
-        self._fresh_streams()
-
-    def backend_for(self, array_type: str) -> CudaBackend:
-        """A backend on the same context and allocator handing out ``array_type`` arrays."""
-        if array_type == self.backend.array_type:
-            return self.backend
-        other = self._others.get(array_type)
-        if other is None or other.allocator != self.backend.allocator:
-            # the allocator is installed already: this backend starts without a context reset
-            other = self._others[array_type] = CudaBackend(self.backend.allocator, array_type=array_type)
-        return other
-
-    def _fresh_streams(self) -> None:
+        numba = _numba_installed()
+        self.allocators: tuple[str, ...] = ("driver", "cupy", "cupy_async", *(("numba",) if numba else ()))
+        self.array_types: tuple[str, ...] = ("cupy", *(("numba",) if numba else ()))
+        self._backends: dict[tuple[str, str], Backend] = {}
+        self.allocator = self.allocators[0]
+        self.backend = self.backend_for("cupy")
         self.stream = self.backend.device.create_stream()
-        self.numba_stream = cuda.stream()
         self.cupy_stream = cupy.cuda.Stream(non_blocking=True)
         self.pool = cupy.cuda.MemoryPool()
 
+    def backend_for(self, array_type: str) -> Backend:
+        """A backend on the allocator in use handing out ``array_type`` arrays (made once)."""
+        key = (self.allocator, array_type)
+        backend = self._backends.get(key)
+        if backend is None:
+            backend = self._backends[key] = create_cuda_backend(
+                device=0, allocator=self.allocator, array_type=array_type
+            )
+        return backend
+
     def use(self, allocator: str) -> None:
-        """Switch the backend's allocator plugin (a context reset) and rebuild the raw paths' streams."""
-        if allocator == self.backend.allocator:
-            return
-        self.pool.free_all_blocks()  # before the reset: these blocks belong to the old context
-        del self.stream, self.numba_stream, self.cupy_stream, self.pool
-        self.backend.set_allocator(allocator)
-        self._fresh_streams()
+        """Measure ``allocator`` from now on (its own backends; no context reset is needed)."""
+        self.allocator = allocator
+        self.backend = self.backend_for("cupy")
+        self.stream = self.backend.device.create_stream()
 
     def raw_paths(self) -> dict[str, RawPath]:
         """Label -> raw path, the baseline first."""
-        plugin = self.backend.allocator
-        return {
+        paths = {
             self.baseline: self._cupy_path,
-            f"raw numba device_array + event + synchronize ({plugin} plugin)": self._numba_path,
-            "raw backend: CudaBackend.allocate + record_event + synchronize": backend_path(self.backend, self.stream),
+            f"raw backend: {self.allocator} resource allocate + CuPy array + record_event + synchronize": backend_path(
+                self.backend, self.stream
+            ),
         }
+        if "numba" in self.array_types:
+            paths["raw numba device_array + event + synchronize"] = self._numba_path
+        return paths
 
     def _cupy_path(self, n: int) -> Step:
         pool, stream = self.pool, self.cupy_stream
@@ -104,7 +109,9 @@ class CudaDevice:
         return step
 
     def _numba_path(self, n: int) -> Step:
-        stream = self.numba_stream
+        from numba import cuda
+
+        stream = cuda.stream()
 
         def step() -> Callable[[], None]:
             arrays = [cuda.device_array(SHAPE, F32, stream=stream) for _ in range(n)]
@@ -119,7 +126,7 @@ class CudaDevice:
         """Queue a host function that sleeps ``seconds`` on ``stream``; return a reader of the ns it ended at."""
         key, ended = next(_keys), []
         _blocks[key] = (seconds, ended)
-        (err,) = binding.cuLaunchHostFunc(binding.CUstream(_stream_ptr(stream)), _SLEEP_FN, key)
+        (err,) = binding.cuLaunchHostFunc(binding.CUstream(stream_handle(stream)), _SLEEP_FN, key)
         if err != binding.CUresult.CUDA_SUCCESS:
             del _blocks[key]
             raise RuntimeError(f"cuLaunchHostFunc failed: {err.name}")
@@ -127,11 +134,10 @@ class CudaDevice:
 
     def info(self) -> dict[str, Any]:
         """Device and library facts for the report."""
-        facts: dict[str, Any] = {"device": self.backend.device.device_name}
-        _, total = cuda.current_context().get_memory_info()
-        facts["device_memory_mib"] = int(total) >> 20
+        device = self.backend.device
+        facts: dict[str, Any] = {"device": device.device_name, "device_memory_mib": device.memory_info().total >> 20}
         facts["driver_version"] = cupy.cuda.runtime.driverGetVersion()
-        for dist in ("numba", "numba-cuda", "cupy-cuda13x", "cupy-cuda12x", "cuda-bindings"):
+        for dist in ("cuda-core", "cuda-bindings", "cupy-cuda13x", "cupy-cuda12x", "numba", "numba-cuda"):
             try:
                 facts[dist] = metadata.version(dist)
             except metadata.PackageNotFoundError:
@@ -149,7 +155,6 @@ class CudaDevice:
             idle_s=settings.idle_seconds,
         )
         bench = bridge.Bench(self.backend, slots=2)
-        mechanism = self.backend.event_mechanism
         try:
 
             async def both() -> dict[str, Any]:
@@ -159,37 +164,37 @@ class CudaDevice:
             return asyncio.run(both())
         finally:
             bench.close()
-            self.backend.event_mechanism = mechanism  # bridge.Bench switches it per sample
 
     def walk_kit(self) -> CudaWalkKit:
         """Raw copies and a timed kernel for bench_walk."""
         return CudaWalkKit(self.backend)
 
     def close(self) -> None:
-        """Free the raw pool and the backend's pools."""
+        """Free the raw pool and every backend's pools."""
         self.pool.free_all_blocks()
-        self.backend.close()
+        for backend in self._backends.values():
+            backend.resource.release_cached()
+            backend.close()
 
 
-@cuda.jit
-def _spin_copy(x: Any, y: Any, ns: int) -> None:  # pragma: no cover - runs on the GPU
-    # y = x, after spinning about ``ns`` nanoseconds: a kernel of a chosen length.
-    slept = 0
-    while slept < ns:
-        cuda.nanosleep(1000)
-        slept += 1000
-    start = cuda.grid(1)
-    step = cuda.gridsize(1)
-    for i in range(start, x.size, step):
-        y[i] = x[i]
+_SPIN_COPY = r"""
+extern "C" __global__ void spin_copy(const unsigned char* x, unsigned char* y, long long n, long long ns) {
+    // y = x, after spinning about ns nanoseconds: a kernel of a chosen length
+    long long slept = 0;
+    while (slept < ns) { __nanosleep(1000); slept += 1000; }
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        y[i] = x[i];
+}
+"""
 
 
 class CudaWalkKit:
     """What bench_walk needs of the GPU: raw CuPy copies, pinned host arrays, a timed kernel."""
 
-    def __init__(self, backend: CudaBackend) -> None:
+    def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.streams = (cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True))
+        self._spin = cupy.RawModule(code=_SPIN_COPY).get_function("spin_copy")
 
     def raw_copies(self, host_in: Any, host_out: Any, both: bool = True) -> float:
         """Seconds for raw CuPy ``cudaMemcpyAsync`` of ``host_in`` in and (``both``: at once,
@@ -210,11 +215,8 @@ class CudaWalkKit:
         return self.backend.device.host_array(shape, dtype, "pinned")
 
     def kernel(self, stream: Any, x: Any, y: Any, seconds: float) -> None:
-        # numba arrays viewed without a sync: numba would otherwise synchronize the legacy
-        # stream a CuPy array reports, stalling the host behind every copy in flight
-        x = cuda.as_cuda_array(x.reshape(-1), sync=False)
-        y = cuda.as_cuda_array(y.reshape(-1), sync=False)
-        _spin_copy[264, 256, stream](x, y, int(seconds * 1e9))
+        with current_cupy_stream(stream):
+            self._spin((264,), (256,), (x, y, np.int64(x.nbytes), np.int64(int(seconds * 1e9))))
 
     def close(self) -> None:
         pass

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from aiocubie._backends import Backend
 from aiocubie._backends import _cuda as cu
 from aiocubie._backends._cuda._events import StreamWaiter
 from aiocubie._requests import MemoryKind
@@ -53,10 +54,9 @@ extern "C" __global__ void stamp_after(unsigned long long spin_ns, unsigned long
 }
 """
 
-MECHANISMS = ("thread", "host_func", "stream_callback", "thread_spin", "poll", "handoff_floor")
+MECHANISMS = ("thread", "stream_callback", "thread_spin", "poll", "handoff_floor")
 DESCRIPTIONS = {
-    "thread": "backend 'thread': helper thread per stream sleeping in cuEventSynchronize (blocking-sync event)",
-    "host_func": "backend 'host_func': cuLaunchHostFunc queued right after the event",
+    "thread": "the backend's: helper thread per stream sleeping in a blocking-sync cuda.core Event.sync()",
     "stream_callback": "cuStreamAddCallback right after the event (numba 0.30's Stream.add_callback is broken)",
     "thread_spin": "helper thread, cuEventSynchronize on a default (spinning) event: burns a core while waiting",
     "poll": "event.query() from the loop, asyncio.sleep back-off 20 us doubling to 1 ms",
@@ -76,18 +76,20 @@ def _stream_callback(stream: int, status: int, key: int) -> None:
 class Bench:
     """One stream, one mapped stamp buffer, and a way to wait on it per mechanism."""
 
-    def __init__(self, backend: cu.CudaBackend, slots: int) -> None:
+    def __init__(self, backend: Backend, slots: int) -> None:
         import cupy
         from cuda.bindings import driver as binding
 
         self.backend = backend
         self.stream = backend.device.create_stream()
-        self.buf = backend.allocate((slots,), np.dtype(np.uint64), MemoryKind.MAPPED, self.stream)
+        dtype = np.dtype(np.uint64)
+        block = backend.resource.allocate(slots * dtype.itemsize, MemoryKind.MAPPED, self.stream)
+        self.buf = backend.arrays.make(block, (slots,), dtype, self.stream)
         self.buf[:] = 0
         self.addr = np.uint64(self.buf.__cuda_array_interface__["data"][0])
         self.kernel = cupy.RawKernel(STAMP_SOURCE, "stamp_after")
         self.binding = binding
-        self.spin_waiter = StreamWaiter(binding.cuCtxGetCurrent()[1], "bench-spin")
+        self.spin_waiter = StreamWaiter("bench-spin")
         self.stream_cb = binding.CUstreamCallback(ctypes.cast(_stream_callback, ctypes.c_void_p).value)
         self.floor_jobs: queue.SimpleQueue[tuple[float, Callable[[], None]] | None] = queue.SimpleQueue()
         self.floor_thread = threading.Thread(target=self._floor, daemon=True)
@@ -124,8 +126,7 @@ class Bench:
             self.called_back = time.perf_counter_ns()
             loop.call_soon_threadsafe(fut.set_result, None)
 
-        if mechanism in cu.EVENT_MECHANISMS:
-            self.backend.event_mechanism = mechanism  # type: ignore[assignment]
+        if mechanism == "thread":
             self.backend.device.record_event(self.stream).add_done_callback(resolve)
         elif mechanism == "stream_callback":
             key = next(_stream_keys)
@@ -135,7 +136,7 @@ class Bench:
             flags = int(self.binding.CUevent_flags.CU_EVENT_DISABLE_TIMING)
             _, handle = self.binding.cuEventCreate(flags)
             self.binding.cuEventRecord(handle, self.binding.CUstream(int(self.stream.handle)))
-            self.spin_waiter.submit(_RawEvent(handle, self.binding), resolve)
+            self.spin_waiter.submit(_RawEvent(handle, self.binding), resolve)  # type: ignore[arg-type]
         elif mechanism == "poll":
             self.poll_task = loop.create_task(_poll(self.backend.device.record_event(self.stream), fut, self))
         elif mechanism == "handoff_floor":
@@ -160,9 +161,14 @@ class Bench:
 
 
 class _RawEvent:
+    """A spinning (default-flag) event, waited on as the backend's waiter waits on cuda.core's."""
+
     def __init__(self, handle: Any, binding: Any) -> None:
         self.handle = handle
         self._binding = binding
+
+    def sync(self) -> None:
+        self._binding.cuEventSynchronize(self.handle)
 
     def __del__(self) -> None:
         self._binding.cuEventDestroy(self.handle)
@@ -284,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the report here")
     args = parser.parse_args(argv)
 
-    backend = cu.CudaBackend()
+    backend = cu.create_cuda_backend(device=0)
     bench = Bench(backend, slots=2)
 
     async def run() -> dict[str, Any]:

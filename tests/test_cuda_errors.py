@@ -1,6 +1,7 @@
 """The CUDA backend's one error map, without a GPU: foreign errors become aiocubie's, others pass.
 
-Needs cuda-bindings importable (it comes with the GPU extras and with numba-cuda); skipped otherwise.
+Needs cuda-bindings and cuda-core 1.2+ importable (they come with the GPU extras and with numba-cuda);
+skipped otherwise.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import pytest
 from aiocubie._errors import AllocationError, BackendError, OutOfMemoryError
 
 pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings is not installed")
+pytest.importorskip("cuda.core", minversion="1.2", reason="cuda-core 1.2 or newer is not installed")
 
 from aiocubie._backends._cuda._errors import check, is_oom, map_exceptions, translate
 

@@ -82,11 +82,16 @@ def test_activation_is_kept_not_pushed_and_popped(device: Any) -> None:
         seen.append(event.query())
         seen.append(current())  # nothing was made current for those calls
 
+        # a thread whose context someone else made current: cuda.core's per-thread Device was
+        # never set current here, and streams must still be made
+        binding.cuCtxSetCurrent(device.context)
+        seen.append(device.create_stream() is not None)
+
     thread = threading.Thread(target=bare)
     thread.start()
     thread.join()
     assert (dst == 7).all()
-    assert seen == [0, True, 0]
+    assert seen == [0, True, 0, True]
     # What reads the current context makes the device current once, and leaves it so.
     binding.cuCtxSetCurrent(binding.CUcontext(0))
     device.memory_info()

@@ -36,13 +36,12 @@ def host_array(block: Block, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np
     """A numpy array of ``shape`` over host ``block`` that keeps the block's memory alive."""
     handle = block.handle
     if isinstance(handle, np.ndarray):  # pageable host memory is numpy's own
-        return handle.view(dtype).reshape(shape)
+        return np.ndarray(shape, dtype, buffer=handle)
     if not block.nbytes:
         return np.empty(shape, dtype)
     raw = (ctypes.c_uint8 * block.nbytes).from_address(block.ptr)
     raw._aiocubie_owner = handle  # type: ignore[attr-defined]  # numpy holds raw, raw holds the memory
-    flat: np.ndarray[Any, Any] = np.frombuffer(memoryview(raw), np.uint8)
-    return flat.view(dtype).reshape(shape)
+    return np.ndarray(shape, dtype, buffer=raw)  # type: ignore[arg-type]  # ctypes arrays are buffers
 
 
 class CupyArrays(ArrayMaker):

@@ -257,8 +257,11 @@ class CudaDevice(Device):
     def create_stream(self) -> Stream:
         """A new cuda.core ``Stream``, blocking: ordered with the legacy default stream, as CuPy's and numba's are."""
         with map_exceptions(f"creating a stream on {self.device_name}"):
-            self.make_current()
-            return CoreDevice(self.device_id).create_stream(options=_STREAM_OPTIONS)
+            # cuda.core's Device is a per-thread object that must have been set current in this
+            # thread before it makes streams, whatever context is current already (rare: no check)
+            core = CoreDevice(self.device_id)
+            core.set_current()
+            return core.create_stream(options=_STREAM_OPTIONS)
 
     def record_event(self, stream: Any) -> CudaEvent:
         stream = stream if type(stream) is Stream else as_stream(stream)
