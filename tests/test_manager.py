@@ -441,6 +441,14 @@ async def test_set_allocator_resets_like_invalidate_all(sim: SimulatorBackend) -
         assert_all_released(mgr, sim)
 
 
+def test_an_allocator_for_a_given_backend_is_made_beside_its_resource(sim: SimulatorBackend) -> None:
+    mgr = MemoryManager(sim, allocator="cupy")  # no reset: nothing was allocated through this manager
+    assert mgr.allocator == "cupy" and sim.resource.name == "driver" and sim.resets == 0
+    assert MemoryManager(sim, allocator="default").allocator == "driver" == MemoryManager(sim).allocator
+    with pytest.raises(UnknownAllocatorError, match="unknown allocator 'tcmalloc'"):
+        MemoryManager(sim, allocator="tcmalloc")
+
+
 @pytest.mark.anyio
 async def test_unknown_allocator_resets_nothing(sim: SimulatorBackend) -> None:
     calls: list[str] = []
