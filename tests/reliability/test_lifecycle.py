@@ -181,7 +181,7 @@ async def test_a_backend_given_to_the_manager_is_left_open() -> None:
         part = Component()
         mgr.register(part)
         await mgr.request(part, block())
-    assert sim.device._streams and all(not s.closed for s in sim.device._streams)
+    assert sim.device.streams and all(not s.closed for s in sim.device.streams)
     sim.close()
 
 
