@@ -45,8 +45,8 @@ class DeviceAccount:
     backend : Backend
         The device.
     options : Options
-        Read for the mode, the headroom and how long a free-memory reading is reused.
-        Replaced by assigning :attr:`options`.
+        The manager's options, held here once: read for the mode, the headroom and how long a
+        free-memory reading is reused (and by the schedulers); changed with :meth:`configure`.
     on_release : callable
         Called with no argument after memory is released while batches may wait for it
         (active mode, policy wait).
@@ -80,6 +80,11 @@ class DeviceAccount:
         self._free_reading = 0
         self._free_at = -math.inf
         self._free_delta = 0  # VRAM we allocated (+) or released (-) since the reading
+
+    def configure(self, **changes: Any) -> Options:
+        """Replace the options with ``changes`` applied (validated again); return them."""
+        self.options = self.options.replace(**changes)
+        return self.options
 
     # -- what there is -----------------------------------------------------------------------
     def free_memory(self, *, fresh: bool) -> int:

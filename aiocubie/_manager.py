@@ -26,7 +26,7 @@ import anyio.abc
 import numpy as np
 
 from ._accounting import DeviceAccount, ReclaimHook
-from ._backends import ALLOCATORS, BACKENDS, Advice, Backend, MemoryInfo, create_backend, parse_array_type
+from ._backends import Advice, Backend, MemoryInfo, create_backend
 from ._budget import LimitMode
 from ._completion import Loop, wait_event
 from ._errors import (
@@ -40,13 +40,12 @@ from ._errors import (
     ManagerStateError,
     RegistrationError,
     ReleasedError,
-    UnknownAllocatorError,
     shown,
     warn,
 )
 from ._history import MAX_ENTRIES, History, HistoryRecorder
 from ._ledger import Allocation
-from ._options import Options, Policy, from_environment, parse_history, parse_mode
+from ._options import Options, Policy, Setup, parse_allocator
 from ._planner import plan_chunks
 from ._registry import Group, InvalidateHook, Member, ReadyHook, Registry, await_hook, call_hook
 from ._requests import ArrayRequest, ArrayResponse, MemoryKind, RequestSet, check_device, check_requests
@@ -159,49 +158,44 @@ class MemoryManager:
         allocator: str | None = None,
         array_type: str | None = None,
     ) -> None:
-        environ = os.environ
-        if backend is None:
-            backend = from_environment(environ, "AIOCUBIE_BACKEND", None, _backend_name)
-            backend = "auto" if backend is None else backend
-        if mode is None:
-            mode = from_environment(environ, "AIOCUBIE_MODE", None, parse_mode)
-            mode = LimitMode.PASSIVE if mode is None else mode
-        if not isinstance(backend, Backend):
-            allocator = from_environment(environ, "AIOCUBIE_ALLOCATOR", allocator, _allocator_name)
-        history = from_environment(environ, "AIOCUBIE_HISTORY", None, parse_history)
-        self._options = Options(
+        given = backend if isinstance(backend, Backend) else None
+        setup = Setup.read(
+            None if given is not None else backend,
+            given_backend=given is not None,
+            device=device,
             mode=mode,
+            allocator=allocator,
+            array_type=array_type,
+            environ=os.environ,
             policy=policy,
             headroom=headroom,
             batch_window=batch_window,
             max_batch=max_batch,
             free_cache_seconds=free_cache_seconds,
         )
-        if not isinstance(backend, (str, Backend)):
-            raise ConfigurationError(
-                f"backend must be a name ('auto', 'simulator', 'cuda') or a Backend, got {backend!r}"
+        self._owns_backend = given is None
+        if given is None:
+            assert setup.backend is not None
+            given = create_backend(
+                setup.backend, allocator=setup.allocator, array_type=setup.array_type, device=setup.device or 0
             )
-        if allocator is not None and not isinstance(allocator, str):
-            raise ConfigurationError(f"allocator must be a name or None, got {allocator!r}")
-        self._owns_backend = not isinstance(backend, Backend)
-        if isinstance(backend, str):
-            backend = create_backend(backend, allocator=allocator, array_type=array_type, device=device or 0)
-        elif device is not None and device != backend.device:
+        elif setup.device is not None and setup.device != given.device:
             raise ConfigurationError(
-                f"device={device!r} but the backend given drives device {backend.device}: "
+                f"device={device!r} but the backend given drives device {given.device}: "
                 "pass device to the backend, or a backend name"
             )
-        elif array_type is not None and parse_array_type(array_type) != backend.array_type:
+        elif setup.array_type is not None and setup.array_type != given.array_type:
             raise ConfigurationError(
-                f"array_type={array_type!r} but the backend given hands out {backend.array_type!r} arrays: "
+                f"array_type={array_type!r} but the backend given hands out {given.array_type!r} arrays: "
                 "pass array_type to the backend, or a backend name"
             )
-        self.backend: Backend = backend
-        if allocator is not None and not self._owns_backend and allocator != self.backend.allocator:
-            self.backend.set_allocator(allocator)
+        elif setup.allocator is not None and setup.allocator != given.allocator:
+            given.set_allocator(setup.allocator)
+        self.backend: Backend = given
+        history = setup.history
         self._telemetry = Telemetry()
         self._reclaim_hooks: list[ReclaimHook] = []
-        self._account = DeviceAccount(self.backend, self._options, self._memory_released, self._reclaim_hooks)
+        self._account = DeviceAccount(self.backend, setup.options, self._memory_released, self._reclaim_hooks)
         self._history: HistoryRecorder | None = None  # the last one recorded, kept once stopped
         self._registry = Registry(self.backend.create_stream, self._telemetry)
         self._schedulers: dict[str, GroupScheduler] = {}  # one per live group, while running
@@ -306,7 +300,7 @@ class MemoryManager:
     @property
     def options(self) -> Options:
         """The manager's options (frozen; change mode and policy with their setters)."""
-        return self._options
+        return self._account.options
 
     # -- registration ----------------------------------------------------------------------
     def register(
@@ -422,17 +416,17 @@ class MemoryManager:
     @property
     def mode(self) -> LimitMode:
         """``passive`` or ``active`` (change it with :meth:`set_limit_mode`)."""
-        return self._options.mode
+        return self._account.options.mode
 
     @property
     def policy(self) -> Policy:
         """The active-mode policy (change it with :meth:`set_policy`)."""
-        return self._options.policy
+        return self._account.options.policy
 
     @property
     def active(self) -> bool:
         """True in active mode."""
-        return self._options.active
+        return self._account.options.active
 
     def set_limit_mode(self, mode: LimitMode | str) -> None:
         """Switch between ``"passive"`` and ``"active"``.
@@ -455,10 +449,8 @@ class MemoryManager:
         self._configure(policy=policy)
 
     def _configure(self, **changes: Any) -> None:
-        options = self._options = self._options.replace(**changes)
-        self._account.options = options
-        for scheduler in self._schedulers.values():
-            scheduler.configure(options)
+        self._account.configure(**changes)
+        self._changed()  # a batch waiting for memory is checked again under the new options
 
     def proportion(self, instance: object) -> float:
         """Share of VRAM ``instance`` may use."""
@@ -738,11 +730,7 @@ class MemoryManager:
         UnknownAllocatorError
             For an unknown or unavailable allocator (nothing is reset then).
         """
-        if not isinstance(name, str) or name not in ALLOCATORS:  # before the backend sees it
-            raise UnknownAllocatorError(
-                f"unknown allocator {shown(name)}: use one of {', '.join(map(repr, ALLOCATORS))}"
-            )
-        self.backend.set_allocator(name)  # first: an unknown name must not warn of a reset
+        self.backend.set_allocator(parse_allocator(name))  # first: an unknown name must not warn of a reset
         warn(f"set_allocator({name!r}) resets the device context: arrays and compiled kernels from before are invalid")
         self._reset(f"set_allocator({name!r})")
         self._account.forget_all()  # the context that held them is gone
@@ -959,7 +947,7 @@ class MemoryManager:
         ledger = self._account.ledger
         info = self.backend.memory_info()
         budget = self._account.budget
-        active = self._options.active  # caps are enforced (and reported) in active mode only
+        active = self._account.options.active  # caps are enforced (and reported) in active mode only
         groups = {}
         for name, counters in self._telemetry.groups.items():
             group = self._registry.groups.get(name)
@@ -1124,7 +1112,7 @@ class MemoryManager:
     def _start_scheduler(self, group: Group) -> GroupScheduler:
         assert self._task_group is not None and self._loop is not None
         scheduler = GroupScheduler(
-            group, self._registry.members, self._options, self._account, self._loop, self._task_group.start_soon
+            group, self._registry.members, self._account, self._loop, self._task_group.start_soon
         )
         self._schedulers[group.name] = scheduler
         self._task_group.start_soon(scheduler.run, name=f"aiocubie scheduler {group.name!r}")
@@ -1140,18 +1128,6 @@ class MemoryManager:
     def _every_scheduler(self) -> list[GroupScheduler]:
         """The schedulers of live groups, and of emptied ones whose batches are still in flight."""
         return [*self._schedulers.values(), *self._draining] if self._draining else list(self._schedulers.values())
-
-
-def _backend_name(value: str) -> str:
-    if value not in BACKENDS:
-        raise ConfigurationError(f"unknown backend {value!r}: use one of {', '.join(BACKENDS)}")
-    return value
-
-
-def _allocator_name(value: str) -> str:
-    if value not in ALLOCATORS:
-        raise UnknownAllocatorError(f"unknown allocator {value!r}: use one of {', '.join(ALLOCATORS)}")
-    return value
 
 
 _default: MemoryManager | None = None

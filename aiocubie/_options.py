@@ -1,7 +1,8 @@
-"""A manager's options, parsed and validated once into a frozen value.
+"""A manager's options and every name a user can give, parsed and validated once.
 
-Pure: no device, no event loop. Every name a user can pass (mode, policy, numbers) is checked
-here and nowhere else; the rest of the package reads typed, valid fields.
+Pure: no device, no event loop. Every name a user can pass (backend, device, allocator, array
+type, mode, policy, numbers, the ``AIOCUBIE_*`` variables) is checked here and nowhere else;
+the rest of the package reads typed, valid fields.
 """
 
 from __future__ import annotations
@@ -15,11 +16,33 @@ from typing import Any, TypeVar
 import attrs
 
 from ._budget import LimitMode
-from ._errors import ConfigurationError, shown
+from ._errors import ConfigurationError, UnknownAllocatorError, shown
 
-__all__ = ["ENVIRONMENT", "Options", "Policy", "from_environment", "parse_history", "parse_mode"]
+__all__ = [
+    "ALLOCATORS",
+    "ARRAY_TYPES",
+    "BACKENDS",
+    "ENVIRONMENT",
+    "Options",
+    "Policy",
+    "Setup",
+    "from_environment",
+    "parse_allocator",
+    "parse_array_type",
+    "parse_backend",
+    "parse_device",
+    "parse_history",
+    "parse_mode",
+]
 
 T = TypeVar("T")
+
+#: Backend names: ``auto`` picks ``cuda`` when a usable GPU is present, else ``simulator``.
+BACKENDS = ("auto", "simulator", "cuda")
+#: Allocator plugins a backend can switch between (``set_allocator``).
+ALLOCATORS = ("default", "cupy", "cupy_async")
+#: What device arrays are: CuPy arrays (the default) or numba device arrays.
+ARRAY_TYPES = ("cupy", "numba")
 
 #: The environment variables a :class:`~aiocubie.MemoryManager` reads for the arguments it is
 #: not given (an explicit argument always wins).
@@ -165,3 +188,117 @@ def parse_history(value: str) -> str | bool:
     if not value.endswith(".json"):
         raise ConfigurationError("use 1 (record), 0 (do not) or a FILE.json to write the history to on out-of-memory")
     return value
+
+
+def parse_backend(value: Any) -> str:
+    """The backend ``value`` names (one of :data:`BACKENDS`).
+
+    Raises
+    ------
+    ConfigurationError
+        For anything else.
+    """
+    if not isinstance(value, str) or value not in BACKENDS:
+        raise ConfigurationError(
+            f"unknown backend {shown(value)}: use one of {', '.join(map(repr, BACKENDS))} (or pass a Backend)"
+        )
+    return value
+
+
+def parse_allocator(value: Any) -> str:
+    """The allocator ``value`` names (one of :data:`ALLOCATORS`).
+
+    Raises
+    ------
+    UnknownAllocatorError
+        For anything else.
+    """
+    if not isinstance(value, str) or value not in ALLOCATORS:
+        raise UnknownAllocatorError(f"unknown allocator {shown(value)}: use one of {', '.join(map(repr, ALLOCATORS))}")
+    return value
+
+
+def parse_array_type(value: Any) -> str:
+    """The array type ``value`` names (one of :data:`ARRAY_TYPES`).
+
+    Raises
+    ------
+    ConfigurationError
+        For anything else.
+    """
+    if not isinstance(value, str) or value not in ARRAY_TYPES:
+        raise ConfigurationError(
+            f"unknown array type {shown(value)}: use one of {', '.join(map(repr, ARRAY_TYPES))} "
+            f"('cupy' needs CuPy: pip install 'aiocubie[cuda12]' or 'aiocubie[cuda13]')"
+        )
+    return value
+
+
+def parse_device(value: Any, *, what: str = "device") -> int:
+    """The device id ``value`` names: an int >= 0.
+
+    Raises
+    ------
+    ConfigurationError
+        For anything else (a bool, a float, a negative number).
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ConfigurationError(f"{what} must be a device number (an int >= 0, e.g. 0), got {shown(value)}")
+    return int(value)
+
+
+def _optional(parse: Callable[[Any], T]) -> Callable[[Any], T | None]:
+    return lambda value: None if value is None else parse(value)
+
+
+@attrs.frozen
+class Setup:
+    """What a :class:`~aiocubie.MemoryManager` is asked to build, every name parsed once.
+
+    Read from its arguments with :meth:`read`, the ``AIOCUBIE_*`` variables filling in what
+    is not given (an explicit argument always wins).
+    """
+
+    #: The backend to create (None: the caller passed a backend object).
+    backend: str | None = attrs.field(converter=_optional(parse_backend))
+    device: int | None = attrs.field(converter=_optional(parse_device))
+    allocator: str | None = attrs.field(converter=_optional(parse_allocator))
+    array_type: str | None = attrs.field(converter=_optional(parse_array_type))
+    #: Record the history from the start: True, or the file to write on out-of-memory.
+    history: str | bool
+    options: Options
+
+    @classmethod
+    def read(
+        cls,
+        backend: str | None,
+        *,
+        given_backend: bool,
+        device: Any,
+        mode: Any,
+        allocator: Any,
+        array_type: Any,
+        environ: Mapping[str, str],
+        **options: Any,
+    ) -> Setup:
+        """Parse the manager's arguments; ``given_backend``: a backend object was passed.
+
+        Raises
+        ------
+        ConfigurationError
+            For a value (or a variable, named) that is not one of those allowed.
+        """
+        if not given_backend:
+            backend = from_environment(environ, "AIOCUBIE_BACKEND", backend, parse_backend)
+            backend = "auto" if backend is None else backend
+            allocator = from_environment(environ, "AIOCUBIE_ALLOCATOR", allocator, parse_allocator)
+        mode = from_environment(environ, "AIOCUBIE_MODE", mode, parse_mode)
+        history = from_environment(environ, "AIOCUBIE_HISTORY", None, parse_history)
+        return cls(
+            None if given_backend else backend,
+            device,
+            allocator,
+            array_type,
+            False if history is None else history,
+            Options(mode=LimitMode.PASSIVE if mode is None else mode, **options),
+        )
