@@ -350,7 +350,7 @@ class MemoryManager:
             group=stream_group, name=name, invalidate_hook=invalidate_hook, ready_hook=ready_hook
         )
         registry.check_new(instance, **settings)
-        self._account.budget.add(id(instance), proportion)  # validates: nothing is half-registered
+        self._account.join(id(instance), proportion)  # validates: nothing is half-registered
         member = registry.add(instance, **settings)
         self._scheduler_of(member.group)
 
@@ -365,14 +365,12 @@ class MemoryManager:
 
     def _unregister(self, key: int) -> None:
         member = self._registry.remove(key)
-        self._account.budget.remove(key)
         gone = RegistrationError(f"{member.name} was unregistered before its request was served")
         for scheduler in self._every_scheduler():
             for response in scheduler.drop(key, gone):
                 self._account.release(response)
-        self._account.release_where(lambda a: a.key == key)
         # the id may be reused by a new instance: keep the peak under the name, forget the id
-        member.counters.peak_bytes = max(member.counters.peak_bytes, self._account.ledger.forget(key))
+        member.counters.peak_bytes = max(member.counters.peak_bytes, self._account.leave(key))
         self._telemetry.retire_instance(member.name)
         if member.group not in self._registry.groups:
             self._retire(member.group)
@@ -401,12 +399,10 @@ class MemoryManager:
             scheduler.stop()
             if scheduler.pending():  # in-flight batches resolve from loop callbacks, no task
                 self._draining.append(scheduler)
-        ledger = self._account.ledger
-        if not ledger.live_by_group.get(name):
-            peak = ledger.forget_group(name)
-            counters = self._telemetry.groups.get(name)
-            if counters is not None:
-                counters.peak_bytes = max(counters.peak_bytes, peak)
+        peak = self._account.forget_group(name)
+        counters = self._telemetry.groups.get(name)
+        if peak is not None and counters is not None:
+            counters.peak_bytes = max(counters.peak_bytes, peak)
 
     def _member(self, instance: object) -> Member:
         self._reap()
@@ -479,7 +475,7 @@ class MemoryManager:
 
     def set_manual_proportion(self, instance: object, proportion: float) -> None:
         """Give ``instance`` a manual ``proportion`` (moving it out of the auto pool)."""
-        self._account.budget.set_manual(self._member(instance).key, proportion)
+        self._account.set_manual(self._member(instance).key, proportion)
         self._changed()
 
     def set_manual_limit_mode(self, instance: object, proportion: float) -> None:
@@ -493,12 +489,12 @@ class MemoryManager:
         member = self._member(instance)
         if self._account.budget.is_manual(member.key):
             raise BudgetError(f"{member.name} is already in the manual pool: use set_manual_proportion")
-        self._account.budget.set_manual(member.key, proportion)
+        self._account.set_manual(member.key, proportion)
         self._changed()
 
     def set_auto_limit_mode(self, instance: object) -> None:
         """Move ``instance`` from the manual pool to the auto pool."""
-        self._account.budget.set_auto(self._member(instance).key)
+        self._account.set_auto(self._member(instance).key)
         self._changed()
 
     def get_available_memory(self, group: str) -> int:
@@ -534,10 +530,7 @@ class MemoryManager:
         old, new = self._registry.move(member, new_group)
         if old is not new:
             # what it holds counts in its new group from now on, as its budget does
-            if self._account.history is not None:
-                held = self._account.ledger.live_by_key.get(member.key, 0)
-                self._account.history.regrouped(member.key, old.name, new.name, held)
-            self._account.ledger.regroup(member.key, new.name)
+            self._account.regroup(member.key, old.name, new.name)
             moving = self._schedulers[old.name].take(member.key) if old.name in self._schedulers else []
             target = self._scheduler_of(new.name)
             if target is not None:
@@ -603,8 +596,6 @@ class MemoryManager:
             member = self._registry.member(instance)
         group = self._registry.groups[member.group]
         ticket = Ticket(member.key, requests, (group.counters, member.counters))
-        group.counters.requests += 1
-        member.counters.requests += 1
         # queued (or served, when it closes a batch at once) in the order requests are awaited
         self._schedulers[member.group].submit(ticket)
         try:
@@ -996,27 +987,24 @@ class MemoryManager:
         RegistrationError
             For a group that does not exist, or an instance that is not registered.
         """
-        ledger, telemetry = self._account.ledger, self._telemetry
+        telemetry = self._telemetry
         if group is None and instance is None:
-            ledger.reset_peaks(keys=list(ledger.peak_by_key), groups=list(ledger.peak_by_group), total=True)
             for counters in (*telemetry.groups.values(), *telemetry.instances.values()):
                 counters.peak_bytes = 0
-            scope = "all"
-        else:
-            names = []
-            if group is not None:
-                name = self._registry.group(group).name
-                ledger.reset_peaks(groups=[name])
-                telemetry.group(name).peak_bytes = 0
-                names.append(f"group {name!r}")
-            if instance is not None:
-                member = self._member(instance)
-                ledger.reset_peaks(keys=[member.key])
-                member.counters.peak_bytes = 0
-                names.append(member.name)
-            scope = ", ".join(names)
-        if self._account.history is not None:
-            self._account.history.reset(f"peak stats ({scope})")
+            self._account.reset_peaks("all", every=True)
+            return
+        names, keys, groups = [], [], []
+        if group is not None:
+            name = self._registry.group(group).name
+            groups.append(name)
+            telemetry.group(name).peak_bytes = 0
+            names.append(f"group {name!r}")
+        if instance is not None:
+            member = self._member(instance)
+            keys.append(member.key)
+            member.counters.peak_bytes = 0
+            names.append(member.name)
+        self._account.reset_peaks(", ".join(names), keys=keys, groups=groups)
 
     # -- history and recovery ------------------------------------------------------------
     def record_history(

@@ -45,7 +45,8 @@ class Ticket:
     requests : RequestSet
         The arrays asked for.
     counters : tuple of Counters
-        The group's and the member's counters, looked up once for the ticket's whole life.
+        The group's and the member's counters, looked up once for the ticket's whole life;
+        a new ticket counts itself there as a request.
     """
 
     __slots__ = ("_signal", "counters", "enqueued", "error", "key", "leftover", "requests", "response", "state")
@@ -54,6 +55,8 @@ class Ticket:
         self.key = key
         self.requests = requests
         self.counters = counters
+        for each in counters:
+            each.requests += 1
         self.enqueued = time.perf_counter()
         self.leftover = False  # queued when a batch closed without it (cut by size or run length)
         self.state = State.PENDING
