@@ -12,7 +12,6 @@ import inspect
 import logging
 import os
 import threading
-import time
 import weakref
 from collections.abc import Callable, Generator, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -43,14 +42,15 @@ from ._errors import (
     shown,
     warn,
 )
-from ._history import MAX_ENTRIES, History, HistoryRecorder
+from ._history import MAX_ENTRIES, History
 from ._ledger import Allocation
+from ._observe import Observer
 from ._options import Options, Policy, Setup, parse_allocator
 from ._planner import plan_chunks
 from ._registry import Group, InvalidateHook, Member, ReadyHook, Registry, await_hook, call_hook
 from ._requests import ArrayRequest, ArrayResponse, MemoryKind, RequestSet, check_device, check_requests
 from ._scheduler import GroupScheduler
-from ._stats import PinnedStats, Snapshot, Telemetry, UsageStats, summary
+from ._stats import Snapshot, Telemetry, summary
 from ._tickets import Ticket
 
 __all__ = ["MemoryManager", "PendingRequest", "default_manager"]
@@ -196,8 +196,8 @@ class MemoryManager:
         self._telemetry = Telemetry()
         self._reclaim_hooks: list[ReclaimHook] = []
         self._account = DeviceAccount(self.backend, setup.options, self._memory_released, self._reclaim_hooks)
-        self._history: HistoryRecorder | None = None  # the last one recorded, kept once stopped
         self._registry = Registry(self.backend.create_stream, self._telemetry)
+        self._observer = Observer(self.backend, self._account, self._registry, self._telemetry)
         self._schedulers: dict[str, GroupScheduler] = {}  # one per live group, while running
         self._draining: list[GroupScheduler] = []  # of emptied groups, until their flights land
         self._task_group: anyio.abc.TaskGroup | None = None  # entered and exited by one task
@@ -369,9 +369,7 @@ class MemoryManager:
         for scheduler in self._every_scheduler():
             for response in scheduler.drop(key, gone):
                 self._account.release(response)
-        # the id may be reused by a new instance: keep the peak under the name, forget the id
-        member.counters.peak_bytes = max(member.counters.peak_bytes, self._account.leave(key))
-        self._telemetry.retire_instance(member.name)
+        self._observer.member_left(member, self._account.leave(key))
         if member.group not in self._registry.groups:
             self._retire(member.group)
         self._changed()  # caps changed, and an open batch may no longer wait for this member
@@ -399,10 +397,7 @@ class MemoryManager:
             scheduler.stop()
             if scheduler.pending():  # in-flight batches resolve from loop callbacks, no task
                 self._draining.append(scheduler)
-        peak = self._account.forget_group(name)
-        counters = self._telemetry.groups.get(name)
-        if peak is not None and counters is not None:
-            counters.peak_bytes = max(counters.peak_bytes, peak)
+        self._observer.group_left(name)
 
     def _member(self, instance: object) -> Member:
         self._reap()
@@ -935,38 +930,7 @@ class MemoryManager:
     def stats(self) -> Snapshot:
         """Live and peak bytes, requests, batches, chunks and latencies, per group and instance."""
         self._reap()
-        ledger = self._account.ledger
-        info = self.backend.memory_info()
-        budget = self._account.budget
-        active = self._account.options.active  # caps are enforced (and reported) in active mode only
-        groups = {}
-        for name, counters in self._telemetry.groups.items():
-            group = self._registry.groups.get(name)
-            cap = budget.group_cap(group.members) if active and group is not None else None
-            peak = max(ledger.peak_by_group.get(name, 0), counters.peak_bytes)
-            groups[name] = UsageStats.of(counters, ledger.live_by_group.get(name, 0), peak, cap)
-        by_name = {m.name: m.key for m in self._registry.members.values()}
-        instances = {}
-        for name, counters in self._telemetry.instances.items():
-            key = by_name.get(name)
-            live, peak = ledger.live_by_key.get(key, 0), ledger.peak_by_key.get(key, 0)
-            cap = budget.cap(key) if active and key is not None else None
-            instances[name] = UsageStats.of(counters, live, max(peak, counters.peak_bytes), cap)
-        pool = self.backend.pinned_pool
-        pinned = PinnedStats(pool.held, pool.in_use, pool.peak_in_use, pool.pinned)
-        return Snapshot(
-            Snapshot.now(),
-            info.free,
-            info.total,
-            ledger.live,
-            ledger.peak,
-            groups,
-            instances,
-            pinned,
-            time.time(),
-            self.backend.pool_facts(),
-            self._account.recovery,
-        )
+        return self._observer.stats()
 
     def memory_summary(self) -> str:
         """A table of :meth:`stats` to read at a glance: device and pool bytes, then per group
@@ -987,24 +951,7 @@ class MemoryManager:
         RegistrationError
             For a group that does not exist, or an instance that is not registered.
         """
-        telemetry = self._telemetry
-        if group is None and instance is None:
-            for counters in (*telemetry.groups.values(), *telemetry.instances.values()):
-                counters.peak_bytes = 0
-            self._account.reset_peaks("all", every=True)
-            return
-        names, keys, groups = [], [], []
-        if group is not None:
-            name = self._registry.group(group).name
-            groups.append(name)
-            telemetry.group(name).peak_bytes = 0
-            names.append(f"group {name!r}")
-        if instance is not None:
-            member = self._member(instance)
-            keys.append(member.key)
-            member.counters.peak_bytes = 0
-            names.append(member.name)
-        self._account.reset_peaks(", ".join(names), keys=keys, groups=groups)
+        self._observer.reset_peaks(group, None if instance is None else self._member(instance))
 
     # -- history and recovery ------------------------------------------------------------
     def record_history(
@@ -1040,16 +987,7 @@ class MemoryManager:
         ConfigurationError
             For ``max_entries`` that is not an int >= 1, or ``dump_on_oom`` that is not a path.
         """
-        if not enabled:
-            self._account.history = None
-            return
-        self._history = self._account.history = HistoryRecorder(
-            max_entries,
-            stacks=stacks,
-            ledger=self._account.ledger,
-            names=self._registry.name_of,  # type: ignore[arg-type]
-            dump_on_oom=dump_on_oom,
-        )
+        self._observer.record_history(enabled, max_entries=max_entries, stacks=stacks, dump_on_oom=dump_on_oom)
 
     def history(self) -> History:
         """The allocation history recorded so far (see :meth:`record_history`).
@@ -1059,11 +997,7 @@ class MemoryManager:
         ConfigurationError
             If no history was ever recorded.
         """
-        if self._history is None:
-            raise ConfigurationError(
-                "no allocation history was recorded: call mgr.record_history() first (or set AIOCUBIE_HISTORY=1)"
-            )
-        return self._history.history()
+        return self._observer.history()
 
     def add_reclaim_hook(self, hook: ReclaimHook) -> None:
         """Call ``hook(nbytes)`` when an allocation is out of memory even with the pool's cache freed.
