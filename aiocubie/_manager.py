@@ -8,7 +8,6 @@ device is reached only through the backend.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import threading
@@ -43,13 +42,15 @@ from ._errors import (
     warn,
 )
 from ._history import MAX_ENTRIES, History
+from ._hooks import Hooks
 from ._ledger import Allocation
 from ._observe import Observer
 from ._options import Options, Policy, Setup, parse_allocator
 from ._planner import plan_chunks
-from ._registry import Group, InvalidateHook, Member, ReadyHook, Registry, await_hook, call_hook
+from ._registry import Group, InvalidateHook, Member, ReadyHook, Registry
 from ._requests import ArrayRequest, ArrayResponse, MemoryKind, RequestSet, check_device, check_requests
 from ._scheduler import GroupScheduler
+from ._serving import Serving
 from ._stats import Snapshot, Telemetry, summary
 from ._tickets import Ticket
 
@@ -194,15 +195,13 @@ class MemoryManager:
         self.backend: Backend = given
         history = setup.history
         self._telemetry = Telemetry()
-        self._reclaim_hooks: list[ReclaimHook] = []
-        self._account = DeviceAccount(self.backend, setup.options, self._memory_released, self._reclaim_hooks)
         self._registry = Registry(self.backend.create_stream, self._telemetry)
+        self._serving = Serving()  # the loop and task group, while serving
+        self._hooks = Hooks(self._registry, self._serving)
+        self._account = DeviceAccount(self.backend, setup.options, self._memory_released, self._hooks.reclaim)
         self._observer = Observer(self.backend, self._account, self._registry, self._telemetry)
         self._schedulers: dict[str, GroupScheduler] = {}  # one per live group, while running
         self._draining: list[GroupScheduler] = []  # of emptied groups, until their flights land
-        self._task_group: anyio.abc.TaskGroup | None = None  # entered and exited by one task
-        self._owner: int | None = None  # the id of that task
-        self._loop: Loop | None = None  # while serving (between __aenter__ and aclose)
         self._closed = False  # close() was called: never runs again
         self._backend_closed = False  # our own backend was closed when the last `async with` ended
         if history:
@@ -212,7 +211,8 @@ class MemoryManager:
     async def __aenter__(self) -> MemoryManager:
         if self._closed:
             raise ManagerStateError("this manager was closed with close(): make a new MemoryManager")
-        if self._task_group is not None:
+        serving = self._serving
+        if serving.task_group is not None:
             raise ManagerStateError("this manager is already running (or its `async with` has not ended yet)")
         if self._backend_closed:  # the backend we made was closed at the last exit: new streams
             self._registry.renew_streams()
@@ -220,7 +220,7 @@ class MemoryManager:
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         loop = Loop()
-        self._task_group, self._loop, self._owner = task_group, loop, anyio.get_current_task().id
+        serving.task_group, serving.loop, serving.owner = task_group, loop, anyio.get_current_task().id
         # a collected member is reaped on the loop thread at once, not at the next manager call
         self._registry.on_collected = partial(loop.call_soon_threadsafe_or_drop, self._reap_collected)
         self._reap()
@@ -248,16 +248,17 @@ class MemoryManager:
         ManagerStateError
             If called from a thread other than the manager's event loop's (nothing changes).
         """
-        loop = self._loop
+        serving = self._serving
+        loop = serving.loop
         if loop is not None:
             foreign = loop.foreign()
             if foreign is not None:
                 raise ManagerStateError(f"aclose() from another thread: {foreign}")
             self._shut_down()
-        task_group = self._task_group
-        if task_group is None or anyio.get_current_task().id != self._owner:
+        task_group = serving.task_group
+        if task_group is None or anyio.get_current_task().id != serving.owner:
             return  # only the task that entered the task group may exit it: it does on leaving
-        self._task_group = self._owner = None
+        serving.task_group = serving.owner = None
         # the task group's scope is the innermost one here: shielded, a cancellation of the
         # caller cannot cut the wait for the scheduler and hook tasks short (it is delivered
         # at the caller's next checkpoint); cancelled, it ends those tasks
@@ -267,7 +268,7 @@ class MemoryManager:
 
     def _shut_down(self) -> None:
         """Fail every open request, free every array, stop every scheduler (sync: no await)."""
-        self._loop = None
+        self._serving.loop = None
         self._registry.on_collected = None
         closed = ManagerStateError("the memory manager was closed before the request was served")
         schedulers, self._schedulers = [*self._schedulers.values(), *self._draining], {}
@@ -285,7 +286,7 @@ class MemoryManager:
 
         The manager cannot be used with ``async with`` again (ManagerStateError).
         """
-        if self._task_group is not None:
+        if self._serving.task_group is not None:
             raise ManagerStateError("close() on a running manager: leave its `async with` first")
         self._closed = True
         self.free_all()
@@ -295,7 +296,7 @@ class MemoryManager:
     @property
     def running(self) -> bool:
         """True inside ``async with mgr`` (until :meth:`aclose`)."""
-        return self._loop is not None
+        return self._serving.loop is not None
 
     @property
     def options(self) -> Options:
@@ -583,7 +584,7 @@ class MemoryManager:
 
     async def _serve(self, instance: object, member: Member, requests: RequestSet) -> ArrayResponse:
         """Submit a request when it is awaited and wait for it (PendingRequest's await)."""
-        loop = self._loop
+        loop = self._serving.loop
         if loop is None or loop.thread != get_ident():
             raise self._not_serving(loop)
         self._reap()
@@ -701,7 +702,7 @@ class MemoryManager:
         """
         self._reset("invalidate_all")
         self.free_all()
-        self._call_invalidate_hooks()
+        self._hooks.invalidate()
 
     def set_allocator(self, name: str) -> None:
         """Swap the allocator plugin (``"default"``, ``"cupy"``, ``"cupy_async"``).
@@ -721,42 +722,12 @@ class MemoryManager:
         self._reset(f"set_allocator({name!r})")
         self._account.forget_all()  # the context that held them is gone
         self.reinit_streams()
-        self._call_invalidate_hooks()
+        self._hooks.invalidate()
 
     def _reset(self, cause: str) -> None:
         error = ContextResetError(f"{cause} reset the device context while this request was in flight; request again")
         for scheduler in self._every_scheduler():
             scheduler.reset(error)
-
-    def _call_invalidate_hooks(self) -> None:
-        for member in list(self._registry.members.values()):
-            hook = member.invalidate_hook  # None once the instance of a weakly held hook is gone
-            if hook is None:
-                continue
-            what = f"invalidate hook of {member.name}"
-            if member.invalidate_async:
-                self._spawn_hook(partial(call_hook, hook, (), what), what)
-                continue
-            try:
-                result = hook()
-            except Exception:
-                log.exception("%s raised", what)
-                continue
-            if inspect.isawaitable(result):  # a plain callable that returned an awaitable
-                self._spawn_hook(partial(await_hook, result, what), what, result)
-
-    def _spawn_hook(self, run: Callable[[], Any], what: str, awaitable: object = None) -> None:
-        """Run an async hook as a task of the manager; warn if the manager is not running."""
-        if self._task_group is not None and self._loop is not None and self._loop.thread == get_ident():
-            self._task_group.start_soon(run, name=f"aiocubie {what}")
-            return
-        close = getattr(awaitable, "close", None)
-        if close is not None:
-            close()  # it cannot be awaited: spare the "never awaited" warning
-        warn(
-            f"{what} is async and the manager is not serving in this thread, so it was not run: "
-            "reset the context inside `async with mgr`"
-        )
 
     # -- host arrays, copies, streams, managed memory -------------------------------------
     def create_host_array(
@@ -905,8 +876,8 @@ class MemoryManager:
 
     async def _wait_for(self, stream: Any) -> None:
         event = self.backend.record_event(stream)
-        loop = self._loop
-        await (loop.wait(event) if loop is not None and loop.thread == get_ident() else wait_event(event))
+        loop = self._serving.here()
+        await (loop.wait(event) if loop is not None else wait_event(event))
 
     def advise(self, array: Any, advice: Advice, device: int | Literal["own"] | None = "own") -> None:
         """Give managed-memory ``advice`` (preferred_location, accessed_by, read_mostly) about
@@ -1014,30 +985,28 @@ class MemoryManager:
         ConfigurationError
             If ``hook`` is not callable.
         """
-        if not callable(hook):
-            raise ConfigurationError(f"a reclaim hook must be callable as hook(nbytes), got {shown(hook)}")
-        self._reclaim_hooks.append(hook)
+        self._hooks.add_reclaim(hook)
 
     def remove_reclaim_hook(self, hook: ReclaimHook) -> None:
         """Stop calling ``hook`` (nothing if it was not added)."""
-        if hook in self._reclaim_hooks:
-            self._reclaim_hooks.remove(hook)
+        self._hooks.remove_reclaim(hook)
 
     # -- wiring ----------------------------------------------------------------------------
     def _scheduler_of(self, name: str) -> GroupScheduler | None:
         """The scheduler of group ``name``, started if the manager runs (None if it does not)."""
         scheduler = self._schedulers.get(name)
-        if scheduler is None and self._loop is not None:
+        if scheduler is None and self._serving.loop is not None:
             scheduler = self._start_scheduler(self._registry.groups[name])
         return scheduler
 
     def _start_scheduler(self, group: Group) -> GroupScheduler:
-        assert self._task_group is not None and self._loop is not None
+        serving = self._serving
+        assert serving.task_group is not None and serving.loop is not None
         scheduler = GroupScheduler(
-            group, self._registry.members, self._account, self._loop, self._task_group.start_soon
+            group, self._registry.members, self._account, serving.loop, serving.task_group.start_soon
         )
         self._schedulers[group.name] = scheduler
-        self._task_group.start_soon(scheduler.run, name=f"aiocubie scheduler {group.name!r}")
+        serving.task_group.start_soon(scheduler.run, name=f"aiocubie scheduler {group.name!r}")
         return scheduler
 
     def _memory_released(self) -> None:
