@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import weakref
 from collections.abc import Callable, Generator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from functools import partial
@@ -26,19 +25,15 @@ import numpy as np
 from ._accounting import DeviceAccount, ReclaimHook
 from ._backends import Advice, Backend, MemoryInfo, create_backend
 from ._budget import LimitMode
-from ._completion import Loop, wait_event
+from ._completion import Loop
 from ._errors import (
-    AiocubieError,
-    AllocationError,
     BudgetError,
     ConfigurationError,
     ContextResetError,
     InsufficientMemoryError,
-    InvalidRequestError,
     ManagerStateError,
     RegistrationError,
     ReleasedError,
-    shown,
     warn,
 )
 from ._history import MAX_ENTRIES, History
@@ -48,11 +43,12 @@ from ._observe import Observer
 from ._options import Options, Policy, Setup, parse_allocator
 from ._planner import plan_chunks
 from ._registry import Group, InvalidateHook, Member, ReadyHook, Registry
-from ._requests import ArrayRequest, ArrayResponse, MemoryKind, RequestSet, check_device, check_requests
+from ._requests import ArrayRequest, ArrayResponse, MemoryKind, RequestSet, check_requests
 from ._scheduler import GroupScheduler
 from ._serving import Serving
 from ._stats import Snapshot, Telemetry, summary
 from ._tickets import Ticket
+from ._transfers import Transfers
 
 __all__ = ["MemoryManager", "PendingRequest", "default_manager"]
 
@@ -200,6 +196,7 @@ class MemoryManager:
         self._hooks = Hooks(self._registry, self._serving)
         self._account = DeviceAccount(self.backend, setup.options, self._memory_released, self._hooks.reclaim)
         self._observer = Observer(self.backend, self._account, self._registry, self._telemetry)
+        self._transfers = Transfers(self.backend, self._serving, self.get_stream)
         self._schedulers: dict[str, GroupScheduler] = {}  # one per live group, while running
         self._draining: list[GroupScheduler] = []  # of emptied groups, until their flights land
         self._closed = False  # close() was called: never runs again
@@ -753,43 +750,7 @@ class MemoryManager:
         AllocationError
             If the host memory cannot be had.
         """
-        request = ArrayRequest(shape, dtype, kind, unchunkable=True)
-        if request.kind not in (MemoryKind.PINNED, MemoryKind.HOST):
-            raise InvalidRequestError(f"host arrays are 'pinned' or 'host', not {request.kind.value!r}")
-        if like is not None:  # checked before anything is allocated
-            try:
-                like_shape = np.shape(like)
-            except (TypeError, ValueError) as exc:  # ragged lists
-                raise InvalidRequestError(f"like={shown(like)} is not an array numpy can read: {exc}") from None
-            if like_shape != request.shape:
-                raise InvalidRequestError(f"like has shape {like_shape}, not {request.shape}")
-        try:
-            if pool and request.kind is MemoryKind.PINNED:
-                staging = self.backend.pinned_pool
-                buffer = staging.acquire(request.nbytes)
-                array = buffer[: request.nbytes].view(request.dtype).reshape(request.shape)
-                array.fill(0)
-                weakref.finalize(array, staging.release, buffer)
-            else:
-                array = self.backend.host_array(request.shape, request.dtype, request.kind)
-        except AiocubieError:
-            raise
-        except MemoryError as exc:  # a backend that let numpy's through
-            raise AllocationError(
-                f"cannot allocate a {request.kind.value} host array of {request.nbytes} bytes "
-                f"({request.shape}, {request.dtype}): {exc}"
-            ) from exc
-        if like is not None:
-            try:
-                with np.errstate(
-                    over="raise", invalid="raise"
-                ):  # a value the dtype cannot hold is refused, not wrapped
-                    array[...] = like
-            except (TypeError, ValueError, OverflowError, FloatingPointError) as exc:  # text, objects, 1e308 into int8
-                raise InvalidRequestError(
-                    f"like={shown(like)} cannot be copied into a {request.dtype} host array: {exc}"
-                ) from exc
-        return array
+        return self._transfers.host_array(shape, dtype, kind, like, pool)
 
     def release_pinned(self) -> int:
         """Unpin the free buffers of the pinned staging pool; return the bytes released.
@@ -797,7 +758,7 @@ class MemoryManager:
         Buffers in use (by a walk, or a ``create_host_array(pool=True)`` array still alive)
         stay; they are kept for reuse when given back.
         """
-        return self.backend.pinned_pool.clear()
+        return self._transfers.release_pinned()
 
     async def to_device(self, instance: object, host_arrays: Sequence[Any], device_arrays: Sequence[Any]) -> None:
         """Copy each host array into its device array on ``instance``'s stream; wait until done.
@@ -809,7 +770,7 @@ class MemoryManager:
         BackendError
             If a pair's shapes or dtypes differ, or the copy fails.
         """
-        await self._copy(instance, host_arrays, device_arrays, ("host_arrays", "device_arrays"))
+        await self._transfers.copy(instance, host_arrays, device_arrays, ("host_arrays", "device_arrays"))
 
     async def from_device(self, instance: object, device_arrays: Sequence[Any], host_arrays: Sequence[Any]) -> None:
         """Copy each device array into its host array on ``instance``'s stream; wait until done.
@@ -819,37 +780,11 @@ class MemoryManager:
         InvalidRequestError
             As :meth:`to_device`.
         """
-        await self._copy(instance, device_arrays, host_arrays, ("device_arrays", "host_arrays"))
-
-    async def _copy(
-        self,
-        instance: object,
-        sources: Sequence[Any],
-        targets: Sequence[Any],
-        names: tuple[str, str] = ("sources", "targets"),
-    ) -> None:
-        # what is not a list of arrays is refused before anything is queued (the backend checks each pair)
-        for given, name in ((sources, names[0]), (targets, names[1])):
-            if not isinstance(given, Sequence) or isinstance(given, (str, bytes)):
-                raise InvalidRequestError(
-                    f"{name} must be a list of arrays, got {shown(given)}: wrap a single array in a list"
-                )
-            for index, array in enumerate(given):
-                if not (hasattr(array, "shape") and hasattr(array, "dtype")):
-                    raise InvalidRequestError(
-                        f"{name}[{index}] is {shown(array)}, not an array: pass numpy arrays "
-                        "(np.asarray(x)) and the arrays of a response"
-                    )
-        if len(sources) != len(targets):
-            raise InvalidRequestError(f"{len(sources)} {names[0]} but {len(targets)} {names[1]}: pair them up")
-        stream = self.get_stream(instance)
-        for src, dst in zip(sources, targets):
-            self.backend.copy(src, dst, stream)
-        await self._wait_for(stream)
+        await self._transfers.copy(instance, device_arrays, host_arrays, ("device_arrays", "host_arrays"))
 
     async def sync_stream(self, instance: object) -> None:
         """Wait until everything queued on ``instance``'s stream is done (without blocking)."""
-        await self._wait_for(self.get_stream(instance))
+        await self._transfers.sync(instance)
 
     @property
     def device(self) -> int:
@@ -867,17 +802,7 @@ class MemoryManager:
     async def prefetch(self, instance: object, array: Any, device: int | Literal["own"] | None = "own") -> None:
         """Prefetch managed ``array`` to ``device`` (``"own"``: this manager's; None: the CPU)
         on ``instance``'s stream."""
-        stream = self.get_stream(instance)
-        self.backend.prefetch(array, self._location(device), stream)
-        await self._wait_for(stream)
-
-    def _location(self, device: Any) -> Any:
-        return self.device if isinstance(device, str) and device == "own" else device
-
-    async def _wait_for(self, stream: Any) -> None:
-        event = self.backend.record_event(stream)
-        loop = self._serving.here()
-        await (loop.wait(event) if loop is not None else wait_event(event))
+        await self._transfers.prefetch(instance, array, device)
 
     def advise(self, array: Any, advice: Advice, device: int | Literal["own"] | None = "own") -> None:
         """Give managed-memory ``advice`` (preferred_location, accessed_by, read_mostly) about
@@ -890,12 +815,7 @@ class MemoryManager:
         BackendError
             For advice the backend does not know.
         """
-        if not isinstance(advice, str):  # the backend names what it knows; it needs a str to look up
-            raise InvalidRequestError(
-                f"advice must be a string (preferred_location, accessed_by, read_mostly), got {shown(advice)}"
-            )
-        device = check_device(self._location(device))
-        self.backend.advise(array, advice, device)
+        self._transfers.advise(array, advice, device)
 
     # -- observability ---------------------------------------------------------------------
     def stats(self) -> Snapshot:
