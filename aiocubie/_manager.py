@@ -11,15 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from functools import partial
 from threading import get_ident
 from types import TracebackType
 from typing import Any, Literal
 
-import anyio
-import anyio.abc
 import numpy as np
 
 from ._accounting import DeviceAccount, ReclaimHook
@@ -28,65 +26,25 @@ from ._budget import LimitMode
 from ._completion import Loop
 from ._errors import (
     BudgetError,
-    ConfigurationError,
     ContextResetError,
-    InsufficientMemoryError,
     ManagerStateError,
     RegistrationError,
-    ReleasedError,
     warn,
 )
+from ._groups import PendingRequest, StreamGroups
 from ._history import MAX_ENTRIES, History
 from ._hooks import Hooks
-from ._ledger import Allocation
 from ._observe import Observer
 from ._options import Options, Policy, Setup, parse_allocator
-from ._planner import plan_chunks
-from ._registry import Group, InvalidateHook, Member, ReadyHook, Registry
+from ._registry import InvalidateHook, Member, ReadyHook, Registry
 from ._requests import ArrayRequest, ArrayResponse, MemoryKind, RequestSet, check_requests
-from ._scheduler import GroupScheduler
 from ._serving import Serving
-from ._stats import Snapshot, Telemetry, summary
-from ._tickets import Ticket
+from ._stats import ManagerStatistics, Snapshot, Telemetry, summary
 from ._transfers import Transfers
 
 __all__ = ["MemoryManager", "PendingRequest", "default_manager"]
 
 log = logging.getLogger("aiocubie")
-
-
-class PendingRequest:
-    """An allocation request: await it for an :class:`ArrayResponse`, or use ``async with``.
-
-    ``async with mgr.request(obj, {...}) as response:`` frees the arrays on exit. Cancelling
-    the awaiting task withdraws a queued request and frees an allocated one.
-    """
-
-    __slots__ = ("_awaited", "_instance", "_member", "_mgr", "_requests", "_response")
-
-    def __init__(self, manager: MemoryManager, instance: object, member: Member, requests: RequestSet) -> None:
-        self._mgr = manager
-        self._instance = instance
-        self._member = member
-        self._requests = requests
-        self._response: ArrayResponse | None = None
-        self._awaited = False
-
-    def __await__(self) -> Generator[Any, None, ArrayResponse]:
-        if self._awaited:
-            raise ManagerStateError("a request can be awaited only once: call mgr.request() again")
-        self._awaited = True
-        return self._mgr._serve(self._instance, self._member, self._requests).__await__()
-
-    async def __aenter__(self) -> ArrayResponse:
-        self._response = await self
-        return self._response
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if self._response is not None:
-            self._mgr.release(self._response)
 
 
 class MemoryManager:
@@ -158,7 +116,7 @@ class MemoryManager:
         given = backend if isinstance(backend, Backend) else None
         setup = Setup.read(
             None if given is not None else backend,
-            given_backend=given is not None,
+            given_backend=None if given is None else (given.device, given.array_type),
             device=device,
             mode=mode,
             allocator=allocator,
@@ -176,33 +134,23 @@ class MemoryManager:
             given = create_backend(
                 setup.backend, allocator=setup.allocator, array_type=setup.array_type, device=setup.device or 0
             )
-        elif setup.device is not None and setup.device != given.device:
-            raise ConfigurationError(
-                f"device={device!r} but the backend given drives device {given.device}: "
-                "pass device to the backend, or a backend name"
-            )
-        elif setup.array_type is not None and setup.array_type != given.array_type:
-            raise ConfigurationError(
-                f"array_type={array_type!r} but the backend given hands out {given.array_type!r} arrays: "
-                "pass array_type to the backend, or a backend name"
-            )
         elif setup.allocator is not None and setup.allocator != given.allocator:
             given.set_allocator(setup.allocator)
         self.backend: Backend = given
-        history = setup.history
         self._telemetry = Telemetry()
         self._registry = Registry(self.backend.create_stream, self._telemetry)
         self._serving = Serving()  # the loop and task group, while serving
         self._hooks = Hooks(self._registry, self._serving)
-        self._account = DeviceAccount(self.backend, setup.options, self._memory_released, self._hooks.reclaim)
+        self._account = DeviceAccount(
+            self.backend, setup.options, lambda: self._groups.changed(), self._hooks.reclaim
+        )  # released memory: a batch waiting for it checks again
         self._observer = Observer(self.backend, self._account, self._registry, self._telemetry)
         self._transfers = Transfers(self.backend, self._serving, self.get_stream)
-        self._schedulers: dict[str, GroupScheduler] = {}  # one per live group, while running
-        self._draining: list[GroupScheduler] = []  # of emptied groups, until their flights land
+        self._groups = StreamGroups(self._registry, self._account, self._serving, self._observer.group_left)
         self._closed = False  # close() was called: never runs again
         self._backend_closed = False  # our own backend was closed when the last `async with` ended
-        if history:
-            self.record_history(dump_on_oom=history if isinstance(history, str) else None)
+        if setup.history:
+            self.record_history(dump_on_oom=setup.history if isinstance(setup.history, str) else None)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> MemoryManager:
@@ -214,15 +162,11 @@ class MemoryManager:
         if self._backend_closed:  # the backend we made was closed at the last exit: new streams
             self._registry.renew_streams()
             self._backend_closed = False
-        task_group = anyio.create_task_group()
-        await task_group.__aenter__()
-        loop = Loop()
-        serving.task_group, serving.loop, serving.owner = task_group, loop, anyio.get_current_task().id
+        loop = await serving.enter()
         # a collected member is reaped on the loop thread at once, not at the next manager call
         self._registry.on_collected = partial(loop.call_soon_threadsafe_or_drop, self._reap_collected)
         self._reap()
-        for group in list(self._registry.groups.values()):
-            self._start_scheduler(group)
+        self._groups.start()
         return self
 
     async def __aexit__(
@@ -245,34 +189,19 @@ class MemoryManager:
         ManagerStateError
             If called from a thread other than the manager's event loop's (nothing changes).
         """
-        serving = self._serving
-        loop = serving.loop
+        loop = self._serving.loop
         if loop is not None:
             foreign = loop.foreign()
             if foreign is not None:
                 raise ManagerStateError(f"aclose() from another thread: {foreign}")
             self._shut_down()
-        task_group = serving.task_group
-        if task_group is None or anyio.get_current_task().id != serving.owner:
-            return  # only the task that entered the task group may exit it: it does on leaving
-        serving.task_group = serving.owner = None
-        # the task group's scope is the innermost one here: shielded, a cancellation of the
-        # caller cannot cut the wait for the scheduler and hook tasks short (it is delivered
-        # at the caller's next checkpoint); cancelled, it ends those tasks
-        task_group.cancel_scope.shield = True
-        task_group.cancel_scope.cancel()
-        await task_group.__aexit__(None, None, None)
+        await self._serving.exit()
 
     def _shut_down(self) -> None:
         """Fail every open request, free every array, stop every scheduler (sync: no await)."""
         self._serving.loop = None
         self._registry.on_collected = None
-        closed = ManagerStateError("the memory manager was closed before the request was served")
-        schedulers, self._schedulers = [*self._schedulers.values(), *self._draining], {}
-        self._draining = []
-        for scheduler in schedulers:
-            for response in scheduler.close(closed):
-                self._account.release(response)
+        self._groups.close(ManagerStateError("the memory manager was closed before the request was served"))
         self.free_all()
         if self._owns_backend:
             self.backend.close()
@@ -350,7 +279,7 @@ class MemoryManager:
         registry.check_new(instance, **settings)
         self._account.join(id(instance), proportion)  # validates: nothing is half-registered
         member = registry.add(instance, **settings)
-        self._scheduler_of(member.group)
+        self._groups.scheduler_of(member.group)
 
     def unregister(self, instance: object) -> None:
         """Forget ``instance``: free its arrays, withdraw its queued requests, drop its budget."""
@@ -363,14 +292,11 @@ class MemoryManager:
 
     def _unregister(self, key: int) -> None:
         member = self._registry.remove(key)
-        gone = RegistrationError(f"{member.name} was unregistered before its request was served")
-        for scheduler in self._every_scheduler():
-            for response in scheduler.drop(key, gone):
-                self._account.release(response)
+        self._groups.drop(key, RegistrationError(f"{member.name} was unregistered before its request was served"))
         self._observer.member_left(member, self._account.leave(key))
         if member.group not in self._registry.groups:
-            self._retire(member.group)
-        self._changed()  # caps changed, and an open batch may no longer wait for this member
+            self._groups.retire(member.group)
+        self._groups.changed()  # caps changed, and an open batch may no longer wait for this member
 
     def _reap(self) -> None:
         for key in self._registry.reap():
@@ -383,19 +309,6 @@ class MemoryManager:
             self._reap()
         except Exception:
             log.exception("unregistering a collected instance failed")
-
-    def _retire(self, name: str) -> None:
-        """Group ``name`` lost its last member: stop its scheduler task, forget its totals.
-
-        Its stream is dropped with the group (batches in flight keep it until they land).
-        """
-        scheduler = self._schedulers.pop(name, None)
-        self._draining = [s for s in self._draining if s.pending()]
-        if scheduler is not None:
-            scheduler.stop()
-            if scheduler.pending():  # in-flight batches resolve from loop callbacks, no task
-                self._draining.append(scheduler)
-        self._observer.group_left(name)
 
     def _member(self, instance: object) -> Member:
         self._reap()
@@ -439,7 +352,7 @@ class MemoryManager:
 
     def _configure(self, **changes: Any) -> None:
         self._account.configure(**changes)
-        self._changed()  # a batch waiting for memory is checked again under the new options
+        self._groups.changed()  # a batch waiting for memory is checked again under the new options
 
     def proportion(self, instance: object) -> float:
         """Share of VRAM ``instance`` may use."""
@@ -469,7 +382,7 @@ class MemoryManager:
     def set_manual_proportion(self, instance: object, proportion: float) -> None:
         """Give ``instance`` a manual ``proportion`` (moving it out of the auto pool)."""
         self._account.set_manual(self._member(instance).key, proportion)
-        self._changed()
+        self._groups.changed()
 
     def set_manual_limit_mode(self, instance: object, proportion: float) -> None:
         """Move ``instance`` from the auto pool to the manual pool with ``proportion``.
@@ -483,12 +396,12 @@ class MemoryManager:
         if self._account.budget.is_manual(member.key):
             raise BudgetError(f"{member.name} is already in the manual pool: use set_manual_proportion")
         self._account.set_manual(member.key, proportion)
-        self._changed()
+        self._groups.changed()
 
     def set_auto_limit_mode(self, instance: object) -> None:
         """Move ``instance`` from the manual pool to the auto pool."""
         self._account.set_auto(self._member(instance).key)
-        self._changed()
+        self._groups.changed()
 
     def get_available_memory(self, group: str) -> int:
         """Bytes ``group`` may use now (warns above 95% use in active mode)."""
@@ -519,18 +432,7 @@ class MemoryManager:
         starts no new batch until back under). A group left empty is forgotten, its stream and
         scheduler task released.
         """
-        member = self._member(instance)
-        old, new = self._registry.move(member, new_group)
-        if old is not new:
-            # what it holds counts in its new group from now on, as its budget does
-            self._account.regroup(member.key, old.name, new.name)
-            moving = self._schedulers[old.name].take(member.key) if old.name in self._schedulers else []
-            target = self._scheduler_of(new.name)
-            if target is not None:
-                target.adopt(moving)
-            if old.name not in self._registry.groups:
-                self._retire(old.name)
-        self._changed()
+        self._groups.move(self._member(instance), new_group)
 
     def is_grouped(self, instance: object) -> bool:
         """True if ``instance`` shares its stream group with another instance."""
@@ -577,7 +479,7 @@ class MemoryManager:
             When awaited, if the batch could not be served.
         """
         checked = check_requests(requests)
-        return PendingRequest(self, instance, self._member(instance), checked)
+        return PendingRequest(self._serve, self.release, instance, self._member(instance), checked)
 
     async def _serve(self, instance: object, member: Member, requests: RequestSet) -> ArrayResponse:
         """Submit a request when it is awaited and wait for it (PendingRequest's await)."""
@@ -587,19 +489,7 @@ class MemoryManager:
         self._reap()
         if self._registry.members.get(member.key) is not member:  # unregistered since request()
             member = self._registry.member(instance)
-        group = self._registry.groups[member.group]
-        ticket = Ticket(member.key, requests, (group.counters, member.counters))
-        # queued (or served, when it closes a batch at once) in the order requests are awaited
-        self._schedulers[member.group].submit(ticket)
-        try:
-            if ticket.done:
-                await loop.checkpoint()  # awaiting a request is a checkpoint, even one served at once
-            else:
-                await ticket.wait(loop.signal)
-        except BaseException:
-            self._cancel(ticket)
-            raise
-        return ticket.result()
+        return await self._groups.serve(member, requests, loop)
 
     @staticmethod
     def _not_serving(loop: Loop | None) -> ManagerStateError:
@@ -607,20 +497,9 @@ class MemoryManager:
             return ManagerStateError("the memory manager is not running: use `async with MemoryManager() as mgr:`")
         return ManagerStateError(f"a request awaited from another thread: {loop.foreign()}")
 
-    def _cancel(self, ticket: Ticket) -> None:
-        was_pending = ticket.pending
-        self._account.release(ticket.cancel())
-        if was_pending:
-            for scheduler in self._schedulers.values():
-                scheduler.withdraw(ticket)
-
     def flush(self, group: str | None = None) -> None:
         """Close the batch being collected in ``group`` (all groups if None) now."""
-        names = list(self._schedulers) if group is None else [self._registry.group(group).name]
-        for name in names:
-            scheduler = self._schedulers.get(name)
-            if scheduler is not None:
-                scheduler.flush()
+        self._groups.flush(group)
 
     def allocate_all(self, instance: object, requests: Mapping[str, ArrayRequest]) -> ArrayResponse:
         """Allocate ``requests`` for ``instance`` now, unbatched and unchunked, on its stream.
@@ -639,19 +518,7 @@ class MemoryManager:
             If the backend fails (nothing stays allocated).
         """
         checked = check_requests(requests)
-        member = self._member(instance)
-        group = self._registry.groups[member.group]
-        account = self._account
-        free = account.free_memory(fresh=True)
-        offered = account.offered(group.members, free)
-        plan = plan_chunks(checked.runs, checked.fixed, checked.per_run, offered, free=free)
-        if plan.chunks > 1:
-            raise InsufficientMemoryError(
-                f"allocate_all needs {plan.full_bytes} bytes whole but group {member.group!r} is "
-                f"offered {plan.offered}: use await mgr.request() to have it chunked"
-            )
-        (response,), _ = account.allocate([(member.key, checked)], member.group, plan, group.stream)
-        return response
+        return self._groups.allocate_now(self._member(instance), checked)
 
     def allocate(self, instance: object, request: ArrayRequest, label: str = "array") -> Any:
         """Allocate one array for ``instance`` now (see :meth:`allocate_all`)."""
@@ -675,22 +542,14 @@ class MemoryManager:
             If ``instance`` is given and not registered.
         """
         if instance is None:
-            self._free_where(lambda a: a.label == label, f"free({label!r})")
+            self._groups.free_where(lambda a: a.label == label, f"free({label!r})")
         else:
             key = self._member(instance).key
-            self._free_where(lambda a: a.label == label and a.key == key, f"free({label!r}, instance)")
+            self._groups.free_where(lambda a: a.label == label and a.key == key, f"free({label!r}, instance)")
 
     def free_all(self) -> None:
         """Free every array the manager handed out (requests in flight fail with ReleasedError)."""
-        self._free_where(lambda a: True, "free_all()")
-
-    def _free_where(self, predicate: Callable[[Allocation], bool], cause: str) -> None:
-        owners = {id(a.owner) for a in self._account.release_where(predicate)}
-        if owners:
-            error = ReleasedError(f"{cause} freed this request's arrays before it resolved; request again")
-            for scheduler in self._every_scheduler():
-                for response in scheduler.fail_in_flight(owners, error):
-                    self._account.release(response)
+        self._groups.free_where(lambda a: True, "free_all()")
 
     def invalidate_all(self) -> None:
         """Call every invalidate hook once and release every array.
@@ -722,9 +581,9 @@ class MemoryManager:
         self._hooks.invalidate()
 
     def _reset(self, cause: str) -> None:
-        error = ContextResetError(f"{cause} reset the device context while this request was in flight; request again")
-        for scheduler in self._every_scheduler():
-            scheduler.reset(error)
+        self._groups.reset(
+            ContextResetError(f"{cause} reset the device context while this request was in flight; request again")
+        )
 
     # -- host arrays, copies, streams, managed memory -------------------------------------
     def create_host_array(
@@ -823,6 +682,12 @@ class MemoryManager:
         self._reap()
         return self._observer.stats()
 
+    def statistics(self) -> ManagerStatistics:
+        """The manager's own state now, read-only: requests by stage per group, members, arrays held,
+        the size of its tables (see :class:`ManagerStatistics`). For tests and debugging."""
+        self._reap()
+        return self._observer.statistics(self.running, *self._groups.statistics())
+
     def memory_summary(self) -> str:
         """A table of :meth:`stats` to read at a glance: device and pool bytes, then per group
         and per instance live, peak and cap bytes, requests, batches, chunks, failures and the
@@ -910,35 +775,6 @@ class MemoryManager:
     def remove_reclaim_hook(self, hook: ReclaimHook) -> None:
         """Stop calling ``hook`` (nothing if it was not added)."""
         self._hooks.remove_reclaim(hook)
-
-    # -- wiring ----------------------------------------------------------------------------
-    def _scheduler_of(self, name: str) -> GroupScheduler | None:
-        """The scheduler of group ``name``, started if the manager runs (None if it does not)."""
-        scheduler = self._schedulers.get(name)
-        if scheduler is None and self._serving.loop is not None:
-            scheduler = self._start_scheduler(self._registry.groups[name])
-        return scheduler
-
-    def _start_scheduler(self, group: Group) -> GroupScheduler:
-        serving = self._serving
-        assert serving.task_group is not None and serving.loop is not None
-        scheduler = GroupScheduler(
-            group, self._registry.members, self._account, serving.loop, serving.task_group.start_soon
-        )
-        self._schedulers[group.name] = scheduler
-        serving.task_group.start_soon(scheduler.run, name=f"aiocubie scheduler {group.name!r}")
-        return scheduler
-
-    def _memory_released(self) -> None:
-        self._changed()
-
-    def _changed(self) -> None:
-        for scheduler in self._schedulers.values():
-            scheduler.changed()
-
-    def _every_scheduler(self) -> list[GroupScheduler]:
-        """The schedulers of live groups, and of emptied ones whose batches are still in flight."""
-        return [*self._schedulers.values(), *self._draining] if self._draining else list(self._schedulers.values())
 
 
 _default: MemoryManager | None = None

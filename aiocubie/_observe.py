@@ -15,7 +15,7 @@ from ._backends import Backend
 from ._errors import ConfigurationError
 from ._history import History, HistoryRecorder
 from ._registry import Member, Registry
-from ._stats import PinnedStats, Snapshot, Telemetry, UsageStats
+from ._stats import GroupStatistics, ManagerStatistics, MemberStatistics, PinnedStats, Snapshot, Telemetry, UsageStats
 
 __all__ = ["Observer"]
 
@@ -76,6 +76,26 @@ class Observer:
             self._backend.pool_facts(),
             self._account.recovery,
         )
+
+    def statistics(self, running: bool, groups: dict[str, GroupStatistics], draining: int) -> ManagerStatistics:
+        """The manager's own state, with ``groups``' requests by stage (see :class:`ManagerStatistics`)."""
+        registry, ledger, telemetry, budget = (
+            self._registry,
+            self._account.ledger,
+            self._telemetry,
+            self._account.budget,
+        )
+        members = {m.name: MemberStatistics(m.group, budget.is_manual(m.key)) for m in registry.members.values()}
+        tables = {
+            "groups": len(registry.groups),
+            "schedulers": len(groups) + draining,
+            "members": len(registry.members),
+            "group counters": len(telemetry.groups),
+            "instance counters": len(telemetry.instances),
+            "ledger keys": len(ledger.live_by_key) + len(ledger.peak_by_key),
+            "ledger groups": len(ledger.live_by_group) + len(ledger.peak_by_group),
+        }
+        return ManagerStatistics(running, groups, members, draining, len(ledger), tables)
 
     # -- peaks -------------------------------------------------------------------------------
     def reset_peaks(self, group: str | None, member: Member | None) -> None:

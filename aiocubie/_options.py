@@ -273,7 +273,7 @@ class Setup:
         cls,
         backend: str | None,
         *,
-        given_backend: bool,
+        given_backend: tuple[int, str] | None,
         device: Any,
         mode: Any,
         allocator: Any,
@@ -281,20 +281,22 @@ class Setup:
         environ: Mapping[str, str],
         **options: Any,
     ) -> Setup:
-        """Parse the manager's arguments; ``given_backend``: a backend object was passed.
+        """Parse the manager's arguments; ``given_backend``: the device and array type of the
+        backend object passed (None: a backend is to be made).
 
         Raises
         ------
         ConfigurationError
-            For a value (or a variable, named) that is not one of those allowed.
+            For a value (or a variable, named) that is not one of those allowed, or a device
+            or array type other than the given backend's.
         """
-        if not given_backend:
+        if given_backend is None:
             backend = from_environment(environ, "AIOCUBIE_BACKEND", backend, parse_backend)
             backend = "auto" if backend is None else backend
             allocator = from_environment(environ, "AIOCUBIE_ALLOCATOR", allocator, parse_allocator)
         mode = from_environment(environ, "AIOCUBIE_MODE", mode, parse_mode)
         history = from_environment(environ, "AIOCUBIE_HISTORY", None, parse_history)
-        return cls(
+        setup = cls(
             None if given_backend else backend,
             device,
             allocator,
@@ -302,3 +304,19 @@ class Setup:
             False if history is None else history,
             Options(mode=LimitMode.PASSIVE if mode is None else mode, **options),
         )
+        if given_backend is not None:
+            setup.check_given(*given_backend)
+        return setup
+
+    def check_given(self, device: int, array_type: str) -> None:
+        """Raise unless this device and array type (where given) are those of the backend passed."""
+        if self.device is not None and self.device != device:
+            raise ConfigurationError(
+                f"device={self.device!r} but the backend given drives device {device}: "
+                "pass device to the backend, or a backend name"
+            )
+        if self.array_type is not None and self.array_type != array_type:
+            raise ConfigurationError(
+                f"array_type={self.array_type!r} but the backend given hands out {array_type!r} arrays: "
+                "pass array_type to the backend, or a backend name"
+            )

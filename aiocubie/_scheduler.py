@@ -161,6 +161,14 @@ class GroupScheduler:
         inflight = [t for flight in self._inflight for t in flight.tickets]
         return [t for t in (*self.queue, *self._planning) if t.pending] + inflight
 
+    def census(self) -> tuple[int, int, int, int]:
+        """Tickets held now: queued, being planned (or waiting for memory), allocated in flight,
+        and ended (cancelled or failed) in flight, their arrays kept until the device is done."""
+        flying = [t for flight in self._inflight for t in flight.tickets]
+        allocated = sum(t.state is State.ALLOCATED for t in flying)
+        queued = sum(t.pending for t in self.queue)
+        return queued, sum(t.pending for t in self._planning), allocated, len(flying) - allocated
+
     @staticmethod
     def fail(tickets: list[Ticket], error: AiocubieError) -> list[ArrayResponse]:
         """End ``tickets`` with ``error``; return the responses whose arrays must be released."""

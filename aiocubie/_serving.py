@@ -11,6 +11,7 @@ from collections.abc import Callable
 from threading import get_ident
 from typing import Any
 
+import anyio
 import anyio.abc
 
 from ._completion import Loop
@@ -37,6 +38,30 @@ class Serving:
         self.loop: Loop | None = None
         self.task_group: anyio.abc.TaskGroup | None = None
         self.owner: int | None = None
+
+    async def enter(self) -> Loop:
+        """Open the task group in the calling task (its owner) and take the running loop."""
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        loop = Loop()
+        self.task_group, self.loop, self.owner = task_group, loop, anyio.get_current_task().id
+        return loop
+
+    async def exit(self) -> None:
+        """End the tasks and leave the task group, from its owner (from any other task: nothing).
+
+        Only the task that entered a task group may exit it: the owner does when it leaves.
+        """
+        task_group = self.task_group
+        if task_group is None or anyio.get_current_task().id != self.owner:
+            return
+        self.task_group = self.owner = None
+        # the task group's scope is the innermost one here: shielded, a cancellation of the
+        # caller cannot cut the wait for the scheduler and hook tasks short (it is delivered
+        # at the caller's next checkpoint); cancelled, it ends those tasks
+        task_group.cancel_scope.shield = True
+        task_group.cancel_scope.cancel()
+        await task_group.__aexit__(None, None, None)
 
     def here(self) -> Loop | None:
         """The loop, when serving and called from its thread (else None)."""

@@ -129,7 +129,7 @@ def test_each_name_is_parsed_in_one_place() -> None:
     assert (BACKENDS, ALLOCATORS, ARRAY_TYPES) == (_backends.BACKENDS, _backends.ALLOCATORS, _backends.ARRAY_TYPES)
     setup = Setup.read(
         None,
-        given_backend=False,
+        given_backend=None,
         device=None,
         mode=None,
         allocator=None,
@@ -149,13 +149,13 @@ def test_each_name_is_parsed_in_one_place() -> None:
     ]:
         arguments = {"backend": "auto", "device": None, "mode": None, "allocator": None, "array_type": None}
         with pytest.raises(ConfigurationError, match=match):
-            Setup.read(**{**arguments, name: value}, given_backend=False, environ={})  # type: ignore[arg-type]
+            Setup.read(**{**arguments, name: value}, given_backend=None, environ={})  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="AIOCUBIE_ALLOCATOR='slab'"):
-        Setup.read(None, given_backend=False, device=None, mode=None, allocator=None, array_type=None,
+        Setup.read(None, given_backend=None, device=None, mode=None, allocator=None, array_type=None,
                    environ={"AIOCUBIE_ALLOCATOR": "slab"})  # fmt: skip
     # a backend object keeps its own allocator: the variable is not read for it
     given = Setup.read(
-        None, given_backend=True, device=None, mode=None, allocator=None, array_type=None,
+        None, given_backend=(0, "cupy"), device=None, mode=None, allocator=None, array_type=None,
         environ={"AIOCUBIE_ALLOCATOR": "slab"},
     )  # fmt: skip
     assert given.backend is None and given.allocator is None
