@@ -21,7 +21,7 @@ import attrs
 
 from ._backends import Backend, Event
 from ._budget import Budget, group_available
-from ._errors import OutOfMemoryError
+from ._errors import BudgetError, OutOfMemoryError
 from ._history import HistoryRecorder
 from ._ledger import Allocation, Ledger
 from ._options import Options
@@ -106,6 +106,18 @@ class DeviceAccount:
 
     def set_manual(self, key: Hashable, proportion: float) -> None:
         """Give member ``key`` a manual ``proportion`` (out of the auto pool)."""
+        self.budget.set_manual(key, proportion)
+
+    def move_to_manual(self, key: Hashable, proportion: float, name: str) -> None:
+        """Move member ``key`` (called ``name``) from the auto pool to the manual pool.
+
+        Raises
+        ------
+        BudgetError
+            If it has a manual proportion already, or ``proportion`` does not fit.
+        """
+        if self.budget.is_manual(key):
+            raise BudgetError(f"{name} is already in the manual pool: use set_manual_proportion")
         self.budget.set_manual(key, proportion)
 
     def set_auto(self, key: Hashable) -> None:

@@ -237,6 +237,17 @@ class StreamGroups:
             for response in scheduler.close(error):
                 self._account.release(response)
 
+    def is_grouped(self, member: Member) -> bool:
+        """True if ``member`` shares its stream group with another member."""
+        return len(self._registry.groups[member.group].members) > 1
+
+    def names(self) -> dict[str, list[str]]:
+        """Group name -> the names of its members."""
+        members = self._registry.members
+        return {
+            name: sorted(members[key].name for key in group.members) for name, group in self._registry.groups.items()
+        }
+
     # -- members moving --------------------------------------------------------------------------
     def move(self, member: Member, name: str) -> None:
         """Move ``member`` to group ``name`` (made if new), with its queued requests.

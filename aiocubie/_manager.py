@@ -1,9 +1,8 @@
 """The facade: MemoryManager, and the process-wide default manager.
 
-It composes the core (options, device account, registry, telemetry, one scheduler per stream
-group), owns the schedulers' tasks (``async with MemoryManager() as mgr``) and delegates each
-public call to the component that owns the concept. It never imports numba.cuda or cupy: the
-device is reached only through the backend.
+It builds the components, each handed its collaborators, runs their lifecycle (``async with``)
+and delegates each public call to the one that owns the concept. It holds no bookkeeping of its
+own and never imports numba.cuda or cupy: the device is reached only through the backend.
 """
 
 from __future__ import annotations
@@ -24,13 +23,7 @@ from ._accounting import DeviceAccount, ReclaimHook
 from ._backends import Advice, Backend, MemoryInfo, create_backend
 from ._budget import LimitMode
 from ._completion import Loop
-from ._errors import (
-    BudgetError,
-    ContextResetError,
-    ManagerStateError,
-    RegistrationError,
-    warn,
-)
+from ._errors import ContextResetError, ManagerStateError, RegistrationError, warn
 from ._groups import PendingRequest, StreamGroups
 from ._history import MAX_ENTRIES, History
 from ._hooks import Hooks
@@ -178,16 +171,10 @@ class MemoryManager:
     async def aclose(self) -> None:
         """Stop serving: fail what is still pending, free every array, stop the schedulers.
 
-        Safe from any task of the manager's event loop, and when cancelled: the release is
-        done before the first await, and the wait for the schedulers' tasks is shielded. The
-        task that entered ``async with`` waits for the tasks (when it leaves, or here if it
-        calls this); a manager that created its backend closes it (its streams and threads),
-        and makes new streams if it is entered again.
-
-        Raises
-        ------
-        ManagerStateError
-            If called from a thread other than the manager's event loop's (nothing changes).
+        Safe from any task of the manager's loop, and when cancelled (the release is done before
+        the first await; the wait for the tasks, by the task that entered ``async with``, is
+        shielded). A manager that created its backend closes it, and makes new streams if it is
+        entered again. Raises :class:`ManagerStateError` from another thread (nothing changes).
         """
         loop = self._serving.loop
         if loop is not None:
@@ -331,23 +318,11 @@ class MemoryManager:
         return self._account.options.active
 
     def set_limit_mode(self, mode: LimitMode | str) -> None:
-        """Switch between ``"passive"`` and ``"active"``.
-
-        Raises
-        ------
-        ConfigurationError
-            For an unknown mode.
-        """
+        """Switch between ``"passive"`` and ``"active"`` (:class:`ConfigurationError` for another name)."""
         self._configure(mode=mode)
 
     def set_policy(self, policy: Policy | str) -> None:
-        """Set the active-mode policy: ``"chunk"``, ``"wait"`` or ``"fail"``.
-
-        Raises
-        ------
-        ConfigurationError
-            For an unknown policy.
-        """
+        """Set the active-mode policy: ``"chunk"``, ``"wait"`` or ``"fail"`` (:class:`ConfigurationError` else)."""
         self._configure(policy=policy)
 
     def _configure(self, **changes: Any) -> None:
@@ -361,9 +336,8 @@ class MemoryManager:
     def cap(self, instance: object) -> int:
         """Bytes ``instance`` may use: proportion x total VRAM.
 
-        A batch is offered less than its group's caps: what the members hold is taken off (active
-        mode), then the headroom (``(1 - headroom) x``) and the allocator's granule. Planning
-        errors name the bytes offered.
+        A batch is offered less than its group's caps: less what the members hold (active mode),
+        then the headroom and the allocator's granule. Planning errors name the bytes offered.
         """
         return self._account.budget.cap(self._member(instance).key)
 
@@ -387,15 +361,10 @@ class MemoryManager:
     def set_manual_limit_mode(self, instance: object, proportion: float) -> None:
         """Move ``instance`` from the auto pool to the manual pool with ``proportion``.
 
-        Raises
-        ------
-        BudgetError
-            If ``instance`` already has a manual proportion.
+        :class:`BudgetError` if it has a manual proportion already.
         """
         member = self._member(instance)
-        if self._account.budget.is_manual(member.key):
-            raise BudgetError(f"{member.name} is already in the manual pool: use set_manual_proportion")
-        self._account.set_manual(member.key, proportion)
+        self._account.move_to_manual(member.key, proportion, member.name)
         self._groups.changed()
 
     def set_auto_limit_mode(self, instance: object) -> None:
@@ -426,26 +395,22 @@ class MemoryManager:
     def change_stream_group(self, instance: object, new_group: str) -> None:
         """Move ``instance`` to ``new_group`` (created if new).
 
-        Its queued requests, and those waiting for memory, move with it and are planned
-        against the new group's budget; those in flight finish in the old group. What it holds
-        counts in the new group from then on (which may take that group over its cap: it then
-        starts no new batch until back under). A group left empty is forgotten, its stream and
-        scheduler task released.
+        Its queued requests, and those waiting for memory, move with it and are planned against
+        the new group's budget; those in flight finish in the old group. What it holds counts in
+        the new group from then on (over its cap, that group starts no batch until back under).
+        A group left empty is forgotten, its stream and scheduler task released.
         """
         self._groups.move(self._member(instance), new_group)
 
     def is_grouped(self, instance: object) -> bool:
         """True if ``instance`` shares its stream group with another instance."""
-        return len(self._registry.groups[self._member(instance).group].members) > 1
+        return self._groups.is_grouped(self._member(instance))
 
     @property
     def stream_groups(self) -> dict[str, list[str]]:
         """Group name -> names of its members."""
         self._reap()  # a collected instance is no member
-        members = self._registry.members
-        return {
-            name: sorted(members[key].name for key in group.members) for name, group in self._registry.groups.items()
-        }
+        return self._groups.names()
 
     def reinit_streams(self) -> None:
         """Give every group a new stream (after a context reset)."""
@@ -510,8 +475,7 @@ class MemoryManager:
         Raises
         ------
         InvalidRequestError
-            For a malformed mapping or arrays that disagree on the run length (requests that
-            could never be allocated are refused when their ArrayRequest is built).
+            For a malformed mapping or arrays that disagree on the run length.
         InsufficientMemoryError
             If the arrays do not fit whole in what the instance's group is offered.
         AllocationError
@@ -532,14 +496,9 @@ class MemoryManager:
     def free(self, label: str, instance: object | None = None) -> None:
         """Free the arrays labelled ``label``: ``instance``'s only, or (None) every instance's.
 
-        Labels are not scoped: without ``instance`` this frees the ``label`` arrays of every
-        member. Requests still in flight whose arrays are freed fail with
-        :class:`ReleasedError` (and the rest of their arrays are freed too).
-
-        Raises
-        ------
-        RegistrationError
-            If ``instance`` is given and not registered.
+        Labels are not scoped: without ``instance`` this frees every member's ``label`` arrays.
+        Requests in flight whose arrays are freed fail with :class:`ReleasedError` (the rest of
+        their arrays are freed too). :class:`RegistrationError` for an unregistered ``instance``.
         """
         if instance is None:
             self._groups.free_where(lambda a: a.label == label, f"free({label!r})")
@@ -563,15 +522,10 @@ class MemoryManager:
     def set_allocator(self, name: str) -> None:
         """Swap the allocator plugin (``"default"``, ``"cupy"``, ``"cupy_async"``).
 
-        The swap resets the device context: every array handed out before is invalid,
-        requests in flight fail with :class:`ContextResetError`, every invalidate hook is
-        called once, and every group gets a new stream. Queued requests are served on the
-        new context.
-
-        Raises
-        ------
-        UnknownAllocatorError
-            For an unknown or unavailable allocator (nothing is reset then).
+        The swap resets the device context: every array handed out before is invalid, requests
+        in flight fail with :class:`ContextResetError`, every invalidate hook is called once and
+        every group gets a new stream; queued requests are served on the new context.
+        :class:`UnknownAllocatorError` for an unknown or unavailable allocator (nothing is reset).
         """
         self.backend.set_allocator(parse_allocator(name))  # first: an unknown name must not warn of a reset
         warn(f"set_allocator({name!r}) resets the device context: arrays and compiled kernels from before are invalid")
@@ -597,48 +551,34 @@ class MemoryManager:
     ) -> np.ndarray[Any, Any]:
         """A C-contiguous host array, ``pinned`` or ``host``: zeros, or a copy of ``like``.
 
-        With ``pool=True`` a pinned array comes from the backend's pinned staging pool (the
-        walks' pool: exact sizes, reused) and goes back to it when the array and every view
-        of it are collected; :meth:`release_pinned` unpins what the pool keeps.
+        With ``pool=True`` a pinned array comes from the pinned staging pool (the walks' pool:
+        exact sizes, reused) and goes back to it when the array and its views are collected.
 
         Raises
         ------
         InvalidRequestError
-            For a bad shape, dtype or kind (as :class:`ArrayRequest` checks them), or a ``like``
-            of another shape or with values the dtype cannot hold (``1e308`` in int8).
+            For a bad shape, dtype or kind, or a ``like`` of another shape or with values the
+            dtype cannot hold (``1e308`` in int8).
         AllocationError
             If the host memory cannot be had.
         """
         return self._transfers.host_array(shape, dtype, kind, like, pool)
 
     def release_pinned(self) -> int:
-        """Unpin the free buffers of the pinned staging pool; return the bytes released.
-
-        Buffers in use (by a walk, or a ``create_host_array(pool=True)`` array still alive)
-        stay; they are kept for reuse when given back.
-        """
+        """Unpin the free buffers of the pinned staging pool (buffers in use stay); return the bytes."""
         return self._transfers.release_pinned()
 
     async def to_device(self, instance: object, host_arrays: Sequence[Any], device_arrays: Sequence[Any]) -> None:
         """Copy each host array into its device array on ``instance``'s stream; wait until done.
 
-        Raises
-        ------
-        InvalidRequestError
-            Before anything is copied: unless both are lists (or tuples) of arrays, paired up.
-        BackendError
-            If a pair's shapes or dtypes differ, or the copy fails.
+        :class:`InvalidRequestError` (nothing copied) unless both are lists of arrays, paired up;
+        :class:`BackendError` if a pair's shapes or dtypes differ, or the copy fails.
         """
         await self._transfers.copy(instance, host_arrays, device_arrays, ("host_arrays", "device_arrays"))
 
     async def from_device(self, instance: object, device_arrays: Sequence[Any], host_arrays: Sequence[Any]) -> None:
-        """Copy each device array into its host array on ``instance``'s stream; wait until done.
-
-        Raises
-        ------
-        InvalidRequestError
-            As :meth:`to_device`.
-        """
+        """Copy each device array into its host array on ``instance``'s stream; wait until done
+        (errors as :meth:`to_device`)."""
         await self._transfers.copy(instance, device_arrays, host_arrays, ("device_arrays", "host_arrays"))
 
     async def sync_stream(self, instance: object) -> None:
@@ -667,12 +607,8 @@ class MemoryManager:
         """Give managed-memory ``advice`` (preferred_location, accessed_by, read_mostly) about
         ``device`` (``"own"``: this manager's; None: the CPU).
 
-        Raises
-        ------
-        InvalidRequestError
-            For advice that is not a string, or a device that is not an int >= 0 or None (the CPU).
-        BackendError
-            For advice the backend does not know.
+        :class:`InvalidRequestError` for advice that is not a string or a device that is not an
+        int >= 0 or None; :class:`BackendError` for advice the backend does not know.
         """
         self._transfers.advise(array, advice, device)
 
@@ -691,22 +627,12 @@ class MemoryManager:
     def memory_summary(self) -> str:
         """A table of :meth:`stats` to read at a glance: device and pool bytes, then per group
         and per instance live, peak and cap bytes, requests, batches, chunks, failures and the
-        wait and ready latencies (median / 99th percentile), then the recovery counts.
-
-        Examples
-        --------
-        >>> print(mgr.memory_summary())   # doctest: +SKIP
-        """
+        wait and ready latencies (median / 99th percentile), then the recovery counts."""
         return summary(self.stats())
 
     def reset_peak_stats(self, *, group: str | None = None, instance: object | None = None) -> None:
-        """Peaks start again from what is held now: of ``group``, of ``instance``, or (neither given) all of them.
-
-        Raises
-        ------
-        RegistrationError
-            For a group that does not exist, or an instance that is not registered.
-        """
+        """Peaks start again from what is held now: of ``group``, of ``instance``, or (neither given)
+        all of them. :class:`RegistrationError` for an unknown group or instance."""
         self._observer.reset_peaks(group, None if instance is None else self._member(instance))
 
     # -- history and recovery ------------------------------------------------------------
@@ -746,29 +672,18 @@ class MemoryManager:
         self._observer.record_history(enabled, max_entries=max_entries, stacks=stacks, dump_on_oom=dump_on_oom)
 
     def history(self) -> History:
-        """The allocation history recorded so far (see :meth:`record_history`).
-
-        Raises
-        ------
-        ConfigurationError
-            If no history was ever recorded.
-        """
+        """The allocation history recorded so far (:class:`ConfigurationError` if none ever was)."""
         return self._observer.history()
 
     def add_reclaim_hook(self, hook: ReclaimHook) -> None:
         """Call ``hook(nbytes)`` when an allocation is out of memory even with the pool's cache freed.
 
         The hook frees what it can (``mgr.release``, ``mgr.free``, spilling to the host) and
-        returns the bytes it freed, or None if it cannot say; the allocation is then tried
-        once more. Hooks run in the order added, synchronously on the allocation's path (in
-        the requesting task, or the group's): they must not block long, and cannot await.
-        A hook that raises is logged and skipped. The manager holds ``hook`` until
-        :meth:`remove_reclaim_hook`.
-
-        Raises
-        ------
-        ConfigurationError
-            If ``hook`` is not callable.
+        returns the bytes it freed, or None if it cannot say; the allocation is then tried once
+        more. Hooks run in the order added, synchronously on the allocation's path: they must
+        not block long, and cannot await. One that raises is logged and skipped. The manager
+        holds ``hook`` until :meth:`remove_reclaim_hook`; :class:`ConfigurationError` if it is
+        not callable.
         """
         self._hooks.add_reclaim(hook)
 

@@ -247,8 +247,20 @@ def parse_device(value: Any, *, what: str = "device") -> int:
     return int(value)
 
 
-def _optional(parse: Callable[[Any], T]) -> Callable[[Any], T | None]:
-    return lambda value: None if value is None else parse(value)
+def _backend_or_none(value: Any) -> str | None:
+    return None if value is None else parse_backend(value)
+
+
+def _device_or_none(value: Any) -> int | None:
+    return None if value is None else parse_device(value)
+
+
+def _allocator_or_none(value: Any) -> str | None:
+    return None if value is None else parse_allocator(value)
+
+
+def _array_type_or_none(value: Any) -> str | None:
+    return None if value is None else parse_array_type(value)
 
 
 @attrs.frozen
@@ -260,10 +272,10 @@ class Setup:
     """
 
     #: The backend to create (None: the caller passed a backend object).
-    backend: str | None = attrs.field(converter=_optional(parse_backend))
-    device: int | None = attrs.field(converter=_optional(parse_device))
-    allocator: str | None = attrs.field(converter=_optional(parse_allocator))
-    array_type: str | None = attrs.field(converter=_optional(parse_array_type))
+    backend: str | None = attrs.field(converter=_backend_or_none)
+    device: int | None = attrs.field(converter=_device_or_none)
+    allocator: str | None = attrs.field(converter=_allocator_or_none)
+    array_type: str | None = attrs.field(converter=_array_type_or_none)
     #: Record the history from the start: True, or the file to write on out-of-memory.
     history: str | bool
     options: Options
@@ -271,7 +283,7 @@ class Setup:
     @classmethod
     def read(
         cls,
-        backend: str | None,
+        backend: object,
         *,
         given_backend: tuple[int, str] | None,
         device: Any,
