@@ -53,21 +53,9 @@ class MemoryManager:
         ``"auto"`` (the default) uses the GPU when there is a usable one and the simulator
         otherwise. Not given: ``AIOCUBIE_BACKEND``, else ``"auto"``.
     mode : {"passive", "active"}, optional
-        Passive (the default): use free memory, chunk only when needed. Active: each group is
-        limited to the sum of its members' caps minus what they hold. Not given:
-        ``AIOCUBIE_MODE``, else ``"passive"``.
-    policy : {"chunk", "wait", "fail"}
-        What an active-mode batch does when it does not fit now (see :class:`Policy`).
-    headroom : float
-        Fraction of the available memory a batch leaves unused, in [0, 1).
-    batch_window : float
-        Seconds a batch stays open after its first request (0: close at once). A batch
-        closes early when every member of the group has asked, or on :meth:`flush`.
-    max_batch : int, optional
-        Most requests in one batch.
-    free_cache_seconds : float
-        How long a free-memory reading is reused (it costs tens of microseconds on a GPU);
-        a batch about to be chunked always reads the device again.
+        Not given: ``AIOCUBIE_MODE``, else ``"passive"``. What the modes do: :class:`Options`.
+    policy, headroom, batch_window, max_batch, free_cache_seconds
+        The scheduling options, each described in :class:`Options` (``mgr.options``).
     allocator : {"default", "cupy", "cupy_async"}, optional
         Allocator plugin to start with. Not given: ``AIOCUBIE_ALLOCATOR`` for a backend the
         manager creates (a backend passed in keeps its own).

@@ -122,10 +122,28 @@ def _max_batch(value: Any) -> int | None:
 
 @attrs.frozen
 class Options:
-    """The options of a :class:`~aiocubie.MemoryManager` (see its parameters).
+    """The options of a :class:`~aiocubie.MemoryManager`.
 
     Built once, validated as it is built; change one with :meth:`replace`, which validates
     again. Every error is a :class:`ConfigurationError` naming the value and what is allowed.
+
+    Attributes
+    ----------
+    mode : LimitMode
+        Passive (the default): use free memory, chunk only when needed. Active: each group is
+        limited to the sum of its members' caps minus what they hold.
+    policy : Policy
+        What an active-mode batch does when it does not fit now (see :class:`Policy`).
+    headroom : float
+        Fraction of the available memory a batch leaves unused, in [0, 1).
+    batch_window : float
+        Seconds a batch stays open after its first request (0: close at once). A batch
+        closes early when every member of the group has asked, or on ``mgr.flush()``.
+    max_batch : int or None
+        Most requests in one batch.
+    free_cache_seconds : float
+        How long a free-memory reading is reused (it costs tens of microseconds on a GPU);
+        a batch about to be chunked always reads the device again.
 
     Examples
     --------
@@ -190,48 +208,26 @@ def parse_history(value: str) -> str | bool:
     return value
 
 
-def parse_backend(value: Any) -> str:
-    """The backend ``value`` names (one of :data:`BACKENDS`).
-
-    Raises
-    ------
-    ConfigurationError
-        For anything else.
-    """
-    if not isinstance(value, str) or value not in BACKENDS:
-        raise ConfigurationError(
-            f"unknown backend {shown(value)}: use one of {', '.join(map(repr, BACKENDS))} (or pass a Backend)"
-        )
+def _one_of(value: Any, names: tuple[str, ...], what: str, error: type[ConfigurationError], hint: str = "") -> str:
+    if not isinstance(value, str) or value not in names:
+        raise error(f"unknown {what} {shown(value)}: use one of {', '.join(map(repr, names))}{hint}")
     return value
+
+
+def parse_backend(value: Any) -> str:
+    """The backend ``value`` names: one of :data:`BACKENDS` (:class:`ConfigurationError` else)."""
+    return _one_of(value, BACKENDS, "backend", ConfigurationError, " (or pass a Backend)")
 
 
 def parse_allocator(value: Any) -> str:
-    """The allocator ``value`` names (one of :data:`ALLOCATORS`).
-
-    Raises
-    ------
-    UnknownAllocatorError
-        For anything else.
-    """
-    if not isinstance(value, str) or value not in ALLOCATORS:
-        raise UnknownAllocatorError(f"unknown allocator {shown(value)}: use one of {', '.join(map(repr, ALLOCATORS))}")
-    return value
+    """The allocator ``value`` names: one of :data:`ALLOCATORS` (:class:`UnknownAllocatorError` else)."""
+    return _one_of(value, ALLOCATORS, "allocator", UnknownAllocatorError)
 
 
 def parse_array_type(value: Any) -> str:
-    """The array type ``value`` names (one of :data:`ARRAY_TYPES`).
-
-    Raises
-    ------
-    ConfigurationError
-        For anything else.
-    """
-    if not isinstance(value, str) or value not in ARRAY_TYPES:
-        raise ConfigurationError(
-            f"unknown array type {shown(value)}: use one of {', '.join(map(repr, ARRAY_TYPES))} "
-            f"('cupy' needs CuPy: pip install 'aiocubie[cuda12]' or 'aiocubie[cuda13]')"
-        )
-    return value
+    """The array type ``value`` names: one of :data:`ARRAY_TYPES` (:class:`ConfigurationError` else)."""
+    hint = " ('cupy' needs CuPy: pip install 'aiocubie[cuda12]' or 'aiocubie[cuda13]')"
+    return _one_of(value, ARRAY_TYPES, "array type", ConfigurationError, hint)
 
 
 def parse_device(value: Any, *, what: str = "device") -> int:
