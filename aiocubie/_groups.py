@@ -148,6 +148,8 @@ class StreamGroups:
         """
         group = self._registry.groups[member.group]
         ticket = Ticket(member.key, requests, (group.counters, member.counters))
+        group.counters.requests += 1
+        member.counters.requests += 1
         # queued (or served, when it closes a batch at once) in the order requests are awaited
         self.schedulers[member.group].submit(ticket)
         try:

@@ -45,8 +45,7 @@ class Ticket:
     requests : RequestSet
         The arrays asked for.
     counters : tuple of Counters
-        The group's and the member's counters, looked up once for the ticket's whole life;
-        a new ticket counts itself there as a request.
+        The group's and the member's counters, looked up once for the ticket's whole life.
     """
 
     __slots__ = ("_signal", "counters", "enqueued", "error", "key", "leftover", "requests", "response", "state")
@@ -55,8 +54,6 @@ class Ticket:
         self.key = key
         self.requests = requests
         self.counters = counters
-        for each in counters:
-            each.requests += 1
         self.enqueued = time.perf_counter()
         self.leftover = False  # queued when a batch closed without it (cut by size or run length)
         self.state = State.PENDING
