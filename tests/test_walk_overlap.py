@@ -266,7 +266,7 @@ async def test_depth_three_overlaps_in_place_arrays_too() -> None:
 
 def _idle(sim: SimulatorBackend) -> bool:
     # at most the item that completed the walk's last event may still be counting itself done
-    return all(s._progress.queued - s._progress.done <= 1 for s in sim.device._streams)
+    return all(s.pending <= 1 for s in sim.device.streams)
 
 
 async def _interrupted(

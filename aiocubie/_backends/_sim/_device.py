@@ -164,6 +164,11 @@ class SimDevice(Device):
         return False
 
     # -- streams, events, copies ----------------------------------------------------------
+    @property
+    def streams(self) -> tuple[SimStream, ...]:
+        """The streams made here that are still alive and not closed by a reset (tests read them)."""
+        return tuple(self._streams)
+
     def create_stream(self) -> SimStream:
         stream = SimStream(self.latency)
         self._streams.add(stream)

@@ -69,6 +69,12 @@ class SimStream:
         """The stream protocol (version 0, the stand-in handle), as cuda.core's streams have."""
         return (0, self.handle)
 
+    @property
+    def pending(self) -> int:
+        """Work items queued and not yet finished (0: the stream is idle)."""
+        progress = self._progress
+        return progress.queued - progress.done
+
     def enqueue(self, work: Callable[[], None]) -> None:
         """Queue ``work`` to run after everything queued before it, ``latency`` seconds later."""
         if self.closed:
