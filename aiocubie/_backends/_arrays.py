@@ -11,35 +11,27 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import ConfigurationError, shown
+from .._options import ARRAY_TYPES
+from .._options import parse_array_type as _parse
 from ._device import StreamLike
 from ._resource import Block
 
 __all__ = ["ARRAY_TYPES", "DEFAULT_ARRAY_TYPE", "ArrayMaker", "parse_array_type"]
 
-#: Array types handed out for device-side kinds (device, managed, mapped): CuPy arrays (the
-#: default) or numba device arrays (the numba extra). Host kinds (host, pinned) are numpy arrays.
-ARRAY_TYPES = ("cupy", "numba")
+#: The array type of device-side kinds (device, managed, mapped) when none is named: CuPy arrays
+#: (numba device arrays are the numba extra). Host kinds (host, pinned) are numpy arrays.
 DEFAULT_ARRAY_TYPE = "cupy"
 
 
 def parse_array_type(array_type: str | None) -> str:
-    """The array type named by ``array_type`` (None: ``"cupy"``).
+    """The array type named by ``array_type`` (None: ``"cupy"``); see ``_options.parse_array_type``.
 
     Raises
     ------
     ConfigurationError
         For a name not in :data:`ARRAY_TYPES`.
     """
-    if array_type is None:
-        return DEFAULT_ARRAY_TYPE
-    if not isinstance(array_type, str) or array_type not in ARRAY_TYPES:
-        raise ConfigurationError(
-            f"unknown array type {shown(array_type)}: use one of {', '.join(map(repr, ARRAY_TYPES))} "
-            f"('cupy' needs CuPy: pip install 'aiocubie[cuda12]' or 'aiocubie[cuda13]'; 'numba' needs "
-            "pip install 'aiocubie[numba]')"
-        )
-    return array_type
+    return DEFAULT_ARRAY_TYPE if array_type is None else _parse(array_type)
 
 
 class ArrayMaker(abc.ABC):

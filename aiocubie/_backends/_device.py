@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 import attrs
 import numpy as np
 
-from .._errors import UnknownAllocatorError, shown
+from .._options import ALLOCATORS, parse_allocator
 from .._requests import MemoryKind
 from ._staging import PinnedPool
 
@@ -23,12 +23,6 @@ if TYPE_CHECKING:
     from ._resource import MemoryResource
 
 __all__ = ["ALLOCATORS", "Advice", "Device", "Event", "MemoryInfo", "StreamLike"]
-
-#: Resource names (``allocator=``): ``"default"`` is the device's own choice
-#: (:attr:`Device.default_resource`); ``"driver"`` the device's stream-ordered pool
-#: (cuMemAllocAsync); ``"cupy"`` / ``"cupy_async"`` CuPy's MemoryPool / MemoryAsyncPool;
-#: ``"numba"`` numba's own memory manager (the numba extra).
-ALLOCATORS = ("default", "driver", "cupy", "cupy_async", "numba")
 
 #: Managed-memory advice (seed 004).
 Advice = Literal["preferred_location", "accessed_by", "read_mostly"]
@@ -109,11 +103,7 @@ class Device(abc.ABC):
             For a name not in :data:`ALLOCATORS`, or one this device cannot make here (the
             message says what is missing and what to install).
         """
-        if not isinstance(name, str) or name not in ALLOCATORS:
-            raise UnknownAllocatorError(
-                f"unknown allocator {shown(name)}: use one of {', '.join(map(repr, ALLOCATORS))}"
-            )
-        if name == "default":
+        if parse_allocator(name) == "default":
             name = self.default_resource
         return self._create_resource(name)
 

@@ -12,15 +12,14 @@ import logging
 import os
 import sys
 
-from .._errors import ConfigurationError, UnknownAllocatorError, shown, warn
+from .._errors import ConfigurationError, warn
+from .._options import BACKENDS, parse_allocator, parse_backend
 from ._arrays import parse_array_type
 from ._base import Backend
-from ._device import ALLOCATORS
 from ._sim import DEFAULT_TOTAL, SimulatorBackend
 
 __all__ = ["BACKENDS", "create_backend", "device_count", "gpu_status", "select_backend"]
 
-BACKENDS = ("auto", "simulator", "cuda")
 log = logging.getLogger("aiocubie")
 
 
@@ -44,8 +43,7 @@ def _driver_devices() -> tuple[int, str]:
 
 
 def _check_name(name: str) -> None:
-    if not isinstance(name, str) or name not in BACKENDS:
-        raise ConfigurationError(f"unknown backend {shown(name)}: use one of {', '.join(BACKENDS)}")
+    parse_backend(name)
 
 
 def gpu_status() -> tuple[bool, str]:
@@ -129,10 +127,8 @@ def create_backend(
     array_type = parse_array_type(array_type)
     if isinstance(device, bool) or not isinstance(device, int) or device < 0:
         raise ConfigurationError(f"device must be a device number (an int >= 0, e.g. 0), got {device!r}")
-    if allocator is not None and (not isinstance(allocator, str) or allocator not in ALLOCATORS):
-        raise UnknownAllocatorError(
-            f"unknown allocator {shown(allocator)}: use one of {', '.join(map(repr, ALLOCATORS))}"
-        )
+    if allocator is not None:
+        parse_allocator(allocator)
     if name == "auto":
         usable, why = gpu_status()
         name = "cuda" if usable else "simulator"
