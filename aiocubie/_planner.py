@@ -108,7 +108,7 @@ def plan_batch(
     items = [(label, req) for requests in batch.values() for label, req in requests.items()]
     runs = run_length(items)
     vram = [req for _, req in items if req.uses_vram]
-    fixed = sum(req.nbytes for req in vram if req.unchunkable)
+    fixed = sum(req.fixed_bytes for req in vram)
     per_run = sum(req.bytes_per_run for req in vram)
     buffered = sum(req.bytes_per_run * req.buffers for req in vram)
     return plan_chunks(runs, fixed, per_run, offered, buffered=buffered, free=free)

@@ -248,9 +248,9 @@ class GroupScheduler:
         while self._live_queue() and len(batch) < limit:
             # one plan walks one run axis: a request of another length starts the next batch
             head = self.queue[0]
-            if head.runs and runs and head.runs != runs:
+            if head.runs > 1 and runs > 1 and head.runs != runs:  # 0 or 1 run agrees with any length
                 break
-            runs = runs or head.runs
+            runs = max(runs, head.runs)
             batch.append(self.queue.popleft())
         for ticket in self.queue:
             ticket.leftover = True
@@ -363,7 +363,7 @@ class GroupScheduler:
             runs = fixed = per_run = buffered = 0
             for ticket in batch:
                 requests = ticket.requests
-                runs = runs or requests.runs
+                runs = max(runs, requests.runs)  # 0 or 1 (length-1 run axes) agrees with any length
                 fixed += requests.fixed
                 per_run += requests.per_run
                 buffered += requests.buffered
