@@ -374,22 +374,27 @@ class GroupScheduler:
         if plan is None or plan.chunks > 1 or 2 * plan.planned_bytes > free:
             plan, offered, free = self._plan_against(runs, fixed, per_run, buffered, fresh=True)
         options = self.options
-        if plan is None and options.active and options.policy is not Policy.WAIT:
-            self._check_under_cap(members)
-        if options.policy is Policy.CHUNK or not options.active:
-            plan = plan or plan_chunks(runs, fixed, per_run, offered, buffered=buffered)  # raises why it cannot fit
-        elif plan is None or plan.chunks > 1:
-            if options.policy is Policy.FAIL:
-                raise InsufficientMemoryError(
-                    f"policy 'fail': the batch needs {fixed + per_run * runs} bytes whole but group "
-                    f"{self.name!r} is offered {offered}; release memory, or use policy 'chunk' or 'wait'"
+        try:
+            if plan is None and options.active and options.policy is not Policy.WAIT:
+                self._check_under_cap(members)
+            if options.policy is Policy.CHUNK or not options.active:
+                plan = plan or plan_chunks(runs, fixed, per_run, offered, buffered=buffered)  # raises why it cannot fit
+            elif plan is None or plan.chunks > 1:
+                if options.policy is Policy.FAIL:
+                    raise InsufficientMemoryError(
+                        f"policy 'fail': the batch needs {fixed + per_run * runs} bytes whole but group "
+                        f"{self.name!r} is offered {offered}; release memory, or use policy 'chunk' or 'wait'"
+                    )
+                # policy wait: take the best plan there could be (raises if even that cannot fit)
+                best = plan_chunks(
+                    runs, fixed, per_run, self._account.offered(members, free, as_if_empty=True), buffered=buffered
                 )
-            # policy wait: take the best plan there could be (raises if even that cannot fit)
-            best = plan_chunks(
-                runs, fixed, per_run, self._account.offered(members, free, as_if_empty=True), buffered=buffered
-            )
-            if plan is None or plan.planned_bytes < best.planned_bytes:
-                return None
+                if plan is None or plan.planned_bytes < best.planned_bytes:
+                    return None
+        except PlanningError:
+            # as cubie does: the warning comes before the refusal, so a batch far too large says so
+            warn_if_oversubscribed(fixed + per_run * runs, free)
+            raise
         warn_if_oversubscribed(plan.full_bytes, free)  # once per batch, at the caller's line
         return plan
 

@@ -13,7 +13,14 @@ import numpy as np
 import pytest
 from simkit import HANG_GUARD
 
-from aiocubie import ArrayRequest, MemoryManager, SimulatorBackend
+from aiocubie import (
+    AiocubieWarning,
+    ArrayRequest,
+    InsufficientMemoryError,
+    MemoryManager,
+    SimulatorBackend,
+    UnchunkableTooLargeError,
+)
 
 
 class Part:
@@ -59,3 +66,17 @@ async def test_a_one_run_batch_reports_one_run(sim: SimulatorBackend) -> None:
         assert (response.runs, response.chunks, response.chunk_length) == (1, 1, 1)
         assert list(response.chunk_ranges()) == [(0, 1)]
         assert response.arrays["out"].shape == (5, 2, 1)
+
+
+# -- the 20x warning before a refusal -----------------------------------------------------------
+@pytest.mark.anyio
+async def test_the_manager_warns_20x_before_refusing(sim: SimulatorBackend) -> None:
+    """As cubie's manager does: a batch over 20x the free memory is warned about, then refused."""
+    solver = Part()
+    async with MemoryManager(sim) as mgr:
+        mgr.register(solver)
+        too_big = {"table": ArrayRequest((30_000_000,), "u1", unchunkable=True)}  # 30x the device
+        with pytest.warns(AiocubieWarning, match="more than 20x"), pytest.raises(UnchunkableTooLargeError):
+            await mgr.request(solver, too_big)
+        with pytest.warns(AiocubieWarning, match="more than 20x"), pytest.raises(InsufficientMemoryError):
+            await mgr.request(solver, {"runs": ArrayRequest((200_000, 25), "f8", chunk_axis=1)})  # a run: 1.6 MB
