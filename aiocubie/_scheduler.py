@@ -121,7 +121,10 @@ class GroupScheduler:
             self._wake.set()
 
     def adopt(self, tickets: list[Ticket]) -> None:
-        """Queue ``tickets`` moved here from another group, behind what is queued."""
+        """Queue ``tickets`` moved here from another group, behind what is queued; they are
+        counted in this group from now on (their batch, chunks, waits and failures are here)."""
+        for ticket in tickets:
+            ticket.regroup(self.group.counters)
         if tickets:
             self.queue.extend(tickets)
             self._wake.set()

@@ -80,3 +80,30 @@ async def test_the_manager_warns_20x_before_refusing(sim: SimulatorBackend) -> N
             await mgr.request(solver, too_big)
         with pytest.warns(AiocubieWarning, match="more than 20x"), pytest.raises(InsufficientMemoryError):
             await mgr.request(solver, {"runs": ArrayRequest((200_000, 25), "f8", chunk_axis=1)})  # a run: 1.6 MB
+
+
+# -- a request moved by change_stream_group -----------------------------------------------------
+@pytest.mark.anyio
+async def test_a_moved_request_is_counted_in_its_new_group(sim: SimulatorBackend) -> None:
+    """Its memory sits in the new group, and so do its request, batch and chunks in the stats."""
+    mover, stays = Part(), Part()
+    async with MemoryManager(sim, batch_window=60.0) as mgr:
+        mgr.register(mover, stream_group="old")
+        mgr.register(stays, stream_group="old")  # so the request waits in old's open batch
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                got = []
+
+                async def ask() -> None:
+                    got.append(await mgr.request(mover, {"x": ArrayRequest((100,), "f8")}))
+
+                tg.start_soon(ask)
+                while mgr.stats().groups["old"].requests == 0:
+                    await anyio.sleep(0)
+                mgr.change_stream_group(mover, "new")
+                mgr.flush("new")
+        groups = mgr.stats().groups
+        assert (groups["new"].requests, groups["new"].batches, groups["new"].chunks) == (1, 1, 1)
+        assert (groups["old"].requests, groups["old"].batches) == (0, 0)
+        assert groups["new"].live_bytes == 800 and groups["old"].live_bytes == 0
+        assert got[0].stream is mgr.get_stream(mover)
