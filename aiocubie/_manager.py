@@ -464,6 +464,70 @@ class MemoryManager:
         """Share of VRAM ``instance`` may use."""
         return self._account.budget.proportion(self._member(instance).key)
 
+    def manual_proportion(self, instance: object) -> float | None:
+        """The share of VRAM reserved for ``instance`` (its manual proportion), or None when it
+        is in the auto pool (as cubie 0.17's ``manual_proportion``)."""
+        return self._account.budget.manual_proportion(self._member(instance).key)
+
+    def update(
+        self, instance: object, updates: Mapping[str, Any] | None = None, *, silent: bool = False, **more: Any
+    ) -> set[str]:
+        """Change ``instance``'s memory settings by name, as cubie 0.17's ``update`` does.
+
+        Parameters
+        ----------
+        instance : object
+            A registered instance.
+        updates : mapping, optional
+            Setting name -> new value: ``stream_group`` (moves it, see
+            :meth:`change_stream_group`; None changes nothing), ``mem_proportion`` (a manual
+            proportion; None puts it in the auto pool) and ``memory_manager`` (only this manager
+            or None: an instance cannot change manager).
+        silent : bool
+            Ignore names it does not know instead of raising.
+        **more
+            Further settings, by keyword.
+
+        Returns
+        -------
+        set of str
+            The names it knows among those given (whether or not their value changed anything).
+
+        Raises
+        ------
+        ConfigurationError
+            For names it does not know (unless ``silent``); nothing is changed then.
+        RegistrationError
+            If ``instance`` is not registered, or ``memory_manager`` names another manager.
+        BudgetError
+            If the proportion is invalid or does not fit the budget.
+        """
+        changes = {**(updates or {}), **more}
+        member = self._member(instance)
+        known = {"memory_manager", "stream_group", "mem_proportion"}
+        unknown = sorted(set(changes) - known)
+        if unknown and not silent:
+            raise ConfigurationError(
+                f"update() does not know {', '.join(map(repr, unknown))}: the memory settings are "
+                f"{', '.join(sorted(known))} (pass silent=True to ignore other names)"
+            )
+        manager = changes.get("memory_manager")
+        if manager is not None and manager is not self:
+            raise RegistrationError(
+                f"{member.name} cannot change memory manager: unregister it here and register it with the other"
+            )
+        group = changes.get("stream_group")
+        if group is not None and group != member.group:
+            self.change_stream_group(instance, group)
+        if "mem_proportion" in changes:
+            proportion = changes["mem_proportion"]
+            if proportion is None:
+                if self._account.budget.is_manual(member.key):
+                    self.set_auto_limit_mode(instance)
+            else:
+                self.set_manual_proportion(instance, proportion)
+        return set(changes) & known
+
     def cap(self, instance: object) -> int:
         """Bytes ``instance`` may use: proportion x total VRAM.
 

@@ -16,8 +16,11 @@ from simkit import HANG_GUARD
 from aiocubie import (
     AiocubieWarning,
     ArrayRequest,
+    BudgetError,
+    ConfigurationError,
     InsufficientMemoryError,
     MemoryManager,
+    RegistrationError,
     SimulatorBackend,
     UnchunkableTooLargeError,
 )
@@ -107,3 +110,43 @@ async def test_a_moved_request_is_counted_in_its_new_group(sim: SimulatorBackend
         assert (groups["old"].requests, groups["old"].batches) == (0, 0)
         assert groups["new"].live_bytes == 800 and groups["old"].live_bytes == 0
         assert got[0].stream is mgr.get_stream(mover)
+
+
+# -- manual_proportion and update ---------------------------------------------------------------
+def test_manual_proportion_is_none_in_the_auto_pool(sim: SimulatorBackend) -> None:
+    mgr = MemoryManager(sim)
+    auto, manual = Part(), Part()
+    mgr.register(auto)
+    mgr.register(manual, proportion=0.25)
+    assert mgr.manual_proportion(auto) is None
+    assert mgr.manual_proportion(manual) == 0.25
+    mgr.set_auto_limit_mode(manual)
+    assert mgr.manual_proportion(manual) is None
+    with pytest.raises(RegistrationError):
+        mgr.manual_proportion(Part())
+
+
+def test_update_changes_settings_by_name(sim: SimulatorBackend) -> None:
+    """cubie 0.17's update(): stream_group, mem_proportion (None: auto), memory_manager (this one)."""
+    mgr = MemoryManager(sim)
+    solver, other = Part(), Part()
+    mgr.register(solver)
+    mgr.register(other)
+    assert mgr.update(solver, {"stream_group": "solve"}, mem_proportion=0.3) == {"stream_group", "mem_proportion"}
+    assert (mgr.get_stream_group(solver), mgr.manual_proportion(solver)) == ("solve", 0.3)
+    assert mgr.update(solver, stream_group=None, mem_proportion=None, memory_manager=mgr) == {
+        "stream_group",
+        "mem_proportion",
+        "memory_manager",
+    }
+    assert (mgr.get_stream_group(solver), mgr.manual_proportion(solver)) == ("solve", None)
+    assert mgr.proportion(solver) == mgr.proportion(other) == 0.5
+    assert mgr.update(solver, mem_proportion=None) == {"mem_proportion"}  # already auto: no change
+    assert mgr.update(solver, {"dt": 0.1, "stream_group": "solve"}, silent=True) == {"stream_group"}
+    with pytest.raises(ConfigurationError, match="'dt'"):
+        mgr.update(solver, dt=0.1, mem_proportion=0.2)
+    assert mgr.manual_proportion(solver) is None  # a refused update changes nothing
+    with pytest.raises(RegistrationError, match="cannot change memory manager"):
+        mgr.update(solver, memory_manager=MemoryManager(SimulatorBackend(total=1000)))
+    with pytest.raises(BudgetError):
+        mgr.update(solver, mem_proportion=1.5)
