@@ -318,6 +318,7 @@ class MemoryManager:
         invalidate_hook: InvalidateHook | None = None,
         ready_hook: ReadyHook | None = None,
         name: str | None = None,
+        owner: object = None,
     ) -> None:
         """Register ``instance``: give it a VRAM budget and a stream group.
 
@@ -341,6 +342,13 @@ class MemoryManager:
             weakly: hooks never keep the instance alive.
         name : str, optional
             Name in stats and logs (default: the type name and a number).
+        owner : object, optional
+            Scope its ready hook to one owner, as cubie 0.17 does (a solver registers its array
+            managers with ``owner=solver``, and itself with ``owner=itself``): when ``instance``
+            has nothing in a batch, its ready hook is told the batch's plan only if a member of
+            the same owner asked in it (a member registered without an owner counts as its own
+            owner). Not given, it is told the plan of every batch of its group. Only ``id(owner)``
+            is kept: the owner is not held.
 
         Raises
         ------
@@ -358,6 +366,8 @@ class MemoryManager:
         registry.check_new(instance, **settings)
         self._account.budget.add(id(instance), proportion)  # validates: nothing is half-registered
         member = registry.add(instance, **settings)
+        if owner is not None:
+            member.owner = id(owner)
         self._scheduler_of(member.group)
 
     def unregister(self, instance: object) -> None:

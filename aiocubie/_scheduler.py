@@ -519,15 +519,22 @@ class GroupScheduler:
             self._run_hooks(tickets, plan, stream)
 
     def _run_hooks(self, tickets: list[Ticket], plan: ChunkPlan, stream: Any) -> None:
-        """Call the ready hooks: members with nothing in the batch get the plan with no arrays.
+        """Call the ready hooks: members with nothing in the batch get the plan with no arrays
+        (those registered with an owner only when a member of their owner asked in it).
 
         Async hooks run as tasks of the manager, so a slow hook never holds up resolution.
         """
         served = [(t.key, t.response) for t in tickets if t.state is State.READY]
         asked = {key for key, _ in served}
+        owners: set[int] | None = None  # the owners that asked, worked out when a scoped member needs them
         for key in self.group.members - asked:
             member = self._members.get(key)
             if member is not None and member.has_ready_hook:
+                if member.owner is not None:
+                    if owners is None:
+                        owners = {m.owner_key for k in asked if (m := self._members.get(k)) is not None}
+                    if member.owner not in owners:
+                        continue
                 served.append((key, self._account.respond(_NOTHING, [], plan, stream)))
         for key, response in served:
             member = self._members.get(key)

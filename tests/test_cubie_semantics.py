@@ -150,3 +150,32 @@ def test_update_changes_settings_by_name(sim: SimulatorBackend) -> None:
         mgr.update(solver, memory_manager=MemoryManager(SimulatorBackend(total=1000)))
     with pytest.raises(BudgetError):
         mgr.update(solver, mem_proportion=1.5)
+
+
+# -- owner-scoped notifications -----------------------------------------------------------------
+@pytest.mark.anyio
+async def test_owner_scoped_members_are_told_only_their_owners_plans(sim: SimulatorBackend) -> None:
+    """cubie 0.17 tells a batch's plan only to the requesting owner's members (its kernel applies
+    every plan it is told); a member registered without an owner is told every plan, as before."""
+    solver_a, solver_b, inputs_a, legacy = Part(), Part(), Part(), Part()
+    told: dict[str, list[tuple[int, int, dict[str, object]]]] = {"a": [], "b": [], "inputs": [], "legacy": []}
+
+    def hook(name: str):  # type: ignore[no-untyped-def]
+        return lambda r: told[name].append((r.chunks, r.chunk_length, r.arrays))
+
+    async with MemoryManager(sim) as mgr:
+        mgr.register(solver_a, stream_group="g", ready_hook=hook("a"), owner=solver_a)
+        mgr.register(solver_b, stream_group="g", ready_hook=hook("b"), owner=solver_b)
+        mgr.register(inputs_a, stream_group="g", ready_hook=hook("inputs"), owner=solver_a)
+        mgr.register(legacy, stream_group="g", ready_hook=hook("legacy"))
+        mgr.flush()
+        with anyio.fail_after(HANG_GUARD):
+            response = await mgr.request(inputs_a, {"y0": ArrayRequest((2, 10), "f8", chunk_axis=1)})
+        assert [(c, n) for c, n, _ in told["inputs"]] == [(1, 10)] and told["inputs"][0][2] == response.arrays
+        assert told["a"] == [(1, 10, {})]  # its owner asked: told the plan, with no arrays
+        assert told["b"] == []  # another owner's batch: not told
+        assert told["legacy"] == [(1, 10, {})]  # no owner: told every batch, as before
+        with anyio.fail_after(HANG_GUARD):
+            await mgr.request(solver_b, {"y0": ArrayRequest((2, 5), "f8", chunk_axis=1)})
+        assert len(told["a"]) == 1 and len(told["inputs"]) == 1  # b's batch is not a's
+        assert [(c, n) for c, n, _ in told["b"]] == [(1, 5)] and len(told["legacy"]) == 2
