@@ -66,13 +66,16 @@ class PendingRequest:
     the awaiting task withdraws a queued request and frees an allocated one.
     """
 
-    __slots__ = ("_awaited", "_instance", "_member", "_mgr", "_requests", "_response")
+    __slots__ = ("_awaited", "_instance", "_member", "_mgr", "_replace", "_requests", "_response")
 
-    def __init__(self, manager: MemoryManager, instance: object, member: Member, requests: RequestSet) -> None:
+    def __init__(
+        self, manager: MemoryManager, instance: object, member: Member, requests: RequestSet, replace: bool = False
+    ) -> None:
         self._mgr = manager
         self._instance = instance
         self._member = member
         self._requests = requests
+        self._replace = replace
         self._response: ArrayResponse | None = None
         self._awaited = False
 
@@ -80,7 +83,7 @@ class PendingRequest:
         if self._awaited:
             raise ManagerStateError("a request can be awaited only once: call mgr.request() again")
         self._awaited = True
-        return self._mgr._serve(self._instance, self._member, self._requests).__await__()
+        return self._mgr._serve(self._instance, self._member, self._requests, self._replace).__await__()
 
     async def __aenter__(self) -> ArrayResponse:
         self._response = await self
@@ -646,7 +649,9 @@ class MemoryManager:
         self._registry.renew_streams()
 
     # -- requests --------------------------------------------------------------------------
-    def request(self, instance: object, requests: Mapping[str, ArrayRequest]) -> PendingRequest:
+    def request(
+        self, instance: object, requests: Mapping[str, ArrayRequest], *, replace: bool = False
+    ) -> PendingRequest:
         """Ask for arrays: ``await`` the result, or ``async with`` it to free them on exit.
 
         The requests are checked now (bad ones raise at once); they are queued when awaited.
@@ -657,6 +662,12 @@ class MemoryManager:
             A registered instance.
         requests : mapping
             Label -> :class:`ArrayRequest`.
+        replace : bool
+            Replace ``instance``'s arrays of these labels, as cubie does when a label is asked
+            for again: when the request is awaited, they are freed first (as
+            :meth:`free` ``(label, instance)`` frees them), so the batch is planned with their
+            memory back, and each label then names one array. Off (the default), earlier
+            arrays of a label are kept until released.
 
         Returns
         -------
@@ -673,9 +684,11 @@ class MemoryManager:
             When awaited, if the batch could not be served.
         """
         checked = check_requests(requests)
-        return PendingRequest(self, instance, self._member(instance), checked)
+        return PendingRequest(self, instance, self._member(instance), checked, _flag("replace", replace))
 
-    async def _serve(self, instance: object, member: Member, requests: RequestSet) -> ArrayResponse:
+    async def _serve(
+        self, instance: object, member: Member, requests: RequestSet, replace: bool = False
+    ) -> ArrayResponse:
         """Submit a request when it is awaited and wait for it (PendingRequest's await)."""
         loop = self._loop
         if loop is None or loop.thread != get_ident():
@@ -683,6 +696,8 @@ class MemoryManager:
         self._reap()
         if self._registry.members.get(member.key) is not member:  # unregistered since request()
             member = self._registry.member(instance)
+        if replace:
+            self._replace(member, requests)
         group = self._registry.groups[member.group]
         ticket = Ticket(member.key, requests, (group.counters, member.counters))
         group.counters.requests += 1
@@ -720,11 +735,19 @@ class MemoryManager:
             if scheduler is not None:
                 scheduler.flush()
 
-    def allocate_all(self, instance: object, requests: Mapping[str, ArrayRequest]) -> ArrayResponse:
+    def _replace(self, member: Member, requests: RequestSet) -> None:
+        """Free ``member``'s arrays of the labels ``requests`` asks for (a replacing request)."""
+        labels, key = requests.arrays.keys(), member.key
+        self._free_where(lambda a: a.key == key and a.label in labels, "a request replacing its labels")
+
+    def allocate_all(
+        self, instance: object, requests: Mapping[str, ArrayRequest], *, replace: bool = False
+    ) -> ArrayResponse:
         """Allocate ``requests`` for ``instance`` now, unbatched and unchunked, on its stream.
 
         The arrays are usable after ``await mgr.sync_stream(instance)``; release them with
         :meth:`release`, :meth:`free` or :meth:`free_all`. Works without ``async with``.
+        ``replace=True`` frees ``instance``'s arrays of these labels first (see :meth:`request`).
 
         Raises
         ------
@@ -738,6 +761,8 @@ class MemoryManager:
         """
         checked = check_requests(requests)
         member = self._member(instance)
+        if _flag("replace", replace):
+            self._replace(member, checked)
         group = self._registry.groups[member.group]
         account = self._account
         free = account.free_memory(fresh=True)
@@ -751,9 +776,9 @@ class MemoryManager:
         (response,), _ = account.allocate([(member.key, checked)], member.group, plan, group.stream)
         return response
 
-    def allocate(self, instance: object, request: ArrayRequest, label: str = "array") -> Any:
+    def allocate(self, instance: object, request: ArrayRequest, label: str = "array", *, replace: bool = False) -> Any:
         """Allocate one array for ``instance`` now (see :meth:`allocate_all`)."""
-        return self.allocate_all(instance, {label: request}).arrays[label]
+        return self.allocate_all(instance, {label: request}, replace=replace).arrays[label]
 
     # -- release ---------------------------------------------------------------------------
     def release(self, response: ArrayResponse) -> None:
@@ -1230,6 +1255,12 @@ def _allocator_name(value: str) -> str:
 
 _default: MemoryManager | None = None
 _default_lock = threading.Lock()
+
+
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidRequestError(f"{name} takes True or False, got {shown(value)}")
+    return bool(value)
 
 
 def default_manager() -> MemoryManager:

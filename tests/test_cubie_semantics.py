@@ -19,6 +19,7 @@ from aiocubie import (
     BudgetError,
     ConfigurationError,
     InsufficientMemoryError,
+    InvalidRequestError,
     MemoryManager,
     RegistrationError,
     SimulatorBackend,
@@ -179,3 +180,31 @@ async def test_owner_scoped_members_are_told_only_their_owners_plans(sim: Simula
             await mgr.request(solver_b, {"y0": ArrayRequest((2, 5), "f8", chunk_axis=1)})
         assert len(told["a"]) == 1 and len(told["inputs"]) == 1  # b's batch is not a's
         assert [(c, n) for c, n, _ in told["b"]] == [(1, 5)] and len(told["legacy"]) == 2
+
+
+# -- replacing a label --------------------------------------------------------------------------
+@pytest.mark.anyio
+async def test_a_replacing_request_frees_the_label_first(sim: SimulatorBackend) -> None:
+    """cubie replaces a label's array when the label is asked for again; aiocubie keeps both
+    unless the request says replace=True, which plans the batch with the old array's bytes back."""
+    solver = Part()
+    state = {"state": ArrayRequest((600, 125), "f8", chunk_axis=1)}  # 600 kB of a 1 MB device
+    async with MemoryManager(sim) as mgr:
+        mgr.register(solver)
+        with anyio.fail_after(HANG_GUARD):
+            first = await mgr.request(solver, state)
+            kept = await mgr.request(solver, state)  # both held: the second one is chunked
+            assert (first.chunks, kept.chunks) == (1, 2)
+            assert mgr.stats().groups["default"].live_bytes == 600_000 + 600 * kept.chunk_length * 8
+            replaced = await mgr.request(solver, state, replace=True)  # frees both, fits whole
+        assert replaced.chunks == 1
+        assert mgr.stats().groups["default"].live_bytes == 600_000
+        mgr.release(first)  # released already: a no-op
+        assert mgr.stats().groups["default"].live_bytes == 600_000
+        other = mgr.allocate_all(
+            solver, {"state": ArrayRequest((10,), "f8"), "p": ArrayRequest((4,), "f8", unchunkable=True)}, replace=True
+        )
+        assert mgr.stats().groups["default"].live_bytes == 80 + 32
+        mgr.release(other)
+        with pytest.raises(InvalidRequestError, match="replace takes True or False"):
+            mgr.request(solver, state, replace="yes")  # type: ignore[arg-type]
