@@ -119,7 +119,7 @@ def warn_if_oversubscribed(full: int, free: int) -> None:
     if full > OVERSUBSCRIPTION_WARNING * max(free, 1):
         warn(
             f"the batch asks for {full} bytes, more than {OVERSUBSCRIPTION_WARNING}x the "
-            f"{free} bytes free: it will be walked in many small chunks"
+            f"{free} bytes free: it will be walked in many small chunks, if it can be planned at all"
         )
 
 

@@ -104,6 +104,30 @@ def test_plans_and_results_match_cubies_own_manager(system: Any) -> None:
     assert chunk_counts == sorted(chunk_counts)
 
 
+def test_arrays_asked_for_again_keep_the_partition_their_peers_are_cut_to(system: Any) -> None:
+    """A second solve that changes only the outputs asks only for them: as cubie does, they are cut
+    to the partition the inputs (still held) are cut to, and the results stay cubie's own."""
+    free = _whole_bytes(system) // 2 + GRANULE
+    runs = []
+    for manager in (
+        _CubieWithFree(free),
+        CubieMemoryManager(backend=aiocubie.SimulatorBackend(total=free, granule=GRANULE)),
+    ):
+        solver = Solver(system, algorithm="euler", memory_manager=manager)
+        inits, params = _inputs()
+        first = solver.solve(inits, params, **SOLVE)
+        plan = (solver.kernel.run_params.num_chunks, solver.kernel.run_params.chunk_length)
+        shorter = solver.solve(inits, params, **{**SOLVE, "duration": 0.03})
+        kept = (solver.kernel.run_params.num_chunks, solver.kernel.run_params.chunk_length)
+        runs.append((plan, kept, np.array(first.state).tobytes(), np.array(shorter.state).tobytes()))
+        solver.close()
+        if isinstance(manager, CubieMemoryManager):
+            assert manager.aiocubie.stats().groups["solver"].requests == 3  # inputs once, outputs twice
+            manager.close()
+    assert runs[0] == runs[1]
+    assert runs[0][0] == runs[0][1] and runs[0][0][0] > 1  # chunked, and the partition kept
+
+
 def test_a_solve_on_its_own_loop_thread_shares_stats_and_frees_everything(system: Any) -> None:
     mm = CubieMemoryManager(backend=aiocubie.SimulatorBackend(total=10**8))
     assert mm.aiocubie.options.headroom == CUBIE_HEADROOM
