@@ -10,13 +10,14 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import os
 import platform
 import sys
 import traceback
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from ._backends import select_backend
+from ._backends import BACKENDS, select_backend
 from ._errors import AiocubieError, ConfigurationError
 
 __all__ = ["main"]
@@ -59,6 +60,13 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if args.plot is not None:  # say so before the demo runs, not after
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ConfigurationError(
+                f"--plot {args.plot} draws with matplotlib, which is not installed: pip install 'aiocubie[plot]'"
+            ) from None
     chosen, why = select_backend(args.backend)
     try:
         from ._demo import run_demo  # imports numba.cuda: only after the backend is chosen
@@ -104,13 +112,25 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _history(args: argparse.Namespace) -> int:
     from ._history import History
-    from ._plot import render
+    from ._plot import check_out, render
 
+    out = check_out(args.out if args.out is not None else args.file.with_suffix(".html"))
     history = History.load(args.file)
-    out = args.out if args.out is not None else args.file.with_suffix(".html")
     written = render(history, out)
     print(f"{len(history.events)} events ({history.dropped} dropped) drawn in {written}")
     return 0
+
+
+def _environment_backend() -> str:
+    """``$AIOCUBIE_BACKEND`` (as MemoryManager reads it), else ``"auto"``."""
+    name = os.environ.get("AIOCUBIE_BACKEND", "").strip()
+    if not name:
+        return "auto"
+    if name not in ("auto", "simulator", "cuda"):
+        raise ConfigurationError(
+            f"AIOCUBIE_BACKEND={name!r} is not a backend: use auto, simulator or cuda, or unset it"
+        )
+    return name
 
 
 def _positive(text: str) -> int:
@@ -128,12 +148,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"aiocubie {_version('aiocubie')}")
     parser.add_argument("--debug", action="store_true", help="print the traceback of an error too")
     commands = parser.add_subparsers(dest="command", required=True, metavar="{info,demo,bench,history}")
-    backend = argparse.ArgumentParser(add_help=False)
+    debug = argparse.ArgumentParser(add_help=False)  # --debug after the verb too
+    debug.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="print the traceback of an error too"
+    )
+    backend = argparse.ArgumentParser(add_help=False, parents=[debug])
     backend.add_argument(
         "--backend",
-        choices=("auto", "simulator", "cuda"),
-        default="auto",
-        help="device to use (default: auto, the GPU if there is one, else the simulator)",
+        choices=BACKENDS,
+        default=None,
+        help="device to use (default: $AIOCUBIE_BACKEND, else auto: the GPU if there is one, else the simulator)",
     )
     commands.add_parser("info", parents=[backend], help="the backend chosen and why, the device, versions")
     demo = commands.add_parser(
@@ -156,12 +180,16 @@ def _parser() -> argparse.ArgumentParser:
         "--plot", type=Path, default=None, metavar="FILE", help="draw memory per group over time (needs matplotlib)"
     )
     bench = commands.add_parser(
-        "bench", help="the scheduler's cost per request on a zero-latency device, against a bare asyncio future"
+        "bench",
+        parents=[debug],
+        help="the scheduler's cost per request on a zero-latency device, against a bare asyncio future",
     )
     bench.add_argument("--quick", action="store_true", help="a smoke run of a second (noisy figures)")
     bench.add_argument("--out", type=Path, default=None, metavar="FILE", help="also write the figures as JSON")
     history = commands.add_parser(
-        "history", help="draw an allocation history (mgr.history().to_json(FILE)): memory over time, plans marked"
+        "history",
+        parents=[debug],
+        help="draw an allocation history (mgr.history().to_json(FILE)): memory over time, plans marked",
     )
     history.add_argument("file", type=Path, metavar="FILE.json", help="a history written by History.to_json")
     history.add_argument(
@@ -179,7 +207,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     command = {"info": _info, "demo": _demo, "bench": _bench, "history": _history}[args.command]
     try:
+        if getattr(args, "backend", "") is None:
+            args.backend = _environment_backend()
         return command(args)
+    except BrokenPipeError:  # `aiocubie bench | head`: the reader left; say nothing more
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so that the interpreter's final flush does not fail again
+        return 0
     except Exception as exc:
         errors = list(_aiocubie_errors(exc))
         if not errors:  # not ours: a bug, shown in full

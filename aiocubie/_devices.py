@@ -7,6 +7,7 @@ manager drives its own) and never moves a registered component between devices.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Literal
@@ -18,6 +19,18 @@ from ._requests import ArrayRequest
 from ._stats import Snapshot
 
 __all__ = ["DeviceSet"]
+
+
+def _check_options(
+    function: Callable[..., Any], options: Mapping[str, Any], where: str, taken: tuple[str, ...]
+) -> None:
+    """Refuse keyword options ``function`` does not take (or that ``where`` sets itself)."""
+    accepted = set(inspect.signature(function).parameters) - {"self", *taken}
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        raise ConfigurationError(
+            f"{where} got unknown option(s) {', '.join(map(repr, unknown))}: it takes {', '.join(sorted(accepted))}"
+        )
 
 
 class DeviceSet:
@@ -69,6 +82,16 @@ class DeviceSet:
         backend: str | Callable[[int], Backend] = "auto",
         **options: Any,
     ) -> None:
+        _check_options(MemoryManager.__init__, options, "DeviceSet", ("backend", "device"))
+        if not (isinstance(backend, str) or callable(backend)):
+            raise ConfigurationError(
+                f"backend must be a backend name ('auto', 'simulator', 'cuda') or a callable building "
+                f"one device's backend, got {shown(backend)}"
+            )
+        if not isinstance(devices, (str, Iterable)):
+            raise ConfigurationError(
+                f"devices must be a list of device ids or 'all', got {shown(devices)}: e.g. [0, 1]"
+            )
         if isinstance(devices, str):
             if devices != "all":
                 raise ConfigurationError(f"devices must be a list of device ids or 'all', got {devices!r}")
@@ -198,6 +221,9 @@ class DeviceSet:
                 f"{type(instance).__name__} is registered on device {self.device_of(instance)} already: "
                 "unregister it first to move it"
             )
+        _check_options(MemoryManager.register, options, "DeviceSet.register", ("instance", "device"))
+        if device is not None and (isinstance(device, bool) or not isinstance(device, int)):
+            raise ConfigurationError(f"device must be a device id (an int) or None, got {shown(device)}")
         chosen = self.place() if device is None else device
         self.manager(chosen).register(instance, **options)
         return chosen

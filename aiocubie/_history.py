@@ -10,6 +10,7 @@ from __future__ import annotations
 import array
 import enum
 import json
+import math
 import os
 import time
 import traceback
@@ -26,6 +27,8 @@ __all__ = ["EventKind", "History", "HistoryEvent", "HistoryRecorder"]
 
 #: Events a history keeps by default (the most recent ones).
 MAX_ENTRIES = 100_000
+#: The most entries a recorder keeps (about 1 GiB of ring).
+MAX_RING = 10_000_000
 #: Values a row of the recorder's ring holds (an allocation's: the widest).
 _WIDTH = 11
 #: The version of the JSON layout :meth:`History.to_dict` writes.
@@ -42,6 +45,7 @@ class EventKind(str, enum.Enum):
     FAILURE = "failure"  #: a batch failed (planning or allocation)
     RECOVERY = "recovery"  #: an out-of-memory recovery step
     RESET = "reset"  #: peak stats reset, or a context reset (every array gone)
+    REGROUP = "regroup"  #: an instance moved to another stream group with what it holds (one event per group)
 
 
 @attrs.frozen
@@ -87,6 +91,31 @@ class HistoryEvent:
 
 
 _FIELDS = tuple(field.name for field in attrs.fields(HistoryEvent))
+_NAMES = ("group", "instance", "label", "memory_kind")
+_COUNTS = ("chunks", "chunk_length", "group_live", "instance_live")
+
+
+def _check_loaded(event: HistoryEvent) -> None:
+    """Refuse a loaded event whose fields have the wrong types (so that ``series`` cannot fail later)."""
+
+    def number(value: Any, optional: bool, real: bool = False) -> bool:
+        if value is None:
+            return optional
+        return not isinstance(value, bool) and isinstance(value, (int, float) if real else int)
+
+    bad = [
+        name
+        for name, ok in (
+            ("time", number(event.time, False, real=True) and math.isfinite(event.time)),
+            ("nbytes", number(event.nbytes, False)),
+            *((name, number(getattr(event, name), True)) for name in _COUNTS),
+            *((name, getattr(event, name) is None or isinstance(getattr(event, name), str)) for name in _NAMES),
+            ("detail", isinstance(event.detail, str)),
+        )
+        if not ok
+    ]
+    if bad:
+        raise ValueError(f"event {event.kind.value!r} has fields of the wrong type: {', '.join(bad)}")
 
 
 @attrs.frozen
@@ -145,6 +174,8 @@ class History:
                     "write it with mgr.history().to_json(path)"
                 )
             events = tuple(HistoryEvent(**event) for event in data["events"])
+            for event in events:
+                _check_loaded(event)
             return cls(events, float(data["wall_base"]), int(data["max_entries"]), int(data["dropped"]))
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ConfigurationError(
@@ -158,8 +189,10 @@ class History:
         Raises
         ------
         ConfigurationError
-            If the file is not JSON or not a history.
+            If ``path`` is not a path, or the file is not JSON or not a history.
         """
+        if not isinstance(path, (str, os.PathLike)):
+            raise ConfigurationError(f"History.load reads a file: pass its path, got {shown(path)}")
         try:
             with open(path, encoding="utf-8") as file:
                 data = json.load(file)
@@ -229,8 +262,11 @@ class HistoryRecorder:
         stacks: bool = False,
         dump_on_oom: str | os.PathLike[str] | None = None,
     ) -> None:
-        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
-            raise ConfigurationError(f"max_entries must be an int >= 1, got {shown(max_entries)}")
+        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or not 1 <= max_entries <= MAX_RING:
+            raise ConfigurationError(
+                f"max_entries must be an int from 1 to {MAX_RING:,} (the ring is allocated up front, "
+                f"about {8 * _WIDTH + 8} bytes an entry), got {shown(max_entries)}"
+            )
         if dump_on_oom is not None and not isinstance(dump_on_oom, (str, os.PathLike)):
             # open() would take an int as a file descriptor, and close it after writing
             raise ConfigurationError(f"dump_on_oom must be a file path or None, got {shown(dump_on_oom)}")
@@ -334,11 +370,12 @@ class HistoryRecorder:
             index = written % size
             rows.append((flat[index * _WIDTH], times[index], *flat[index * _WIDTH + 2 : (index + 1) * _WIDTH]))
         names: dict[Hashable, str] = {}
-        released_by: list[str | None] = []  # a release takes the name its key had when it allocated
+        released_by: list[str | None] = []  # a release or a move takes the name its key had when it allocated
         for row in rows:
             if row[0] == "allocate":
                 names[row[3]] = row[7]
-            released_by.append(names.get(row[3]) if row[0] == "release" else None)
+            key = row[3] if row[0] == "release" else row[2] if row[0] == "regroup" else None
+            released_by.append(None if key is None else names.get(key))
         # What each group and key holds after each row, walking back from what the ledger holds now.
         groups, keys = dict(self._ledger.live_by_group), dict(self._ledger.live_by_key)
         events: list[HistoryEvent] = []
@@ -390,6 +427,19 @@ class HistoryRecorder:
                 )
             elif kind == "regroup":
                 _, _, key, old, new, nbytes = row[:6]
+                name = owner or self._names(key)
+                for group, other, verb in ((new, old, "from"), (old, new, "to")):
+                    events.append(
+                        HistoryEvent(
+                            kind,
+                            at,
+                            group,
+                            name,
+                            nbytes=nbytes,
+                            group_live=groups.get(group, 0),
+                            detail=f"moved {verb} {other}",
+                        )
+                    )
                 groups[old], groups[new] = groups.get(old, 0) + nbytes, groups.get(new, 0) - nbytes
             else:
                 _, _, group, nbytes, detail, held = row[:6]

@@ -23,6 +23,27 @@ COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 _MARKED = {EventKind.PLAN: "#555555", EventKind.FAILURE: "#d62728", EventKind.RECOVERY: "#ff7f0e"}
 
 
+_PAGES = (".html", ".htm")
+_PICTURES = (".png", ".svg", ".pdf")
+
+
+def check_out(out: str | os.PathLike[str]) -> Path:
+    """``out`` as a Path, if :func:`render` can draw into a file of its name.
+
+    Raises
+    ------
+    ConfigurationError
+        If it does not end in .html, .htm, .png, .svg or .pdf.
+    """
+    path = Path(out)
+    if path.suffix.lower() not in (*_PAGES, *_PICTURES):
+        raise ConfigurationError(
+            f"cannot draw a history into {str(path)!r}: name a file ending in "
+            f"{', '.join((*_PAGES, *_PICTURES))} (.html needs nothing; pictures need matplotlib)"
+        )
+    return path
+
+
 def render(history: History, out: str | os.PathLike[str]) -> Path:
     """Draw ``history`` into ``out``: ``.html`` gives a page; ``.png``, ``.svg``, ``.pdf`` need matplotlib.
 
@@ -34,11 +55,11 @@ def render(history: History, out: str | os.PathLike[str]) -> Path:
     Raises
     ------
     ConfigurationError
-        If matplotlib is needed and not installed (``pip install 'aiocubie[plot]'``, or write
+        If ``out`` does not end in .html, .htm, .png, .svg or .pdf, if matplotlib is needed and not installed (``pip install 'aiocubie[plot]'``, or write
         ``.html``), or the history has no memory events to draw.
     """
-    path = Path(out)
-    if path.suffix.lower() in (".html", ".htm"):
+    path = check_out(out)
+    if path.suffix.lower() in _PAGES:
         path.write_text(to_html(history), encoding="utf-8")
     else:
         _matplotlib(history, path)

@@ -249,6 +249,8 @@ class Registry:
                 raise RegistrationError(f"{label} must be callable, got {hook!r}")
         if name is not None and not isinstance(name, str):
             raise RegistrationError(f"name must be a string, got {name!r}")
+        if name is not None:
+            _check_encodable(name, "name")
         if name is not None and any(m.name == name for m in self.members.values()):
             raise RegistrationError(f"the name {name!r} is taken by another registered instance: pick another")
 
@@ -322,6 +324,18 @@ def check_group_name(name: object) -> None:
     """Raise RegistrationError unless ``name`` is a non-empty string."""
     if not isinstance(name, str) or not name:
         raise RegistrationError(f"stream group names are non-empty strings, got {name!r}")
+    _check_encodable(name, "stream group name")
+
+
+def _check_encodable(name: str, what: str) -> None:
+    """Names go into logs, JSON and pictures: refuse what UTF-8 cannot write (a lone surrogate)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RegistrationError(
+            f"the {what} {name!r} cannot be written as UTF-8 ({exc.reason} at position {exc.start}): "
+            "use a name of plain text"
+        ) from None
 
 
 async def call_hook(hook: Callable[..., Awaitable[Any]], args: tuple[Any, ...], what: str) -> None:

@@ -252,7 +252,8 @@ def walk_requests(
     Raises
     ------
     InvalidRequestError
-        If ``depth`` is not a positive integer or a label is not in ``requests``.
+        If ``requests`` is not a mapping of string labels to ArrayRequests, ``depth`` is not a
+        positive integer, or ``labels`` is not a collection of labels of ``requests``.
 
     Examples
     --------
@@ -260,8 +261,28 @@ def walk_requests(
     >>> reqs["x"].buffers
     3
     """
+    if not isinstance(requests, Mapping):
+        raise InvalidRequestError(
+            f"walk_requests takes a mapping of label -> ArrayRequest, got {shown(requests)}: "
+            'walk_requests({"x": ArrayRequest(shape, dtype)}, depth)'
+        )
+    bad = {label: request for label, request in requests.items() if not isinstance(request, ArrayRequest)}
+    if bad:
+        label, request = next(iter(bad.items()))
+        raise InvalidRequestError(
+            f"request {shown(label)} is {shown(request)}, not an ArrayRequest: "
+            f"use ArrayRequest(shape, dtype) or ArrayRequest.like(array)"
+        )
+    names = [label for label in requests if not isinstance(label, str)]
+    if names:
+        raise InvalidRequestError(f"labels are strings, got {', '.join(map(shown, names))}")
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
         raise InvalidRequestError(f"depth must be a positive integer (1: serial), got {depth!r}")
+    if labels is not None and (isinstance(labels, str) or not isinstance(labels, Iterable)):
+        raise InvalidRequestError(
+            f"labels is a list of labels, got {shown(labels)}"
+            + (f": labels=[{labels!r}] for one" if isinstance(labels, str) else "")
+        )
     chosen = set(requests) if labels is None else set(labels)
     unknown = chosen - set(requests)
     if unknown:

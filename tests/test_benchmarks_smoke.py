@@ -84,3 +84,28 @@ def test_multigpu_benchmark_quick_on_the_simulator(tmp_path: Path) -> None:
     table = out.read_text()
     assert "| device set, one program |" in table and "| Dask, one worker per GPU |" in table
     assert table.count("| yes |") == 4 and "| NO |" not in table
+
+
+def test_pipeline_benchmark_checks_every_job_on_the_simulator(tmp_path: Path) -> None:
+    # every output element of every job is checked inside the script: a wrong walk exits non-zero
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "bench_pipeline.py"),
+            "--quick",
+            "--profile",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "simulator-pipeline.json").read_text())
+    jobs = [row["job"] for row in report["rows"]]
+    assert len([job for job in jobs if job.startswith("pinned")]) == 5
+    assert {"pageable first, 2-D", "stream one at a time", "stream 4 tasks, one group"} <= set(jobs)
+    assert all(row["aiocubie_s"] > 0 and row["hand_s"] is None for row in report["rows"])
+    assert 0 <= report["profile"]["activation_share"] < 1

@@ -26,11 +26,19 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def test_demo_batches_chunks_overlaps_and_checks_every_element(tmp_path: Path) -> None:
     plot = tmp_path / "demo.png"
     result = _run(
         "demo", "--backend", "simulator", "--runs", "2000", "--batches", "2", "--budget", "65536", "--no-progress",
-        "--plot", str(plot),
+        *(("--plot", str(plot)) if _has_matplotlib() else ()),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     out = result.stdout
@@ -49,12 +57,15 @@ def test_demo_batches_chunks_overlaps_and_checks_every_element(tmp_path: Path) -
     assert re.search(r"^solve +energy \+ peak: 4 requests in 2 batches \(2 a batch", out, re.M)
     assert re.search(r"^groups at once: .* \(\d+\.\d+ at a time on average\)$", out, re.M)
     assert re.search(r"^overlapped walk: .* \(depth 1\) and .* \(depth 2\): speed-up [\d.]+x$", out, re.M)
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        assert "matplotlib is not installed" in out and not plot.exists()
-    else:
+    if _has_matplotlib():
         assert f"plot: wrote {plot}" in out and plot.stat().st_size > 0
+
+
+@pytest.mark.skipif(_has_matplotlib(), reason="matplotlib is installed")
+def test_demo_plot_without_matplotlib_fails_before_the_demo_runs(tmp_path: Path) -> None:
+    result = _run("demo", "--backend", "simulator", "--runs", "2000", "--plot", str(tmp_path / "demo.png"))
+    assert result.returncode == 1
+    assert "matplotlib, which is not installed" in result.stderr and "backend:" not in result.stdout
 
 
 def test_info_names_the_backend_and_versions() -> None:
@@ -157,3 +168,31 @@ def test_demo_says_its_plan_first_and_refuses_an_absurd_one_unless_forced() -> N
     assert re.search(
         r"^plan \(chunks x runs per batch\): load 1 x 500, solve 1 x 500, reduce 1 x 500:", small.stdout, re.M
     )
+
+
+def test_cli_takes_debug_after_the_verb_the_backend_from_the_environment_and_a_closed_pipe(tmp_path: Path) -> None:
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0", "AIOCUBIE_BACKEND": "bogus"}
+    result = subprocess.run(
+        [sys.executable, "-m", "aiocubie", "info", "--debug"], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert result.returncode == 1 and "AIOCUBIE_BACKEND='bogus' is not a backend" in result.stderr
+    assert "Traceback" in result.stderr  # --debug after the verb counts
+    env["AIOCUBIE_BACKEND"] = "simulator"
+    result = subprocess.run(
+        [sys.executable, "-m", "aiocubie", "info"], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert "backend       simulator (asked for)" in result.stdout
+    # a reader that leaves early (aiocubie bench | head -1): no BrokenPipeError traceback
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "aiocubie", "bench", "--quick"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    assert bench.stdout is not None and bench.stdout.readline()
+    bench.stdout.close()
+    _, err = bench.communicate(timeout=120)
+    assert bench.returncode == 0 and b"BrokenPipeError" not in err
+
+
+def test_history_refuses_an_output_it_cannot_draw_before_reading(tmp_path: Path) -> None:
+    for out in ("x.txt", "myplot"):
+        result = _run("history", str(tmp_path / "missing.json"), "--out", str(tmp_path / out))
+        assert result.returncode == 1 and "name a file ending in .html" in result.stderr, result.stderr

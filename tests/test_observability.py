@@ -127,13 +127,17 @@ async def test_history_marks_failures_resets_and_group_moves(sim: SimulatorBacke
         EventKind.RESET,
         EventKind.PLAN,
         EventKind.FAILURE,
+        EventKind.REGROUP,
+        EventKind.REGROUP,
         EventKind.RELEASE,
         EventKind.RESET,
     ]
     assert events[0].detail == "peak stats (all)"
     assert events[2].group == "g" and "injected fault" in events[2].detail and events[2].nbytes == 80
-    assert (events[3].group, events[3].group_live, events[3].instance_live) == ("h", 0, 0)
-    assert events[4].detail.startswith("context")
+    moves = {(e.group, e.instance, e.nbytes, e.group_live, e.detail) for e in events[3:5]}
+    assert moves == {("g", "p", 800, 0, "moved to h"), ("h", "p", 800, 800, "moved from g")}
+    assert (events[5].group, events[5].group_live, events[5].instance_live) == ("h", 0, 0)
+    assert events[6].detail.startswith("context")
 
 
 async def test_history_json_round_trip_and_refusals(sim: SimulatorBackend, tmp_path: Path) -> None:
@@ -353,9 +357,16 @@ def test_recorder_works_out_live_bytes_across_moves_resets_and_reused_keys() -> 
     names[1] = "second"  # the key is reused by a new instance
     add(1, "g", 7)
     events = recorder.history().events
-    assert recorder.history().dropped == 1 and len(events) == 4  # the regroup row takes a slot, no event
-    allocated, release, reset, allocate = events
+    assert recorder.history().dropped == 1 and len(events) == 6  # the regroup row: an event for each group
+    allocated, moved_from, moved_to, release, reset, allocate = events
     assert (allocated.group, allocated.instance, allocated.group_live, allocated.nbytes) == ("g", "first", 15, 5)
+    assert (moved_from.group, moved_from.instance, moved_from.group_live, moved_from.nbytes) == ("g", "first", 0, 15)
+    assert (moved_to.group, moved_to.instance, moved_to.group_live, moved_to.detail) == (
+        "h",
+        "first",
+        15,
+        "moved from g",
+    )
     assert (release.group, release.instance, release.group_live, release.instance_live) == ("h", "first", 10, 10)
     assert reset.kind is EventKind.RESET and reset.detail == "context: context reset"
     assert (allocate.group, allocate.instance, allocate.group_live, allocate.instance_live) == ("g", "second", 7, 7)
