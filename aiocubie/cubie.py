@@ -302,31 +302,34 @@ class CubieMemoryManager(_cubie.MemoryManager):  # type: ignore[misc]
             any(self.registry[p].allocations for p in notaries) and -(-runs // partition[1]) == partition[0]
         ):
             partition = None
-        batch, host = {}, {}
+        batch = {}
         for instance_id, requests in queued.items():
             settings = self.registry[instance_id]
             if settings.last_stream is not None:  # the device is done with the arrays replaced
                 settings.last_stream.synchronize()
             device = {label: r for label, r in requests.items() if r.memory == "device"}
-            host[instance_id] = {label: r for label, r in requests.items() if r.memory != "device"}
-            batch[instance_id] = (self._instance(instance_id), _requests(device, partition))
+            if device:
+                batch[instance_id] = (self._instance(instance_id), _requests(device, partition))
         if self._loop is None:
             raise aiocubie.ManagerStateError("this cubie memory manager is closed")
-        responses = self._loop.wait(self._allocate, group, batch)
-        chunks, chunk_length = (
-            partition[::-1] if partition else next((r.chunks, r.chunk_length) for r in responses.values())
-        )
+        responses = self._loop.wait(self._allocate, group, batch) if batch else {}
+        if partition is not None:
+            chunk_length, chunks = partition
+        else:
+            chunks, chunk_length = next(((r.chunks, r.chunk_length) for r in responses.values()), (1, runs))
         self._partitions[(group, owner_id)] = (chunk_length, chunks)
         for peer in peers:
             self.registry[peer].last_stream = stream
-        for instance_id, response in responses.items():
+        for instance_id, requests in queued.items():
             settings = self.registry.get(instance_id)
             if settings is None:  # collected meanwhile: aiocubie frees its arrays
                 continue
-            arrays = {label: self._to_cubie(array, stream) for label, array in response.arrays.items()}
-            for label, request in host[instance_id].items():  # pinned: host memory, cubie's own
-                shape = self.compute_chunked_shapes({label: request}, chunk_length)[label]
-                arrays[label] = self.allocate(shape, request.dtype, request.memory, stream)
+            response = responses.get(instance_id)
+            arrays = {} if response is None else {k: self._to_cubie(a, stream) for k, a in response.arrays.items()}
+            for label, request in requests.items():  # pinned: host memory, cubie's own
+                if request.memory != "device":
+                    shape = self.compute_chunked_shapes({label: request}, chunk_length)[label]
+                    arrays[label] = self.allocate(shape, request.dtype, request.memory, stream)
             settings.allocations.update(arrays)
             shapes = {label: tuple(a.shape) for label, a in arrays.items()}
             settings.allocation_ready_hook(
@@ -339,17 +342,24 @@ class CubieMemoryManager(_cubie.MemoryManager):  # type: ignore[misc]
 
     async def _allocate(self, group: str, batch: Mapping[int, tuple[Any, dict[str, aiocubie.ArrayRequest]]]) -> Any:
         """One aiocubie batch of the owner's requests (on the loop): submit all, then close it."""
-        mgr, responses = self.aiocubie, {}
+        mgr, responses, errors = self.aiocubie, {}, []
 
         async def one(instance_id: int, instance: Any, requests: dict[str, Any], *, task_status: Any) -> None:
             pending = mgr.request(instance, requests, replace=True)
             task_status.started()  # the request is submitted before this task first waits
-            responses[instance_id] = await pending
+            try:
+                responses[instance_id] = await pending
+            except aiocubie.AiocubieError as exc:  # raised to the solver as it is, not in a group
+                errors.append(exc)
 
         async with anyio.create_task_group() as tg:
             for instance_id, (instance, requests) in batch.items():
                 await tg.start(one, instance_id, instance, requests)
             mgr.flush(group)
+        if errors:
+            for response in responses.values():
+                mgr.release(response)
+            raise errors[0]
         return responses
 
     def _to_cubie(self, array: Any, stream: Any) -> Any:

@@ -148,8 +148,29 @@ def test_a_solve_on_its_own_loop_thread_shares_stats_and_frees_everything(system
         assert np.array_equal(bigger.state[..., :RUNS], first.state)  # labels replaced, not kept
         now = mm.aiocubie.stats().groups["solver"]
         assert now.live_bytes == now.peak_bytes > stats.groups["solver"].live_bytes  # the old ones went first
+        solver.update_memory_settings(stream_group="moved")  # moves the kernel and its array managers
+        assert {mm.aiocubie.get_stream_group(solver.kernel), mm.get_stream_group(solver.kernel)} == {"moved"}
+        assert mm.aiocubie.stream_groups["moved"] and "solver" not in mm.aiocubie.stream_groups
+        solver.solve(inits, params, **SOLVE)
+        assert mm.aiocubie.stats().groups["moved"].live_bytes == stats.groups["solver"].live_bytes  # RUNS again
         solver.close()
-        assert mm.aiocubie.stats().groups.get("solver") is None or not mm.aiocubie.stats().groups["solver"].live_bytes
+        assert not mm.aiocubie.stats().groups["moved"].live_bytes
+    finally:
+        mm.close()
+
+
+def test_a_batch_that_cannot_fit_raises_aiocubies_error(system: Any) -> None:
+    """Not even one run fits: the solve raises aiocubie's planning error itself (not in a group)."""
+    mm = CubieMemoryManager(backend=aiocubie.SimulatorBackend(total=48))  # one run needs more
+    try:
+        solver = Solver(system, algorithm="euler", memory_manager=mm)
+        with (
+            pytest.warns(aiocubie.AiocubieWarning, match="20x"),
+            pytest.raises(aiocubie.PlanningError, match="offered"),
+        ):
+            solver.solve(*_inputs(), **SOLVE)
+        assert mm.aiocubie.stats().groups["solver"].live_bytes == 0
+        solver.close()
     finally:
         mm.close()
 
