@@ -51,7 +51,16 @@ from ._planner import ChunkPlan, offered_bytes, plan_batch
 from ._plot import render as render_history
 from ._recorder import Recorder
 from ._requests import ArrayRequest, ArrayResponse, MemoryKind
-from ._stats import Percentiles, PinnedStats, RecoveryStats, Snapshot, UsageStats
+from ._stats import (
+    GroupStatistics,
+    ManagerStatistics,
+    MemberStatistics,
+    Percentiles,
+    PinnedStats,
+    RecoveryStats,
+    Snapshot,
+    UsageStats,
+)
 from ._walk import DEFAULT_DEPTH, Chunk, walk_chunks, walk_requests
 
 __version__ = "0.2.0.dev0"
@@ -77,12 +86,15 @@ __all__ = [
     "Event",
     "EventKind",
     "Faults",
+    "GroupStatistics",
     "History",
     "HistoryEvent",
     "InsufficientMemoryError",
     "InvalidRequestError",
     "LimitMode",
     "ManagerStateError",
+    "ManagerStatistics",
+    "MemberStatistics",
     "MemoryInfo",
     "MemoryKind",
     "MemoryManager",

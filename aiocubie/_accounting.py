@@ -2,8 +2,9 @@
 
 It alone allocates and frees through the backend for the manager and the schedulers, keeps the
 ledger in step with the device, says how many bytes a group is offered, and recovers from
-out-of-memory (cached blocks, then reclaim hooks). It knows nothing of tickets, tasks, the event
-loop or the manager: hooks and the history recorder are handed to it.
+out-of-memory (cached blocks, then reclaim hooks). It is the only writer of the ledger and the
+budget: members join, leave, move and change pools through it. It knows nothing of tickets,
+tasks, the event loop or the manager: hooks and the history recorder are handed to it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import attrs
 
 from ._backends import Backend, Event
 from ._budget import Budget, group_available
-from ._errors import OutOfMemoryError
+from ._errors import BudgetError, OutOfMemoryError
 from ._history import HistoryRecorder
 from ._ledger import Allocation, Ledger
 from ._options import Options
@@ -45,8 +46,8 @@ class DeviceAccount:
     backend : Backend
         The device.
     options : Options
-        Read for the mode, the headroom and how long a free-memory reading is reused.
-        Replaced by assigning :attr:`options`.
+        The manager's options, held here once: read for the mode, the headroom and how long a
+        free-memory reading is reused (and by the schedulers); changed with :meth:`configure`.
     on_release : callable
         Called with no argument after memory is released while batches may wait for it
         (active mode, policy wait).
@@ -80,6 +81,72 @@ class DeviceAccount:
         self._free_reading = 0
         self._free_at = -math.inf
         self._free_delta = 0  # VRAM we allocated (+) or released (-) since the reading
+
+    def configure(self, **changes: Any) -> Options:
+        """Replace the options with ``changes`` applied (validated again); return them."""
+        self.options = self.options.replace(**changes)
+        return self.options
+
+    # -- members and groups: the budget's shares, the ledger's keys --------------------------
+    def join(self, key: Hashable, proportion: float | None) -> None:
+        """Give member ``key`` a share: ``proportion`` (manual pool) or a part of the auto pool.
+
+        Raises
+        ------
+        BudgetError
+            If ``proportion`` is outside (0, 1] or does not fit; nothing changes then.
+        """
+        self.budget.add(key, proportion)
+
+    def leave(self, key: Hashable) -> int:
+        """Member ``key`` left: drop its share, free what it holds; return its peak bytes."""
+        self.budget.remove(key)
+        self.release_where(lambda a: a.key == key)
+        return self.ledger.forget(key)  # the id may be reused by a new instance
+
+    def set_manual(self, key: Hashable, proportion: float) -> None:
+        """Give member ``key`` a manual ``proportion`` (out of the auto pool)."""
+        self.budget.set_manual(key, proportion)
+
+    def move_to_manual(self, key: Hashable, proportion: float, name: str) -> None:
+        """Move member ``key`` (called ``name``) from the auto pool to the manual pool.
+
+        Raises
+        ------
+        BudgetError
+            If it has a manual proportion already, or ``proportion`` does not fit.
+        """
+        if self.budget.is_manual(key):
+            raise BudgetError(f"{name} is already in the manual pool: use set_manual_proportion")
+        self.budget.set_manual(key, proportion)
+
+    def set_auto(self, key: Hashable) -> None:
+        """Move member ``key`` into the auto pool."""
+        self.budget.set_auto(key)
+
+    def regroup(self, key: Hashable, old: str, new: str) -> None:
+        """Member ``key`` moved from group ``old`` to ``new``: what it holds counts in ``new`` now."""
+        if self.history is not None:
+            self.history.regrouped(key, old, new, self.ledger.live_by_key.get(key, 0))
+        self.ledger.regroup(key, new)
+
+    def forget_group(self, group: str) -> int | None:
+        """Group ``group`` is gone: drop its totals and return its peak (None while it still holds arrays)."""
+        if self.ledger.live_by_group.get(group):
+            return None
+        return self.ledger.forget_group(group)
+
+    def reset_peaks(
+        self, scope: str, *, keys: Collection[Hashable] = (), groups: Collection[str] = (), every: bool = False
+    ) -> None:
+        """Peaks start again from what is held now: of ``keys`` and ``groups``, or (``every``) all and the total."""
+        ledger = self.ledger
+        if every:
+            ledger.reset_peaks(keys=list(ledger.peak_by_key), groups=list(ledger.peak_by_group), total=True)
+        else:
+            ledger.reset_peaks(keys=keys, groups=groups)
+        if self.history is not None:
+            self.history.reset(f"peak stats ({scope})")
 
     # -- what there is -----------------------------------------------------------------------
     def free_memory(self, *, fresh: bool) -> int:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from ._backends import Backend, device_count
 from ._errors import ConfigurationError, RegistrationError, shown
 from ._manager import MemoryManager, PendingRequest
+from ._options import parse_backend, parse_device
 from ._requests import ArrayRequest
 from ._stats import Snapshot
 
@@ -97,13 +98,12 @@ class DeviceSet:
                 raise ConfigurationError(f"devices must be a list of device ids or 'all', got {devices!r}")
             if not isinstance(backend, str):
                 raise ConfigurationError("devices='all' needs a backend name to count devices: pass a list of ids")
-            ids = list(range(device_count(backend)))
+            ids = list(range(device_count(parse_backend(backend))))
         else:
-            ids = list(devices)
+            given = list(devices)
+            ids = [parse_device(device, what=f"devices[{i}] of {shown(given)}") for i, device in enumerate(given)]
         if not ids or len(set(ids)) != len(ids):
             raise ConfigurationError(f"devices must name each device once, and at least one: got {shown(ids)}")
-        if not all(isinstance(device, int) and not isinstance(device, bool) and device >= 0 for device in ids):
-            raise ConfigurationError(f"device ids must be ints >= 0, got {shown(ids)}")
         managers: dict[int, MemoryManager] = {}
         try:
             for device in sorted(ids):

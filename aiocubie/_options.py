@@ -1,7 +1,8 @@
-"""A manager's options, parsed and validated once into a frozen value.
+"""A manager's options and every name a user can give, parsed and validated once.
 
-Pure: no device, no event loop. Every name a user can pass (mode, policy, numbers) is checked
-here and nowhere else; the rest of the package reads typed, valid fields.
+Pure: no device, no event loop. Every name a user can pass (backend, device, allocator, array
+type, mode, policy, numbers, the ``AIOCUBIE_*`` variables) is checked here and nowhere else;
+the rest of the package reads typed, valid fields.
 """
 
 from __future__ import annotations
@@ -15,11 +16,33 @@ from typing import Any, TypeVar
 import attrs
 
 from ._budget import LimitMode
-from ._errors import ConfigurationError, shown
+from ._errors import ConfigurationError, UnknownAllocatorError, shown
 
-__all__ = ["ENVIRONMENT", "Options", "Policy", "from_environment", "parse_history", "parse_mode"]
+__all__ = [
+    "ALLOCATORS",
+    "ARRAY_TYPES",
+    "BACKENDS",
+    "ENVIRONMENT",
+    "Options",
+    "Policy",
+    "Setup",
+    "from_environment",
+    "parse_allocator",
+    "parse_array_type",
+    "parse_backend",
+    "parse_device",
+    "parse_history",
+    "parse_mode",
+]
 
 T = TypeVar("T")
+
+#: Backend names: ``auto`` picks ``cuda`` when a usable GPU is present, else ``simulator``.
+BACKENDS = ("auto", "simulator", "cuda")
+#: Allocator plugins a backend can switch between (``set_allocator``).
+ALLOCATORS = ("default", "cupy", "cupy_async")
+#: What device arrays are: CuPy arrays (the default) or numba device arrays.
+ARRAY_TYPES = ("cupy", "numba")
 
 #: The environment variables a :class:`~aiocubie.MemoryManager` reads for the arguments it is
 #: not given (an explicit argument always wins).
@@ -99,10 +122,28 @@ def _max_batch(value: Any) -> int | None:
 
 @attrs.frozen
 class Options:
-    """The options of a :class:`~aiocubie.MemoryManager` (see its parameters).
+    """The options of a :class:`~aiocubie.MemoryManager`.
 
     Built once, validated as it is built; change one with :meth:`replace`, which validates
     again. Every error is a :class:`ConfigurationError` naming the value and what is allowed.
+
+    Attributes
+    ----------
+    mode : LimitMode
+        Passive (the default): use free memory, chunk only when needed. Active: each group is
+        limited to the sum of its members' caps minus what they hold.
+    policy : Policy
+        What an active-mode batch does when it does not fit now (see :class:`Policy`).
+    headroom : float
+        Fraction of the available memory a batch leaves unused, in [0, 1).
+    batch_window : float
+        Seconds a batch stays open after its first request (0: close at once). A batch
+        closes early when every member of the group has asked, or on ``mgr.flush()``.
+    max_batch : int or None
+        Most requests in one batch.
+    free_cache_seconds : float
+        How long a free-memory reading is reused (it costs tens of microseconds on a GPU);
+        a batch about to be chunked always reads the device again.
 
     Examples
     --------
@@ -165,3 +206,125 @@ def parse_history(value: str) -> str | bool:
     if not value.endswith(".json"):
         raise ConfigurationError("use 1 (record), 0 (do not) or a FILE.json to write the history to on out-of-memory")
     return value
+
+
+def _one_of(value: Any, names: tuple[str, ...], what: str, error: type[ConfigurationError], hint: str = "") -> str:
+    if not isinstance(value, str) or value not in names:
+        raise error(f"unknown {what} {shown(value)}: use one of {', '.join(map(repr, names))}{hint}")
+    return value
+
+
+def parse_backend(value: Any) -> str:
+    """The backend ``value`` names: one of :data:`BACKENDS` (:class:`ConfigurationError` else)."""
+    return _one_of(value, BACKENDS, "backend", ConfigurationError, " (or pass a Backend)")
+
+
+def parse_allocator(value: Any) -> str:
+    """The allocator ``value`` names: one of :data:`ALLOCATORS` (:class:`UnknownAllocatorError` else)."""
+    return _one_of(value, ALLOCATORS, "allocator", UnknownAllocatorError)
+
+
+def parse_array_type(value: Any) -> str:
+    """The array type ``value`` names: one of :data:`ARRAY_TYPES` (:class:`ConfigurationError` else)."""
+    hint = " ('cupy' needs CuPy: pip install 'aiocubie[cuda12]' or 'aiocubie[cuda13]')"
+    return _one_of(value, ARRAY_TYPES, "array type", ConfigurationError, hint)
+
+
+def parse_device(value: Any, *, what: str = "device") -> int:
+    """The device id ``value`` names: an int >= 0.
+
+    Raises
+    ------
+    ConfigurationError
+        For anything else (a bool, a float, a negative number).
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ConfigurationError(f"{what} must be a device number (an int >= 0, e.g. 0), got {shown(value)}")
+    return int(value)
+
+
+def _backend_or_none(value: Any) -> str | None:
+    return None if value is None else parse_backend(value)
+
+
+def _device_or_none(value: Any) -> int | None:
+    return None if value is None else parse_device(value)
+
+
+def _allocator_or_none(value: Any) -> str | None:
+    return None if value is None else parse_allocator(value)
+
+
+def _array_type_or_none(value: Any) -> str | None:
+    return None if value is None else parse_array_type(value)
+
+
+@attrs.frozen
+class Setup:
+    """What a :class:`~aiocubie.MemoryManager` is asked to build, every name parsed once.
+
+    Read from its arguments with :meth:`read`, the ``AIOCUBIE_*`` variables filling in what
+    is not given (an explicit argument always wins).
+    """
+
+    #: The backend to create (None: the caller passed a backend object).
+    backend: str | None = attrs.field(converter=_backend_or_none)
+    device: int | None = attrs.field(converter=_device_or_none)
+    allocator: str | None = attrs.field(converter=_allocator_or_none)
+    array_type: str | None = attrs.field(converter=_array_type_or_none)
+    #: Record the history from the start: True, or the file to write on out-of-memory.
+    history: str | bool
+    options: Options
+
+    @classmethod
+    def read(
+        cls,
+        backend: object,
+        *,
+        given_backend: tuple[int, str] | None,
+        device: Any,
+        mode: Any,
+        allocator: Any,
+        array_type: Any,
+        environ: Mapping[str, str],
+        **options: Any,
+    ) -> Setup:
+        """Parse the manager's arguments; ``given_backend``: the device and array type of the
+        backend object passed (None: a backend is to be made).
+
+        Raises
+        ------
+        ConfigurationError
+            For a value (or a variable, named) that is not one of those allowed, or a device
+            or array type other than the given backend's.
+        """
+        if given_backend is None:
+            backend = from_environment(environ, "AIOCUBIE_BACKEND", backend, parse_backend)
+            backend = "auto" if backend is None else backend
+            allocator = from_environment(environ, "AIOCUBIE_ALLOCATOR", allocator, parse_allocator)
+        mode = from_environment(environ, "AIOCUBIE_MODE", mode, parse_mode)
+        history = from_environment(environ, "AIOCUBIE_HISTORY", None, parse_history)
+        setup = cls(
+            None if given_backend else backend,
+            device,
+            allocator,
+            array_type,
+            False if history is None else history,
+            Options(mode=LimitMode.PASSIVE if mode is None else mode, **options),
+        )
+        if given_backend is not None:
+            setup.check_given(*given_backend)
+        return setup
+
+    def check_given(self, device: int, array_type: str) -> None:
+        """Raise unless this device and array type (where given) are those of the backend passed."""
+        if self.device is not None and self.device != device:
+            raise ConfigurationError(
+                f"device={self.device!r} but the backend given drives device {device}: "
+                "pass device to the backend, or a backend name"
+            )
+        if self.array_type is not None and self.array_type != array_type:
+            raise ConfigurationError(
+                f"array_type={self.array_type!r} but the backend given hands out {array_type!r} arrays: "
+                "pass array_type to the backend, or a backend name"
+            )

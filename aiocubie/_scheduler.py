@@ -1,7 +1,7 @@
 """The per-group scheduler: collect requests into batches, plan, allocate, resolve.
 
 One :class:`GroupScheduler` per stream group. It is handed what it needs (the group, the
-members, the options, the device account, the loop's primitives, a way to start tasks) and
+members, the device account and the options it holds, the loop's primitives, a way to start tasks) and
 never reaches the manager. A batch closes when the batch window has passed since its first
 request, when every member of the group has asked, or on :meth:`GroupScheduler.flush`. A
 request that can close a batch at once (nothing queued or being planned ahead of it, and
@@ -33,7 +33,7 @@ from ._errors import (
     OutOfMemoryError,
     PlanningError,
 )
-from ._options import Options, Policy
+from ._options import Policy
 from ._planner import ChunkPlan, plan_chunks, warn_if_oversubscribed
 from ._registry import Group, Member, await_hook, call_hook
 from ._requests import ArrayResponse, RequestSet
@@ -69,10 +69,9 @@ class GroupScheduler:
         The group served: its name, stream, members' keys and counters (read live).
     members : mapping
         Every member by key (for ready hooks and names), read live.
-    options : Options
-        Batch window, batch size, mode and policy; replaced through :meth:`configure`.
     account : DeviceAccount
-        Plans against it, allocates and releases through it.
+        Plans against it, allocates and releases through it; its options (batch window, batch
+        size, mode and policy) are read live.
     loop : Loop
         The running loop's primitives (signals, thread-safe calls, checkpoints).
     spawn : callable
@@ -83,14 +82,12 @@ class GroupScheduler:
         self,
         group: Group,
         members: Mapping[int, Member],
-        options: Options,
         account: DeviceAccount,
         loop: Loop,
         spawn: Spawn,
     ) -> None:
         self.group = group
         self.name = group.name
-        self.options = options
         self._members = members
         self._account = account
         self._loop = loop
@@ -113,7 +110,9 @@ class GroupScheduler:
             and not self._planning
             and not self._closed
             # every member has asked (it is the only one), or batches do not wait
-            and ((len(members) <= 1 and (not members or ticket.key in members)) or not self.options.batch_window)
+            and (
+                (len(members) <= 1 and (not members or ticket.key in members)) or not self._account.options.batch_window
+            )
         ):
             self._serve_now(ticket)
         else:
@@ -140,11 +139,6 @@ class GroupScheduler:
             self.changed()  # a batch waiting for memory may fit without them
         return taken
 
-    def configure(self, options: Options) -> None:
-        """Use ``options`` from now on; re-check a batch waiting for memory."""
-        self.options = options
-        self.changed()
-
     def flush(self) -> None:
         """Close the batch being collected now, without waiting for the window."""
         if self.queue:  # a flush with nothing queued must not cut the next batch's window short
@@ -169,6 +163,14 @@ class GroupScheduler:
         until the device is done with their arrays)."""
         inflight = [t for flight in self._inflight for t in flight.tickets]
         return [t for t in (*self.queue, *self._planning) if t.pending] + inflight
+
+    def census(self) -> tuple[int, int, int, int]:
+        """Tickets held now: queued, being planned (or waiting for memory), allocated in flight,
+        and ended (cancelled or failed) in flight, their arrays kept until the device is done."""
+        flying = [t for flight in self._inflight for t in flight.tickets]
+        allocated = sum(t.state is State.ALLOCATED for t in flying)
+        queued = sum(t.pending for t in self.queue)
+        return queued, sum(t.pending for t in self._planning), allocated, len(flying) - allocated
 
     @staticmethod
     def fail(tickets: list[Ticket], error: AiocubieError) -> list[ArrayResponse]:
@@ -235,7 +237,7 @@ class GroupScheduler:
     async def _collect(self) -> list[Ticket]:
         while not self._live_queue():
             await self._sleep("_wake")
-        window = self.options.batch_window
+        window = self._account.options.batch_window
         # requests left over when the last batch was cut had their window: they close at once
         if self._flush or any(t.leftover for t in self.queue):
             window = 0
@@ -245,7 +247,7 @@ class GroupScheduler:
                 while not (self._flush or self._everyone_asked()):
                     await self._sleep("_wake")
         self._flush = False
-        limit = self.options.max_batch or len(self.queue)
+        limit = self._account.options.max_batch or len(self.queue)
         batch: list[Ticket] = []
         runs = 0
         while self._live_queue() and len(batch) < limit:
@@ -376,7 +378,7 @@ class GroupScheduler:
         # free (where another process's allocation since would bite): read the device again.
         if plan is None or plan.chunks > 1 or 2 * plan.planned_bytes > free:
             plan, offered, free = self._plan_against(runs, fixed, per_run, buffered, fresh=True)
-        options = self.options
+        options = self._account.options
         try:
             if plan is None and options.active and options.policy is not Policy.WAIT:
                 self._check_under_cap(members)

@@ -16,6 +16,9 @@ import numpy as np
 
 __all__ = [
     "Counters",
+    "GroupStatistics",
+    "ManagerStatistics",
+    "MemberStatistics",
     "Percentiles",
     "PinnedStats",
     "PoolFacts",
@@ -273,6 +276,71 @@ class Snapshot:
             for usage, entry in zip(getattr(self, name).values(), data[name].values()):
                 entry["over_cap"] = usage.over_cap
         return data
+
+
+@attrs.frozen
+class GroupStatistics:
+    """The requests a stream group's scheduler holds, by stage (see :class:`ManagerStatistics`).
+
+    ``queued``: waiting for a batch; ``planning``: in the batch being planned or waiting for
+    memory; ``in_flight``: allocated, waiting for the device; ``ending``: cancelled or failed
+    while in flight, their arrays kept until the device is done with them.
+    """
+
+    queued: int = 0
+    planning: int = 0
+    in_flight: int = 0
+    ending: int = 0
+
+    @property
+    def pending(self) -> int:
+        """Every request the group's scheduler still holds."""
+        return self.queued + self.planning + self.in_flight + self.ending
+
+
+@attrs.frozen
+class MemberStatistics:
+    """A registered instance: its stream group, and whether its share is manual (else auto)."""
+
+    group: str
+    manual: bool
+
+
+@attrs.frozen
+class ManagerStatistics:
+    """What :meth:`MemoryManager.statistics` reports: the manager's own state at one moment.
+
+    A read-only snapshot (anyio's ``statistics()`` habit) for tests, debugging and leak checks;
+    :class:`Snapshot` (``stats()``) is the one for memory and latencies.
+
+    Attributes
+    ----------
+    running : bool
+        Inside ``async with mgr``.
+    groups : dict
+        Live stream group -> :class:`GroupStatistics` (empty while not running).
+    members : dict
+        Instance name -> :class:`MemberStatistics`.
+    draining : int
+        Emptied groups whose batches are still in flight.
+    allocations : int
+        Arrays handed out and not released.
+    tables : dict
+        Entries in each per-group and per-instance table the manager keeps (groups,
+        schedulers, members, counters, ledger totals): bounded however many come and go.
+    """
+
+    running: bool
+    groups: dict[str, GroupStatistics]
+    members: dict[str, MemberStatistics]
+    draining: int
+    allocations: int
+    tables: dict[str, int]
+
+    @property
+    def pending(self) -> int:
+        """Requests the live groups' schedulers still hold (queued, planning or in flight)."""
+        return sum(group.pending for group in self.groups.values())
 
 
 _BYTE_UNITS = ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))

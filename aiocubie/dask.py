@@ -19,6 +19,7 @@ except ImportError as exc:
 from ._backends import Backend
 from ._errors import ConfigurationError, ManagerStateError
 from ._manager import MemoryManager
+from ._options import parse_backend, parse_device
 
 __all__ = ["PLUGIN_NAME", "ManagerPlugin", "get_manager"]
 
@@ -78,10 +79,8 @@ class ManagerPlugin(WorkerPlugin):
             raise ConfigurationError(
                 f"backend must be a name ('auto', 'simulator', 'cuda'), got {backend!r}: each worker builds its own"
             )
-        if device is not None and (isinstance(device, bool) or not isinstance(device, int) or device < 0):
-            raise ConfigurationError(f"device must be an int >= 0 or None (the worker's first GPU), got {device!r}")
-        self.device = device
-        self.backend = backend
+        self.device = None if device is None else parse_device(device)  # None: the worker's first GPU
+        self.backend = parse_backend(backend)
         self.options = options
         self.manager: MemoryManager | None = None
         self._closing: asyncio.Event | None = None

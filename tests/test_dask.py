@@ -99,7 +99,7 @@ def test_get_manager_outside_a_worker_or_without_the_plugin() -> None:
 def test_plugin_refuses_bad_settings_and_setup_reports_bad_options() -> None:
     with pytest.raises(Exception, match="backend must be a name"):
         ManagerPlugin(backend=SimulatorBackend())  # type: ignore[arg-type]
-    with pytest.raises(Exception, match="device must be an int >= 0"):
+    with pytest.raises(Exception, match="device must be a device number"):
         ManagerPlugin(device=-1)
 
     async def main() -> None:

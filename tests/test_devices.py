@@ -146,7 +146,7 @@ async def test_free_memory_breaks_a_tie_when_another_process_holds_memory() -> N
 
 
 def test_device_set_refuses_bad_device_lists() -> None:
-    for bad, match in [([], "at least one"), ([0, 0], "each device once"), ([0, -1], "ints >= 0"), ("some", "'all'")]:
+    for bad, match in [([], "at least one"), ([0, 0], "each device once"), ([0, -1], "an int >= 0"), ("some", "'all'")]:
         with pytest.raises(ConfigurationError, match=match):
             DeviceSet(bad, backend="simulator")  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="needs a backend name"):

@@ -49,7 +49,7 @@ class Rig:
         for part in self.parts:
             self.account.budget.add(id(part), None)
             self.registry.add(part, group="g", name=None, invalidate_hook=None, ready_hook=None)
-        self.scheduler = GroupScheduler(self.group, self.registry.members, options, self.account, Loop(), tg.start_soon)
+        self.scheduler = GroupScheduler(self.group, self.registry.members, self.account, Loop(), tg.start_soon)
         self.tg = tg
 
     def ticket(self, part: Part, **arrays: Any) -> Ticket:
@@ -89,7 +89,7 @@ async def test_a_request_that_closes_its_batch_is_served_in_the_callers_task(rig
     response = ticket.result()
     assert response.arrays["x"].shape == (100,) and response.chunks == 1
     assert rig.account.ledger.live == 800 == rig.sim.used
-    assert (rig.group.counters.requests, rig.group.counters.batches) == (0, 1)  # requests: the facade counts
+    assert (rig.group.counters.requests, rig.group.counters.batches) == (0, 1)  # requests: the stream groups count
     rig.account.release(response)
     assert rig.account.ledger.live == 0 == rig.sim.used
 
@@ -211,14 +211,16 @@ async def test_cancelled_in_flight_ticket_is_released_when_the_device_is_done(ri
 async def test_reset_fails_in_flight_tickets_and_close_fails_the_rest(rig_factory: Any) -> None:
     rig = rig_factory(members=2, batch_window=HANG_GUARD)
     gate = hold_stream(rig.group.stream)
-    rig.scheduler.configure(Options(batch_window=0))
+    rig.account.configure(batch_window=0)
+    rig.scheduler.changed()
     flying = rig.ticket(rig.parts[0], x=vec(100))
     rig.scheduler.submit(flying)
     assert flying.state is State.ALLOCATED
     rig.scheduler.reset(ContextResetError("reset"))
     with pytest.raises(ContextResetError):
         flying.result()
-    rig.scheduler.configure(Options(batch_window=HANG_GUARD))
+    rig.account.configure(batch_window=HANG_GUARD)
+    rig.scheduler.changed()
     queued = rig.ticket(rig.parts[0], x=vec(100))
     rig.scheduler.submit(queued)
     assert queued.pending

@@ -370,3 +370,47 @@ def test_recorder_works_out_live_bytes_across_moves_resets_and_reused_keys() -> 
     assert (release.group, release.instance, release.group_live, release.instance_live) == ("h", "first", 10, 10)
     assert reset.kind is EventKind.RESET and reset.detail == "context: context reset"
     assert (allocate.group, allocate.instance, allocate.group_live, allocate.instance_live) == ("g", "second", 7, 7)
+
+
+# -- statistics(): the manager's own state, read-only -------------------------------------------
+@pytest.mark.anyio
+async def test_statistics_is_a_frozen_view_of_requests_members_and_arrays() -> None:
+    import attrs
+
+    from aiocubie import GroupStatistics, MemberStatistics
+
+    sim = SimulatorBackend(total=TOTAL)
+    mgr = MemoryManager(sim, batch_window=60)  # a batch waits for every member of its group
+    a, b, c = Part(), Part(), Part()
+    mgr.register(a, name="a", proportion=0.2)
+    mgr.register(b, name="b")
+    mgr.register(c, name="c", stream_group="solo")
+    before = mgr.statistics()
+    assert not before.running and before.groups == {} and before.pending == before.allocations == 0
+    assert before.members == {
+        "a": MemberStatistics("default", True),
+        "b": MemberStatistics("default", False),
+        "c": MemberStatistics("solo", False),
+    }
+    assert before.tables["members"] == 3 and before.tables["groups"] == 2
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        before.running = True  # type: ignore[misc]
+    held = mgr.allocate(c, vec(10))
+    assert mgr.statistics().allocations == 1 and before.allocations == 0  # a snapshot does not follow
+    async with mgr:
+
+        async def ask() -> None:
+            mgr.release(await mgr.request(a, {"x": vec(10)}))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask)  # b has not asked: the batch stays open
+            with anyio.fail_after(10):
+                while mgr.statistics().groups["default"].queued != 1:
+                    await anyio.sleep(0.001)
+            stats = mgr.statistics()
+            assert stats.running and stats.pending == 1
+            assert stats.groups == {"default": GroupStatistics(queued=1), "solo": GroupStatistics()}
+            mgr.flush()
+        assert mgr.statistics().pending == 0
+    assert held is not None and mgr.statistics().allocations == 0  # leaving `async with` frees all
+    mgr.close()

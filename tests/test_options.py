@@ -119,3 +119,43 @@ def test_exact_numbers_that_fit_are_accepted() -> None:
     options = Options(batch_window=Fraction(1, 500), free_cache_seconds=np.float32(0.25), headroom=np.int64(0))
     assert (options.batch_window, options.free_cache_seconds, options.headroom) == (0.002, 0.25, 0.0)
     assert type(options.batch_window) is float and type(options.headroom) is float
+
+
+def test_each_name_is_parsed_in_one_place() -> None:
+    from aiocubie import _backends
+    from aiocubie._options import ALLOCATORS, ARRAY_TYPES, BACKENDS, Setup
+
+    # the names the options accept are those the backends know (two lists until the backends read these)
+    assert (BACKENDS, ALLOCATORS, ARRAY_TYPES) == (_backends.BACKENDS, _backends.ALLOCATORS, _backends.ARRAY_TYPES)
+    setup = Setup.read(
+        None,
+        given_backend=None,
+        device=None,
+        mode=None,
+        allocator=None,
+        array_type="numba",
+        environ={"AIOCUBIE_BACKEND": "simulator", "AIOCUBIE_MODE": "active", "AIOCUBIE_HISTORY": "run.json"},
+    )
+    assert (setup.backend, setup.device, setup.allocator, setup.array_type) == ("simulator", None, None, "numba")
+    assert setup.options.mode is LimitMode.ACTIVE and setup.history == "run.json"
+    assert "simulator" in BACKENDS
+    for name, value, match in [
+        ("backend", "gpu", "unknown backend 'gpu'"),
+        ("backend", 3, "unknown backend 3"),
+        ("device", -1, "device must be a device number"),
+        ("device", True, "device must be a device number"),
+        ("allocator", "tcmalloc", "unknown allocator 'tcmalloc'"),
+        ("array_type", "torch", "unknown array type 'torch'"),
+    ]:
+        arguments = {"backend": "auto", "device": None, "mode": None, "allocator": None, "array_type": None}
+        with pytest.raises(ConfigurationError, match=match):
+            Setup.read(**{**arguments, name: value}, given_backend=None, environ={})  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="AIOCUBIE_ALLOCATOR='slab'"):
+        Setup.read(None, given_backend=None, device=None, mode=None, allocator=None, array_type=None,
+                   environ={"AIOCUBIE_ALLOCATOR": "slab"})  # fmt: skip
+    # a backend object keeps its own allocator: the variable is not read for it
+    given = Setup.read(
+        None, given_backend=(0, "cupy"), device=None, mode=None, allocator=None, array_type=None,
+        environ={"AIOCUBIE_ALLOCATOR": "slab"},
+    )  # fmt: skip
+    assert given.backend is None and given.allocator is None

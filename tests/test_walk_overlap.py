@@ -265,6 +265,7 @@ async def test_depth_three_overlaps_in_place_arrays_too() -> None:
 
 def _idle(sim: SimulatorBackend) -> bool:
     # at most the item that completed the walk's last event may still be counting itself done
+    # (private: the simulator's streams show no public progress count; the seam's to add)
     return all(s._progress.queued - s._progress.done <= 1 for s in sim._streams)
 
 

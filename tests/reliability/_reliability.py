@@ -1,7 +1,7 @@
 """Helpers of the reliability suite: the load scale, and the checks that nothing was lost.
 
-They only observe a manager (including its schedulers' ticket lists); they never repair what a
-test should have left clean. Set ``AIOCUBIE_SOAK=1`` to run load and storms at full size.
+They only observe a manager, through its public read-only views (``stats()``, ``statistics()``);
+they never repair what a test should have left clean. Set ``AIOCUBIE_SOAK=1`` to run load and storms at full size.
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ class Component:
         self.tag = tag
 
 
-def pending_tickets(mgr: MemoryManager) -> list[object]:
-    """Every ticket any group scheduler still holds (queued, being planned or in flight)."""
-    return [t for scheduler in mgr._schedulers.values() for t in scheduler.pending()]
+def pending(mgr: MemoryManager) -> int:
+    """Requests the group schedulers still hold (queued, being planned or in flight)."""
+    return mgr.statistics().pending
 
 
 async def settle(mgr: MemoryManager) -> None:
     """Wait until no scheduler holds a ticket (bound it with ``anyio.fail_after``)."""
-    while pending_tickets(mgr):
+    while pending(mgr):
         await anyio.sleep(0.002)
 
 
@@ -42,7 +42,7 @@ def assert_empty(mgr: MemoryManager, sim: SimulatorBackend | None = None) -> Non
     assert snap.live_bytes == 0, f"{snap.live_bytes} bytes still live"
     assert {g: s.live_bytes for g, s in snap.groups.items() if s.live_bytes} == {}
     assert {i: s.live_bytes for i, s in snap.instances.items() if s.live_bytes} == {}
-    assert len(mgr._account.ledger) == 0
+    assert mgr.statistics().allocations == 0
     if sim is not None:
         assert sim.used == 0, f"the simulator still holds {sim.used} bytes"
 

@@ -12,7 +12,7 @@ from collections import Counter
 import anyio
 import numpy as np
 import pytest
-from _reliability import Component, outcome, pending_tickets
+from _reliability import Component, outcome, pending
 
 from aiocubie import (
     AiocubieWarning,
@@ -212,7 +212,7 @@ async def test_reset_while_requests_are_queued_serves_them_afterwards(how: str, 
             async with anyio.create_task_group() as tg:
                 for index in range(2):  # the third member has not asked: the batch stays open
                     tg.start_soon(ask, index)
-                while len(pending_tickets(mgr)) < 2:
+                while pending(mgr) < 2:
                     await anyio.sleep(0.001)
                 reset(mgr, how)
                 assert [m.invalidated for m in members] == [1, 1, 1]
@@ -245,9 +245,7 @@ async def test_reset_while_batches_are_in_flight_fails_them_cleanly(how: str, dr
                 for index in range(4):
                     tg.start_soon(ask, index)
                 # wait until every request has its arrays and waits for the device
-                while not (
-                    len(pending_tickets(mgr)) == 4 and all(t.state.value == "allocated" for t in pending_tickets(mgr))  # type: ignore[attr-defined]
-                ):
+                while sum(g.in_flight for g in mgr.statistics().groups.values()) != 4 or pending(mgr) != 4:
                     await anyio.sleep(0.001)
                 reset(mgr, how)
 

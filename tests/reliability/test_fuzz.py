@@ -139,7 +139,7 @@ def test_memory_kind_parse(value: Any) -> None:
 
 def budget_state(mgr: MemoryManager) -> tuple[object, ...]:
     groups = {name: members for name, members in mgr.stream_groups.items() if members}  # groups stay once made
-    return (mgr.manual_pool_proportion, mgr.auto_pool_proportion, groups, len(mgr._registry.members))
+    return (mgr.manual_pool_proportion, mgr.auto_pool_proportion, groups, len(mgr.statistics().members))
 
 
 @pytest.fixture(scope="module")

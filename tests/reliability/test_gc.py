@@ -11,7 +11,7 @@ import weakref
 
 import anyio
 import pytest
-from _reliability import Component, pending_tickets
+from _reliability import Component, pending
 
 from aiocubie import ArrayRequest, MemoryManager, SimulatorBackend
 
@@ -66,7 +66,7 @@ async def test_collected_instance_does_not_hold_up_its_groups_open_batch(drained
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(ask)
-                while not pending_tickets(mgr):
+                while not pending(mgr):
                     await anyio.sleep(0.001)
                 del doomed
                 gc.collect()
@@ -93,7 +93,7 @@ async def test_instance_collected_after_its_queued_request_was_withdrawn(drained
             async with anyio.create_task_group() as tg:
                 for _ in range(3):
                     tg.start_soon(ask, doomed)
-                while len(pending_tickets(mgr)) < 3:
+                while pending(mgr) < 3:
                     await anyio.sleep(0.001)
                 tg.cancel_scope.cancel()  # the queued requests were what kept it alive
             del doomed, held
@@ -116,7 +116,7 @@ async def test_many_instances_come_and_go(drained) -> None:
             for round_ in range(20):
                 batch = [Component((round_, i)) for i in range(10)]
                 for instance in batch:
-                    mgr.register(instance, stream_group=f"g{round_ % 3}")
+                    mgr.register(instance, stream_group=f"g{round_ % 3}", name=f"c{instance.tag}")
                 async with anyio.create_task_group() as tg:
                     for instance in batch:
                         tg.start_soon(ask, instance)
@@ -124,8 +124,8 @@ async def test_many_instances_come_and_go(drained) -> None:
                 del batch, instance
                 gc.collect()
                 snap = mgr.stats()
-                assert len(mgr._registry.members) == len(survivors)
-                each = snap.instances[mgr._registry.members[id(survivors[-1])].name].live_bytes
+                assert len(mgr.statistics().members) == len(survivors)
+                each = snap.instances[f"c{survivors[-1].tag}"].live_bytes
                 assert snap.live_bytes == sim.used == each * len(survivors) > 0
             for instance in survivors:
                 mgr.unregister(instance)

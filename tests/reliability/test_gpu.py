@@ -10,7 +10,7 @@ import random
 
 import anyio
 import pytest
-from _reliability import Component, pending_tickets
+from _reliability import Component, pending
 
 from aiocubie import ArrayRequest, ArrayResponse, ContextResetError, MemoryManager, gpu_status
 
@@ -67,7 +67,7 @@ async def test_gpu_reset_in_flight_and_queued(drained) -> None:
             async with anyio.create_task_group() as tg:
                 for member in members[:2]:  # the third never asks: the batch stays queued
                     tg.start_soon(ask, member)
-                while len(pending_tickets(mgr)) < 2:
+                while pending(mgr) < 2:
                     await anyio.sleep(0.001)
                 mgr.invalidate_all()
                 assert sorted(m.tag for m in calls) == [0, 1, 2]

@@ -35,18 +35,7 @@ def block() -> dict[str, ArrayRequest]:
 
 def sizes(mgr: MemoryManager) -> dict[str, int]:
     """Every per-group and per-instance structure of the manager, by size."""
-    ledger = mgr._account.ledger
-    telemetry = mgr._telemetry
-    return {
-        "groups": len(mgr._registry.groups),
-        "schedulers": len(mgr._schedulers) + len(mgr._draining),
-        "members": len(mgr._registry.members),
-        "group counters": len(telemetry.groups),
-        "instance counters": len(telemetry.instances),
-        "ledger keys": len(ledger.live_by_key) + len(ledger.peak_by_key),
-        "ledger groups": len(ledger.live_by_group) + len(ledger.peak_by_group),
-        "stats instances": len(mgr.stats().instances),
-    }
+    return {**mgr.statistics().tables, "stats instances": len(mgr.stats().instances)}
 
 
 async def wait_threads(limit: int) -> None:

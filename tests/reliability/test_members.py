@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 import pytest
-from _reliability import LOOPS, SEEDS, Component, MiB, block, outcome, pending_tickets, scale, settle
+from _reliability import LOOPS, SEEDS, Component, MiB, block, outcome, pending, scale, settle
 
 from aiocubie import ArrayRequest, ArrayResponse, MemoryManager, SimulatorBackend
 
@@ -138,7 +138,7 @@ async def test_collected_holder_frees_a_waiter_without_another_manager_call(wher
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(ask)
-                await eventually(lambda: any(t.pending for s in mgr._schedulers.values() for t in s._planning))
+                await eventually(lambda: any(g.planning for g in mgr.statistics().groups.values()))
                 box = [holder]
                 del holder
                 if where == "loop thread":
@@ -168,7 +168,7 @@ async def test_collected_silent_member_does_not_hold_the_batch_window_open(drain
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(ask)
-                await eventually(lambda: bool(pending_tickets(mgr)))
+                await eventually(lambda: pending(mgr) > 0)
                 del silent
                 await eventually(lambda: bool(results), timeout=2)
             assert isinstance(results[0], ArrayResponse)

@@ -12,9 +12,9 @@ from collections import Counter
 
 import anyio
 import pytest
-from _reliability import SOAK, Component, pending_tickets, settle
+from _reliability import SOAK, Component, pending, settle
 
-from aiocubie import AiocubieError, ArrayRequest, MemoryManager, SimulatorBackend
+from aiocubie import AiocubieError, ArrayRequest, GroupStatistics, MemoryManager, SimulatorBackend
 
 pytestmark = pytest.mark.anyio
 
@@ -26,18 +26,18 @@ def block(rows: int) -> dict[str, ArrayRequest]:
     return {"x": ArrayRequest((rows, RUNS), "float32", chunk_axis=1)}
 
 
-def stage_of(ticket: object) -> str:
-    state = ticket.state.value  # type: ignore[attr-defined]
-    return "in flight" if state == "allocated" else state
-
-
-def stages(mgr: MemoryManager) -> list[str]:
-    """The stage of every ticket the schedulers hold."""
-    found = []
-    for scheduler in mgr._schedulers.values():
-        found += ["queued"] * sum(t.state.value == "pending" for t in scheduler.queue)
-        found += ["planning or waiting"] * sum(t.state.value == "pending" for t in scheduler._planning)
-        found += [stage_of(t) for flight in scheduler._inflight for t in flight.tickets]
+def stages(mgr: MemoryManager) -> set[str]:
+    """The stages the schedulers' requests are at now."""
+    found = set()
+    for group in mgr.statistics().groups.values():
+        for stage, count in [
+            ("queued", group.queued),
+            ("planning or waiting", group.planning),
+            ("in flight", group.in_flight),
+            ("ending", group.ending),
+        ]:
+            if count:
+                found.add(stage)
     return found
 
 
@@ -69,9 +69,9 @@ async def test_cancel_while_queued_withdraws_the_ticket(drained) -> None:
                         pytest.fail("a cancelled request must not resolve")
 
                 tg.start_soon(ask)
-                await wait_for(lambda: len(mgr._schedulers["default"].queue) == 1, "queued")
+                await wait_for(lambda: mgr.statistics().groups["default"].queued == 1, "queued")
                 scope.cancel()
-            assert pending_tickets(mgr) == []
+            assert pending(mgr) == 0
             assert mgr.stats().groups["default"].cancellations == 1
             await drained(mgr, sim)
 
@@ -94,8 +94,7 @@ async def test_cancel_while_waiting_for_memory_lets_the_next_batch_go(drained) -
                         pytest.fail("a cancelled request must not resolve")
 
                 tg.start_soon(ask_big)
-                scheduler = mgr._schedulers["default"]
-                await wait_for(lambda: len(scheduler._planning) == 1, "waiting for memory")
+                await wait_for(lambda: mgr.statistics().groups["default"].planning == 1, "waiting for memory")
                 scope.cancel()
             # the withdrawn batch no longer blocks the group
             async with mgr.request(later, block(64)) as response:
@@ -120,7 +119,7 @@ async def test_cancel_while_in_flight_frees_the_arrays_when_the_device_is_done(d
                         pytest.fail("a cancelled request must not resolve")
 
                 tg.start_soon(ask)
-                await wait_for(lambda: [stage_of(t) for t in pending_tickets(mgr)] == ["in flight"], "in flight")
+                await wait_for(lambda: mgr.statistics().groups["default"] == GroupStatistics(in_flight=1), "in flight")
                 assert sim.used > 0
                 scope.cancel()
             await drained(mgr, sim)  # the arrays go once the device reaches the event
@@ -194,7 +193,7 @@ async def test_cancellation_storm(seed: int, drained) -> None:
             snap = mgr.stats()
             assert sum(s.cancellations for s in snap.groups.values()) > 0
             await settle(mgr)
-            assert pending_tickets(mgr) == []
+            assert pending(mgr) == 0
             await no_extra_tasks(baseline)
             await drained(mgr, sim)
             for group in groups:

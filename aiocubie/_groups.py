@@ -1,0 +1,271 @@
+"""Stream groups at work: one scheduler per live group, the requests they serve, every fan-out.
+
+Handed the registry, the device account and the serving loop, it starts a group's scheduler
+when the group is first needed while the manager serves, submits and awaits requests, keeps an
+emptied group's scheduler until its batches in flight land, moves a member's queued requests
+when it changes group, and tells every scheduler of a change, a reset, a release or the close.
+It owns no budget, ledger or stream (the registry makes those) and never reaches the manager.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Generator
+from types import TracebackType
+from typing import Any
+
+from ._accounting import DeviceAccount
+from ._completion import Loop
+from ._errors import AiocubieError, InsufficientMemoryError, ManagerStateError, ReleasedError
+from ._ledger import Allocation
+from ._planner import plan_chunks
+from ._registry import Group, Member, Registry
+from ._requests import ArrayResponse, RequestSet
+from ._scheduler import GroupScheduler
+from ._serving import Serving
+from ._stats import GroupStatistics
+from ._tickets import Ticket
+
+__all__ = ["PendingRequest", "StreamGroups"]
+
+
+class PendingRequest:
+    """An allocation request: await it for an :class:`ArrayResponse`, or use ``async with``.
+
+    ``async with mgr.request(obj, {...}) as response:`` frees the arrays on exit. Cancelling
+    the awaiting task withdraws a queued request and frees an allocated one.
+    """
+
+    __slots__ = ("_awaited", "_instance", "_member", "_release", "_replace", "_requests", "_response", "_serve")
+
+    def __init__(
+        self,
+        serve: Callable[[object, Member, RequestSet, bool], Awaitable[ArrayResponse]],
+        release: Callable[[ArrayResponse], None],
+        instance: object,
+        member: Member,
+        requests: RequestSet,
+        replace: bool = False,
+    ) -> None:
+        self._serve = serve  # submits the request when it is awaited, and waits for it
+        self._release = release
+        self._instance = instance
+        self._member = member
+        self._requests = requests
+        self._replace = replace  # free the instance's arrays of these labels first
+        self._response: ArrayResponse | None = None
+        self._awaited = False
+
+    def __await__(self) -> Generator[Any, None, ArrayResponse]:
+        if self._awaited:
+            raise ManagerStateError("a request can be awaited only once: call mgr.request() again")
+        self._awaited = True
+        return self._serve(self._instance, self._member, self._requests, self._replace).__await__()
+
+    async def __aenter__(self) -> ArrayResponse:
+        self._response = await self
+        return self._response
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._response is not None:
+            self._release(self._response)
+
+
+class StreamGroups:
+    """The schedulers of one manager's stream groups.
+
+    Parameters
+    ----------
+    registry : Registry
+        The groups and members (read live).
+    account : DeviceAccount
+        Each scheduler plans and allocates through it; what a fan-out ends is released there.
+    serving : Serving
+        The loop and task group the schedulers run in, while the manager serves.
+    on_retired : callable
+        ``on_retired(name)`` when a group loses its last member (its scheduler stopped).
+    """
+
+    def __init__(
+        self, registry: Registry, account: DeviceAccount, serving: Serving, on_retired: Callable[[str], None]
+    ) -> None:
+        self._registry = registry
+        self._account = account
+        self._serving = serving
+        self._on_retired = on_retired
+        self.schedulers: dict[str, GroupScheduler] = {}  # one per live group, while serving
+        self._draining: list[GroupScheduler] = []  # of emptied groups, until their flights land
+
+    # -- schedulers ----------------------------------------------------------------------------
+    def start(self) -> None:
+        """The manager serves now: start the scheduler of every group."""
+        for group in list(self._registry.groups.values()):
+            self._start(group)
+
+    def scheduler_of(self, name: str) -> GroupScheduler | None:
+        """The scheduler of group ``name``, started if the manager serves (None if it does not)."""
+        scheduler = self.schedulers.get(name)
+        if scheduler is None and self._serving.loop is not None:
+            scheduler = self._start(self._registry.groups[name])
+        return scheduler
+
+    def _start(self, group: Group) -> GroupScheduler:
+        serving = self._serving
+        assert serving.task_group is not None and serving.loop is not None
+        scheduler = GroupScheduler(
+            group, self._registry.members, self._account, serving.loop, serving.task_group.start_soon
+        )
+        self.schedulers[group.name] = scheduler
+        serving.task_group.start_soon(scheduler.run, name=f"aiocubie scheduler {group.name!r}")
+        return scheduler
+
+    def retire(self, name: str) -> None:
+        """Group ``name`` lost its last member: stop its scheduler task.
+
+        Its stream is dropped with the group (batches in flight keep it until they land).
+        """
+        scheduler = self.schedulers.pop(name, None)
+        self._draining = [s for s in self._draining if s.pending()]
+        if scheduler is not None:
+            scheduler.stop()
+            if scheduler.pending():  # in-flight batches resolve from loop callbacks, no task
+                self._draining.append(scheduler)
+        self._on_retired(name)
+
+    def every(self) -> list[GroupScheduler]:
+        """The schedulers of live groups, and of emptied ones whose batches are still in flight."""
+        return [*self.schedulers.values(), *self._draining] if self._draining else list(self.schedulers.values())
+
+    def statistics(self) -> tuple[dict[str, GroupStatistics], int]:
+        """Each live group's requests by stage, and how many emptied groups still have batches in flight."""
+        groups = {name: GroupStatistics(*s.census()) for name, s in self.schedulers.items()}
+        return groups, sum(1 for s in self._draining if s.pending())
+
+    # -- requests ------------------------------------------------------------------------------
+    async def serve(self, member: Member, requests: RequestSet, loop: Loop) -> ArrayResponse:
+        """Submit ``member``'s request to its group's scheduler and wait for it (in ``loop``'s thread).
+
+        Cancelled while it waits, the request is withdrawn (queued) or its arrays freed (allocated).
+        """
+        group = self._registry.groups[member.group]
+        ticket = Ticket(member.key, requests, (group.counters, member.counters))
+        group.counters.requests += 1
+        member.counters.requests += 1
+        # queued (or served, when it closes a batch at once) in the order requests are awaited
+        self.schedulers[member.group].submit(ticket)
+        try:
+            if ticket.done:
+                await loop.checkpoint()  # awaiting a request is a checkpoint, even one served at once
+            else:
+                await ticket.wait(loop.signal)
+        except BaseException:
+            self._cancel(ticket)
+            raise
+        return ticket.result()
+
+    def _cancel(self, ticket: Ticket) -> None:
+        was_pending = ticket.pending
+        self._account.release(ticket.cancel())
+        if was_pending:
+            for scheduler in self.schedulers.values():
+                scheduler.withdraw(ticket)
+
+    def allocate_now(self, member: Member, requests: RequestSet) -> ArrayResponse:
+        """Allocate ``requests`` for ``member`` now, unbatched and whole, on its group's stream.
+
+        Raises
+        ------
+        InsufficientMemoryError
+            If the arrays do not fit whole in what the group is offered.
+        AllocationError
+            If the backend fails (nothing stays allocated).
+        """
+        group = self._registry.groups[member.group]
+        account = self._account
+        free = account.free_memory(fresh=True)
+        offered = account.offered(group.members, free)
+        plan = plan_chunks(requests.runs, requests.fixed, requests.per_run, offered, free=free)
+        if plan.chunks > 1:
+            raise InsufficientMemoryError(
+                f"allocate_all needs {plan.full_bytes} bytes whole but group {member.group!r} is "
+                f"offered {plan.offered}: use await mgr.request() to have it chunked"
+            )
+        (response,), _ = account.allocate([(member.key, requests)], member.group, plan, group.stream)
+        return response
+
+    def free_where(self, predicate: Callable[[Allocation], bool], cause: str) -> None:
+        """Free every array for which ``predicate`` is true; requests in flight holding one fail."""
+        owners = {id(a.owner) for a in self._account.release_where(predicate)}
+        if owners:
+            self.fail_in_flight(
+                owners, ReleasedError(f"{cause} freed this request's arrays before it resolved; request again")
+            )
+
+    # -- fan-outs ------------------------------------------------------------------------------
+    def changed(self) -> None:
+        """Caps, options or holdings changed: every batch waiting for memory checks again."""
+        for scheduler in self.schedulers.values():
+            scheduler.changed()
+
+    def flush(self, group: str | None) -> None:
+        """Close the batch being collected in ``group`` (all groups if None) now."""
+        names = list(self.schedulers) if group is None else [self._registry.group(group).name]
+        for name in names:
+            scheduler = self.schedulers.get(name)
+            if scheduler is not None:
+                scheduler.flush()
+
+    def drop(self, key: int, error: AiocubieError) -> None:
+        """Member ``key`` left: end its open requests with ``error``, releasing what they hold."""
+        for scheduler in self.every():
+            for response in scheduler.drop(key, error):
+                self._account.release(response)
+
+    def fail_in_flight(self, owners: set[int], error: AiocubieError) -> None:
+        """Fail the in-flight requests whose response (by id) is in ``owners``; release the rest of them."""
+        for scheduler in self.every():
+            for response in scheduler.fail_in_flight(owners, error):
+                self._account.release(response)
+
+    def reset(self, error: AiocubieError) -> None:
+        """A context reset: fail every in-flight request with ``error`` (queued ones stay)."""
+        for scheduler in self.every():
+            scheduler.reset(error)
+
+    def close(self, error: AiocubieError) -> None:
+        """The manager closes: fail every open request with ``error``, release, stop every scheduler."""
+        schedulers, self.schedulers = [*self.schedulers.values(), *self._draining], {}
+        self._draining = []
+        for scheduler in schedulers:
+            for response in scheduler.close(error):
+                self._account.release(response)
+
+    def is_grouped(self, member: Member) -> bool:
+        """True if ``member`` shares its stream group with another member."""
+        return len(self._registry.groups[member.group].members) > 1
+
+    def names(self) -> dict[str, list[str]]:
+        """Group name -> the names of its members."""
+        members = self._registry.members
+        return {
+            name: sorted(members[key].name for key in group.members) for name, group in self._registry.groups.items()
+        }
+
+    # -- members moving --------------------------------------------------------------------------
+    def move(self, member: Member, name: str) -> None:
+        """Move ``member`` to group ``name`` (made if new), with its queued requests.
+
+        What it holds counts in the new group from then on; an emptied old group is retired.
+        """
+        old, new = self._registry.move(member, name)
+        if old is not new:
+            # what it holds counts in its new group from now on, as its budget does
+            self._account.regroup(member.key, old.name, new.name)
+            moving = self.schedulers[old.name].take(member.key) if old.name in self.schedulers else []
+            target = self.scheduler_of(new.name)
+            if target is not None:
+                target.adopt(moving)
+            if old.name not in self._registry.groups:
+                self.retire(old.name)
+        self.changed()

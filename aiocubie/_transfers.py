@@ -1,0 +1,148 @@
+"""Transfers: host arrays, copies between host and device, prefetch and advice for managed memory.
+
+Handed the device (the backend), the serving loop and a way to find an instance's stream; it
+waits for the device through the completion bridge. It keeps no state of its own, writes no
+ledger or budget, and never reaches back to the manager.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ._backends import Advice, Backend
+from ._completion import wait_event
+from ._errors import AiocubieError, AllocationError, InvalidRequestError, shown
+from ._requests import ArrayRequest, MemoryKind, check_device
+from ._serving import Serving
+
+__all__ = ["Transfers"]
+
+
+class Transfers:
+    """Host arrays, copies, prefetch and advice for one manager's device.
+
+    Parameters
+    ----------
+    backend : Backend
+        The device: copies, events, host arrays, the pinned staging pool, managed memory.
+    serving : Serving
+        The loop to wait on when called from it (else a thread waits).
+    stream_of : callable
+        ``stream_of(instance)``: the stream of a registered instance's group (raises for one
+        that is not registered).
+    """
+
+    def __init__(self, backend: Backend, serving: Serving, stream_of: Callable[[object], Any]) -> None:
+        self.backend = backend
+        self._serving = serving
+        self._stream_of = stream_of
+
+    def host_array(
+        self,
+        shape: int | Sequence[int],
+        dtype: Any,
+        kind: MemoryKind | str,
+        like: np.ndarray[Any, Any] | None,
+        pool: bool,
+    ) -> np.ndarray[Any, Any]:
+        """A host array (see ``MemoryManager.create_host_array``)."""
+        request = ArrayRequest(shape, dtype, kind, unchunkable=True)
+        if request.kind not in (MemoryKind.PINNED, MemoryKind.HOST):
+            raise InvalidRequestError(f"host arrays are 'pinned' or 'host', not {request.kind.value!r}")
+        if like is not None:  # checked before anything is allocated
+            try:
+                like_shape = np.shape(like)
+            except (TypeError, ValueError) as exc:  # ragged lists
+                raise InvalidRequestError(f"like={shown(like)} is not an array numpy can read: {exc}") from None
+            if like_shape != request.shape:
+                raise InvalidRequestError(f"like has shape {like_shape}, not {request.shape}")
+        try:
+            if pool and request.kind is MemoryKind.PINNED:
+                staging = self.backend.pinned_pool
+                buffer = staging.acquire(request.nbytes)
+                array = buffer[: request.nbytes].view(request.dtype).reshape(request.shape)
+                array.fill(0)
+                weakref.finalize(array, staging.release, buffer)
+            else:
+                array = self.backend.host_array(request.shape, request.dtype, request.kind)
+        except AiocubieError:
+            raise
+        except MemoryError as exc:  # a backend that let numpy's through
+            raise AllocationError(
+                f"cannot allocate a {request.kind.value} host array of {request.nbytes} bytes "
+                f"({request.shape}, {request.dtype}): {exc}"
+            ) from exc
+        if like is not None:
+            try:
+                with np.errstate(
+                    over="raise", invalid="raise"
+                ):  # a value the dtype cannot hold is refused, not wrapped
+                    array[...] = like
+            except (TypeError, ValueError, OverflowError, FloatingPointError) as exc:  # text, objects, 1e308 into int8
+                raise InvalidRequestError(
+                    f"like={shown(like)} cannot be copied into a {request.dtype} host array: {exc}"
+                ) from exc
+        return array
+
+    def release_pinned(self) -> int:
+        """Unpin the free buffers of the pinned staging pool; return the bytes released."""
+        return self.backend.pinned_pool.clear()
+
+    async def copy(
+        self,
+        instance: object,
+        sources: Sequence[Any],
+        targets: Sequence[Any],
+        names: tuple[str, str] = ("sources", "targets"),
+    ) -> None:
+        """Copy each source into its target on ``instance``'s stream; wait until done."""
+        # what is not a list of arrays is refused before anything is queued (the backend checks each pair)
+        for given, name in ((sources, names[0]), (targets, names[1])):
+            if not isinstance(given, Sequence) or isinstance(given, (str, bytes)):
+                raise InvalidRequestError(
+                    f"{name} must be a list of arrays, got {shown(given)}: wrap a single array in a list"
+                )
+            for index, array in enumerate(given):
+                if not (hasattr(array, "shape") and hasattr(array, "dtype")):
+                    raise InvalidRequestError(
+                        f"{name}[{index}] is {shown(array)}, not an array: pass numpy arrays "
+                        "(np.asarray(x)) and the arrays of a response"
+                    )
+        if len(sources) != len(targets):
+            raise InvalidRequestError(f"{len(sources)} {names[0]} but {len(targets)} {names[1]}: pair them up")
+        stream = self._stream_of(instance)
+        for src, dst in zip(sources, targets):
+            self.backend.copy(src, dst, stream)
+        await self.wait_for(stream)
+
+    async def sync(self, instance: object) -> None:
+        """Wait until everything queued on ``instance``'s stream is done (without blocking)."""
+        await self.wait_for(self._stream_of(instance))
+
+    async def prefetch(self, instance: object, array: Any, device: Any) -> None:
+        """Prefetch managed ``array`` to ``device`` (``"own"``, an id, or None: the CPU) on ``instance``'s stream."""
+        stream = self._stream_of(instance)
+        self.backend.prefetch(array, self._location(device), stream)
+        await self.wait_for(stream)
+
+    def _location(self, device: Any) -> Any:
+        return self.backend.device if isinstance(device, str) and device == "own" else device
+
+    async def wait_for(self, stream: Any) -> None:
+        """Wait until the work queued on ``stream`` so far is done (on the loop, or in a thread)."""
+        event = self.backend.record_event(stream)
+        loop = self._serving.here()
+        await (loop.wait(event) if loop is not None else wait_event(event))
+
+    def advise(self, array: Any, advice: Advice, device: Any) -> None:
+        """Give managed-memory ``advice`` (see ``MemoryManager.advise``)."""
+        if not isinstance(advice, str):  # the backend names what it knows; it needs a str to look up
+            raise InvalidRequestError(
+                f"advice must be a string (preferred_location, accessed_by, read_mostly), got {shown(advice)}"
+            )
+        device = check_device(self._location(device))
+        self.backend.advise(array, advice, device)
