@@ -100,6 +100,11 @@ class Budget:
         self._check_known(key)
         return key in self._manual
 
+    def manual_proportion(self, key: Hashable) -> float | None:
+        """``key``'s manual proportion, or None when it is in the auto pool."""
+        self._check_known(key)
+        return self._manual.get(key)
+
     def proportion(self, key: Hashable) -> float:
         """The share of VRAM ``key`` may use."""
         self._check_known(key)

@@ -35,21 +35,23 @@ class PendingRequest:
     the awaiting task withdraws a queued request and frees an allocated one.
     """
 
-    __slots__ = ("_awaited", "_instance", "_member", "_release", "_requests", "_response", "_serve")
+    __slots__ = ("_awaited", "_instance", "_member", "_release", "_replace", "_requests", "_response", "_serve")
 
     def __init__(
         self,
-        serve: Callable[[object, Member, RequestSet], Awaitable[ArrayResponse]],
+        serve: Callable[[object, Member, RequestSet, bool], Awaitable[ArrayResponse]],
         release: Callable[[ArrayResponse], None],
         instance: object,
         member: Member,
         requests: RequestSet,
+        replace: bool = False,
     ) -> None:
         self._serve = serve  # submits the request when it is awaited, and waits for it
         self._release = release
         self._instance = instance
         self._member = member
         self._requests = requests
+        self._replace = replace  # free the instance's arrays of these labels first
         self._response: ArrayResponse | None = None
         self._awaited = False
 
@@ -57,7 +59,7 @@ class PendingRequest:
         if self._awaited:
             raise ManagerStateError("a request can be awaited only once: call mgr.request() again")
         self._awaited = True
-        return self._serve(self._instance, self._member, self._requests).__await__()
+        return self._serve(self._instance, self._member, self._requests, self._replace).__await__()
 
     async def __aenter__(self) -> ArrayResponse:
         self._response = await self

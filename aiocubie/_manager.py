@@ -23,7 +23,15 @@ from ._accounting import DeviceAccount, ReclaimHook
 from ._backends import Advice, Backend, MemoryInfo, create_backend
 from ._budget import LimitMode
 from ._completion import Loop
-from ._errors import ContextResetError, ManagerStateError, RegistrationError, warn
+from ._errors import (
+    ConfigurationError,
+    ContextResetError,
+    InvalidRequestError,
+    ManagerStateError,
+    RegistrationError,
+    shown,
+    warn,
+)
 from ._groups import PendingRequest, StreamGroups
 from ._history import MAX_ENTRIES, History
 from ._hooks import Hooks
@@ -217,6 +225,7 @@ class MemoryManager:
         invalidate_hook: InvalidateHook | None = None,
         ready_hook: ReadyHook | None = None,
         name: str | None = None,
+        owner: object = None,
     ) -> None:
         """Register ``instance``: give it a VRAM budget and a stream group.
 
@@ -240,6 +249,13 @@ class MemoryManager:
             weakly: hooks never keep the instance alive.
         name : str, optional
             Name in stats and logs (default: the type name and a number).
+        owner : object, optional
+            Scope its ready hook to one owner, as cubie 0.17 does (a solver registers its array
+            managers with ``owner=solver``, and itself with ``owner=itself``): when ``instance``
+            has nothing in a batch, its ready hook is told the batch's plan only if a member of
+            the same owner asked in it (a member registered without an owner counts as its own
+            owner). Not given, it is told the plan of every batch of its group. Only ``id(owner)``
+            is kept: the owner is not held.
 
         Raises
         ------
@@ -257,6 +273,8 @@ class MemoryManager:
         registry.check_new(instance, **settings)
         self._account.join(id(instance), proportion)  # validates: nothing is half-registered
         member = registry.add(instance, **settings)
+        if owner is not None:
+            member.owner = id(owner)
         self._groups.scheduler_of(member.group)
 
     def unregister(self, instance: object) -> None:
@@ -323,6 +341,70 @@ class MemoryManager:
     def proportion(self, instance: object) -> float:
         """Share of VRAM ``instance`` may use."""
         return self._account.budget.proportion(self._member(instance).key)
+
+    def manual_proportion(self, instance: object) -> float | None:
+        """The share of VRAM reserved for ``instance`` (its manual proportion), or None when it
+        is in the auto pool (as cubie 0.17's ``manual_proportion``)."""
+        return self._account.budget.manual_proportion(self._member(instance).key)
+
+    def update(
+        self, instance: object, updates: Mapping[str, Any] | None = None, *, silent: bool = False, **more: Any
+    ) -> set[str]:
+        """Change ``instance``'s memory settings by name, as cubie 0.17's ``update`` does.
+
+        Parameters
+        ----------
+        instance : object
+            A registered instance.
+        updates : mapping, optional
+            Setting name -> new value: ``stream_group`` (moves it, see
+            :meth:`change_stream_group`; None changes nothing), ``mem_proportion`` (a manual
+            proportion; None puts it in the auto pool) and ``memory_manager`` (only this manager
+            or None: an instance cannot change manager).
+        silent : bool
+            Ignore names it does not know instead of raising.
+        **more
+            Further settings, by keyword.
+
+        Returns
+        -------
+        set of str
+            The names it knows among those given (whether or not their value changed anything).
+
+        Raises
+        ------
+        ConfigurationError
+            For names it does not know (unless ``silent``); nothing is changed then.
+        RegistrationError
+            If ``instance`` is not registered, or ``memory_manager`` names another manager.
+        BudgetError
+            If the proportion is invalid or does not fit the budget.
+        """
+        changes = {**(updates or {}), **more}
+        member = self._member(instance)
+        known = {"memory_manager", "stream_group", "mem_proportion"}
+        unknown = sorted(set(changes) - known)
+        if unknown and not silent:
+            raise ConfigurationError(
+                f"update() does not know {', '.join(map(repr, unknown))}: the memory settings are "
+                f"{', '.join(sorted(known))} (pass silent=True to ignore other names)"
+            )
+        manager = changes.get("memory_manager")
+        if manager is not None and manager is not self:
+            raise RegistrationError(
+                f"{member.name} cannot change memory manager: unregister it here and register it with the other"
+            )
+        group = changes.get("stream_group")
+        if group is not None and group != member.group:
+            self.change_stream_group(instance, group)
+        if "mem_proportion" in changes:
+            proportion = changes["mem_proportion"]
+            if proportion is None:
+                if self._account.budget.is_manual(member.key):
+                    self.set_auto_limit_mode(instance)
+            else:
+                self.set_manual_proportion(instance, proportion)
+        return set(changes) & known
 
     def cap(self, instance: object) -> int:
         """Bytes ``instance`` may use: proportion x total VRAM.
@@ -413,7 +495,9 @@ class MemoryManager:
         self._registry.renew_streams()
 
     # -- requests --------------------------------------------------------------------------
-    def request(self, instance: object, requests: Mapping[str, ArrayRequest]) -> PendingRequest:
+    def request(
+        self, instance: object, requests: Mapping[str, ArrayRequest], *, replace: bool = False
+    ) -> PendingRequest:
         """Ask for arrays: ``await`` the result, or ``async with`` it to free them on exit.
 
         The requests are checked now (bad ones raise at once); they are queued when awaited.
@@ -424,6 +508,12 @@ class MemoryManager:
             A registered instance.
         requests : mapping
             Label -> :class:`ArrayRequest`.
+        replace : bool
+            Replace ``instance``'s arrays of these labels, as cubie does when a label is asked
+            for again: when the request is awaited, they are freed first (as
+            :meth:`free` ``(label, instance)`` frees them), so the batch is planned with their
+            memory back, and each label then names one array. Off (the default), earlier
+            arrays of a label are kept until released.
 
         Returns
         -------
@@ -440,9 +530,13 @@ class MemoryManager:
             When awaited, if the batch could not be served.
         """
         checked = check_requests(requests)
-        return PendingRequest(self._serve, self.release, instance, self._member(instance), checked)
+        return PendingRequest(
+            self._serve, self.release, instance, self._member(instance), checked, _flag("replace", replace)
+        )
 
-    def _serve(self, instance: object, member: Member, requests: RequestSet) -> Awaitable[ArrayResponse]:
+    def _serve(
+        self, instance: object, member: Member, requests: RequestSet, replace: bool = False
+    ) -> Awaitable[ArrayResponse]:
         """What PendingRequest awaits: the request submitted and waited for (no coroutine of its own:
         one level less on the hot path)."""
         loop = self._serving.loop
@@ -451,6 +545,8 @@ class MemoryManager:
         self._reap()
         if self._registry.members.get(member.key) is not member:  # unregistered since request()
             member = self._registry.member(instance)
+        if replace:
+            self._replace(member, requests)
         return self._groups.serve(member, requests, loop)
 
     @staticmethod
@@ -463,11 +559,19 @@ class MemoryManager:
         """Close the batch being collected in ``group`` (all groups if None) now."""
         self._groups.flush(group)
 
-    def allocate_all(self, instance: object, requests: Mapping[str, ArrayRequest]) -> ArrayResponse:
+    def _replace(self, member: Member, requests: RequestSet) -> None:
+        """Free ``member``'s arrays of the labels ``requests`` asks for (a replacing request)."""
+        labels, key = requests.arrays.keys(), member.key
+        self._groups.free_where(lambda a: a.key == key and a.label in labels, "a request replacing its labels")
+
+    def allocate_all(
+        self, instance: object, requests: Mapping[str, ArrayRequest], *, replace: bool = False
+    ) -> ArrayResponse:
         """Allocate ``requests`` for ``instance`` now, unbatched and unchunked, on its stream.
 
         The arrays are usable after ``await mgr.sync_stream(instance)``; release them with
         :meth:`release`, :meth:`free` or :meth:`free_all`. Works without ``async with``.
+        ``replace=True`` frees ``instance``'s arrays of these labels first (see :meth:`request`).
 
         Raises
         ------
@@ -479,11 +583,14 @@ class MemoryManager:
             If the backend fails (nothing stays allocated).
         """
         checked = check_requests(requests)
-        return self._groups.allocate_now(self._member(instance), checked)
+        member = self._member(instance)
+        if _flag("replace", replace):
+            self._replace(member, checked)
+        return self._groups.allocate_now(member, checked)
 
-    def allocate(self, instance: object, request: ArrayRequest, label: str = "array") -> Any:
+    def allocate(self, instance: object, request: ArrayRequest, label: str = "array", *, replace: bool = False) -> Any:
         """Allocate one array for ``instance`` now (see :meth:`allocate_all`)."""
-        return self.allocate_all(instance, {label: request}).arrays[label]
+        return self.allocate_all(instance, {label: request}, replace=replace).arrays[label]
 
     # -- release ---------------------------------------------------------------------------
     def release(self, response: ArrayResponse) -> None:
@@ -690,6 +797,12 @@ class MemoryManager:
 
 _default: MemoryManager | None = None
 _default_lock = threading.Lock()
+
+
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidRequestError(f"{name} takes True or False, got {shown(value)}")
+    return bool(value)
 
 
 def default_manager() -> MemoryManager:

@@ -108,7 +108,7 @@ def plan_batch(
     items = [(label, req) for requests in batch.values() for label, req in requests.items()]
     runs = run_length(items)
     vram = [req for _, req in items if req.uses_vram]
-    fixed = sum(req.nbytes for req in vram if req.unchunkable)
+    fixed = sum(req.fixed_bytes for req in vram)
     per_run = sum(req.bytes_per_run for req in vram)
     buffered = sum(req.bytes_per_run * req.buffers for req in vram)
     return plan_chunks(runs, fixed, per_run, offered, buffered=buffered, free=free)
@@ -119,7 +119,7 @@ def warn_if_oversubscribed(full: int, free: int) -> None:
     if full > OVERSUBSCRIPTION_WARNING * max(free, 1):
         warn(
             f"the batch asks for {full} bytes, more than {OVERSUBSCRIPTION_WARNING}x the "
-            f"{free} bytes free: it will be walked in many small chunks"
+            f"{free} bytes free: it will be walked in many small chunks, if it can be planned at all"
         )
 
 

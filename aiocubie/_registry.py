@@ -53,6 +53,13 @@ class Member:
     invalidate_async: bool = False
     ready_async: bool = False
     has_ready_hook: bool = False
+    #: ``id`` of the owner it was registered with (None: no owner, told every batch's plan).
+    owner: int | None = None
+
+    @property
+    def owner_key(self) -> int:
+        """The owner it asks for: its owner, or itself when it has none."""
+        return self.key if self.owner is None else self.owner
 
     @property
     def invalidate_hook(self) -> InvalidateHook | None:

@@ -166,6 +166,12 @@ class ArrayRequest:
     batch (like an unchunkable array), so it may be batched with requests of any run length;
     it is allocated with its empty shape, and its chunk slices are empty.
 
+    A run axis of length 1 is planned as cubie plans it: the array is unchunkable (its bytes
+    count as fixed, it keeps its shape in every chunk, its chunk slices are whole and it has
+    one buffer), and it agrees with any run length, so a run's parameters batch beside arrays
+    of ``N`` runs. A request or batch whose only run axes have length 1 has one run: its plan
+    has ``runs`` and ``chunk_length`` 1.
+
     Examples
     --------
     >>> ArrayRequest(shape=(8, 1000), dtype="float32", chunk_axis=1).nbytes
@@ -189,6 +195,9 @@ class ArrayRequest:
     bytes_per_run: int = attrs.field(init=False, eq=False, repr=False)
     #: True when the array takes device memory (its kind is device or managed).
     uses_vram: bool = attrs.field(init=False, eq=False, repr=False)
+    #: Bytes the planner counts as fixed: the whole array when it is unchunkable or its run
+    #: axis has length 1 (see Notes), else 0.
+    fixed_bytes: int = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         axis = self.chunk_axis
@@ -235,12 +244,17 @@ class ArrayRequest:
         if self.unchunkable:
             object.__setattr__(self, "runs", None)
             object.__setattr__(self, "bytes_per_run", 0)
+            object.__setattr__(self, "fixed_bytes", nbytes)
         else:
             runs = self.shape[axis]
-            # an empty run axis has no runs to chunk: it adds nothing per run of its batch
-            per_run = math.prod(s for i, s in enumerate(self.shape) if i != axis) if runs else 0
+            # an empty run axis has no runs to chunk, and a run axis of length 1 is not chunked
+            # (as cubie plans it): neither adds anything per run of its batch
+            per_run = math.prod(s for i, s in enumerate(self.shape) if i != axis) if runs > 1 else 0
             object.__setattr__(self, "runs", runs)
             object.__setattr__(self, "bytes_per_run", per_run * self.dtype.itemsize)
+            object.__setattr__(self, "fixed_bytes", nbytes if runs == 1 else 0)
+            if runs == 1:  # never cut, so one buffer: a walk's extra buffers would be unbudgeted copies
+                object.__setattr__(self, "buffers", 1)
 
     @classmethod
     def like(
@@ -274,7 +288,7 @@ class ArrayRequest:
 
     def chunked_shape(self, chunk_length: int) -> tuple[int, ...]:
         """The shape this array has when the run axis is cut to ``chunk_length``."""
-        if self.unchunkable:
+        if self.unchunkable or self.runs == 1:
             return self.shape
         shape = list(self.shape)
         shape[self.chunk_axis] = min(chunk_length, shape[self.chunk_axis])
@@ -284,7 +298,8 @@ class ArrayRequest:
 def run_length(batch: Iterable[tuple[str, ArrayRequest]]) -> int:
     """The run length the chunkable arrays of ``batch`` (label, request pairs) share (0: none).
 
-    Arrays with an empty run axis (0 runs) have nothing to chunk and agree with any length.
+    Arrays with an empty run axis (0 runs) or a run axis of length 1 are not chunked and agree
+    with any length; when only length-1 run axes are there, the run length is 1.
 
     Raises
     ------
@@ -293,8 +308,10 @@ def run_length(batch: Iterable[tuple[str, ArrayRequest]]) -> int:
     """
     runs: int | None = None
     first = ""
+    single = False
     for label, request in batch:
-        if not request.runs:  # unchunkable, or an empty run axis: nothing to agree on
+        if not request.runs or request.runs == 1:  # unchunkable, an empty or a length-1 run axis
+            single = single or request.runs == 1
             continue
         if runs is None:
             runs, first = request.runs, label
@@ -304,7 +321,7 @@ def run_length(batch: Iterable[tuple[str, ArrayRequest]]) -> int:
                 f"along its chunk axis but {label!r} has {request.runs}; give them the same "
                 "length, mark one unchunkable, or request them in different stream groups"
             )
-    return runs or 0
+    return runs or (1 if single else 0)
 
 
 class RequestSet:
@@ -316,7 +333,8 @@ class RequestSet:
         Label -> :class:`ArrayRequest`.
     runs : int
         The run length the chunkable arrays share (0 when none is chunkable, or all of them
-        have an empty run axis: such a request batches with any run length).
+        have an empty run axis; 1 when the only run axes have length 1: both batch with any
+        run length).
     fixed : int
         VRAM bytes of the unchunkable arrays.
     per_run : int
@@ -379,6 +397,7 @@ def check_requests(requests: Any) -> RequestSet:
     shapes: dict[str, tuple[int, ...]] = {}
     fixed = per_run = runs = buffered = 0
     first = ""
+    single = False
     for label, request in requests.items():
         if not isinstance(label, str) or not label:
             raise InvalidRequestError(f"array labels must be non-empty strings, got {label!r}")
@@ -386,8 +405,9 @@ def check_requests(requests: Any) -> RequestSet:
             raise InvalidRequestError(f"requests[{label!r}] is a {type(request).__name__}, not an ArrayRequest")
         arrays[label] = request
         shapes[label] = request.shape
-        if request.runs is None:
+        if request.runs is None or request.runs == 1:  # unchunkable, or a length-1 run axis (as cubie)
             axes[label] = None
+            single = single or request.runs == 1
             if request.uses_vram:
                 fixed += request.nbytes
         else:
@@ -401,7 +421,7 @@ def check_requests(requests: Any) -> RequestSet:
             if request.uses_vram:
                 per_run += request.bytes_per_run
                 buffered += request.bytes_per_run * request.buffers
-    return RequestSet(arrays, runs, fixed, per_run, axes, shapes, buffered)
+    return RequestSet(arrays, runs or (1 if single else 0), fixed, per_run, axes, shapes, buffered)
 
 
 @attrs.frozen(eq=False)

@@ -120,7 +120,10 @@ class GroupScheduler:
             self._wake.set()
 
     def adopt(self, tickets: list[Ticket]) -> None:
-        """Queue ``tickets`` moved here from another group, behind what is queued."""
+        """Queue ``tickets`` moved here from another group, behind what is queued; they are
+        counted in this group from now on (their batch, chunks, waits and failures are here)."""
+        for ticket in tickets:
+            ticket.regroup(self.group.counters)
         if tickets:
             self.queue.extend(tickets)
             self._wake.set()
@@ -250,9 +253,9 @@ class GroupScheduler:
         while self._live_queue() and len(batch) < limit:
             # one plan walks one run axis: a request of another length starts the next batch
             head = self.queue[0]
-            if head.runs and runs and head.runs != runs:
+            if head.runs > 1 and runs > 1 and head.runs != runs:  # 0 or 1 run agrees with any length
                 break
-            runs = runs or head.runs
+            runs = max(runs, head.runs)
             batch.append(self.queue.popleft())
         for ticket in self.queue:
             ticket.leftover = True
@@ -365,7 +368,7 @@ class GroupScheduler:
             runs = fixed = per_run = buffered = 0
             for ticket in batch:
                 requests = ticket.requests
-                runs = runs or requests.runs
+                runs = max(runs, requests.runs)  # 0 or 1 (length-1 run axes) agrees with any length
                 fixed += requests.fixed
                 per_run += requests.per_run
                 buffered += requests.buffered
@@ -376,22 +379,27 @@ class GroupScheduler:
         if plan is None or plan.chunks > 1 or 2 * plan.planned_bytes > free:
             plan, offered, free = self._plan_against(runs, fixed, per_run, buffered, fresh=True)
         options = self._account.options
-        if plan is None and options.active and options.policy is not Policy.WAIT:
-            self._check_under_cap(members)
-        if options.policy is Policy.CHUNK or not options.active:
-            plan = plan or plan_chunks(runs, fixed, per_run, offered, buffered=buffered)  # raises why it cannot fit
-        elif plan is None or plan.chunks > 1:
-            if options.policy is Policy.FAIL:
-                raise InsufficientMemoryError(
-                    f"policy 'fail': the batch needs {fixed + per_run * runs} bytes whole but group "
-                    f"{self.name!r} is offered {offered}; release memory, or use policy 'chunk' or 'wait'"
+        try:
+            if plan is None and options.active and options.policy is not Policy.WAIT:
+                self._check_under_cap(members)
+            if options.policy is Policy.CHUNK or not options.active:
+                plan = plan or plan_chunks(runs, fixed, per_run, offered, buffered=buffered)  # raises why it cannot fit
+            elif plan is None or plan.chunks > 1:
+                if options.policy is Policy.FAIL:
+                    raise InsufficientMemoryError(
+                        f"policy 'fail': the batch needs {fixed + per_run * runs} bytes whole but group "
+                        f"{self.name!r} is offered {offered}; release memory, or use policy 'chunk' or 'wait'"
+                    )
+                # policy wait: take the best plan there could be (raises if even that cannot fit)
+                best = plan_chunks(
+                    runs, fixed, per_run, self._account.offered(members, free, as_if_empty=True), buffered=buffered
                 )
-            # policy wait: take the best plan there could be (raises if even that cannot fit)
-            best = plan_chunks(
-                runs, fixed, per_run, self._account.offered(members, free, as_if_empty=True), buffered=buffered
-            )
-            if plan is None or plan.planned_bytes < best.planned_bytes:
-                return None
+                if plan is None or plan.planned_bytes < best.planned_bytes:
+                    return None
+        except PlanningError:
+            # as cubie does: the warning comes before the refusal, so a batch far too large says so
+            warn_if_oversubscribed(fixed + per_run * runs, free)
+            raise
         warn_if_oversubscribed(plan.full_bytes, free)  # once per batch, at the caller's line
         return plan
 
@@ -513,15 +521,22 @@ class GroupScheduler:
             self._run_hooks(tickets, plan, stream)
 
     def _run_hooks(self, tickets: list[Ticket], plan: ChunkPlan, stream: Any) -> None:
-        """Call the ready hooks: members with nothing in the batch get the plan with no arrays.
+        """Call the ready hooks: members with nothing in the batch get the plan with no arrays
+        (those registered with an owner only when a member of their owner asked in it).
 
         Async hooks run as tasks of the manager, so a slow hook never holds up resolution.
         """
         served = [(t.key, t.response) for t in tickets if t.state is State.READY]
         asked = {key for key, _ in served}
+        owners: set[int] | None = None  # the owners that asked, worked out when a scoped member needs them
         for key in self.group.members - asked:
             member = self._members.get(key)
             if member is not None and member.has_ready_hook:
+                if member.owner is not None:
+                    if owners is None:
+                        owners = {m.owner_key for k in asked if (m := self._members.get(k)) is not None}
+                    if member.owner not in owners:
+                        continue
                 served.append((key, self._account.respond(_NOTHING, [], plan, stream)))
         for key, response in served:
             member = self._members.get(key)

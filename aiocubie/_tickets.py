@@ -45,7 +45,8 @@ class Ticket:
     requests : RequestSet
         The arrays asked for.
     counters : tuple of Counters
-        The group's and the member's counters, looked up once for the ticket's whole life.
+        The group's and the member's counters, looked up once (and again by :meth:`regroup`
+        when the member moves to another group with the ticket).
     """
 
     __slots__ = ("_signal", "counters", "enqueued", "error", "key", "leftover", "requests", "response", "state")
@@ -126,6 +127,15 @@ class Ticket:
     def _wake(self) -> None:
         if self._signal is not None:
             self._signal.set()
+
+    def regroup(self, counters: Counters) -> None:
+        """The ticket moved to another group (its member did, before it was served): count it,
+        and whatever happens to it from now on, in ``counters`` (the new group's) instead."""
+        old, *rest = self.counters
+        if old is not counters:
+            old.requests -= 1
+            counters.requests += 1
+            self.counters = (counters, *rest)
 
     # -- the awaiting side -------------------------------------------------------------------
     @property

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -83,6 +84,7 @@ def test_torch_interop() -> None:
 def test_every_example_is_tested(path: Path) -> None:
     assert path.stem.removeprefix("test_") in {
         "async_pipeline",
+        "cubie_pipeline",
         "dask_chunked",
         "data_loader",
         "history",
@@ -98,3 +100,14 @@ def test_dask_chunked() -> None:
     out = _run(str(EXAMPLES / "dask_chunked.py"))
     assert len(re.findall(r"piece \d: 4096 rows in \d+ chunks on (simulator|cuda)", out)) == 8
     assert re.search(r"8 pieces on [12] worker\(s\), every result correct", out)
+
+
+def test_cubie_pipeline(tmp_path: Path) -> None:
+    if importlib.util.find_spec("cubie") is None:
+        pytest.skip("cubie is not installed (pip install 'aiocubie[cubie]')")
+    out = _run(str(EXAMPLES / "cubie_pipeline.py"), cwd=tmp_path)  # cubie writes its caches under the cwd
+    solves = re.findall(r"solve [ab]: 120 runs in (\d+) chunks of \d+, identical to cubie's own memory manager", out)
+    assert len(solves) == 2 and max(map(int, solves)) > 1, out  # one is planned around the other and the cache
+    loaded = re.search(r"loader: (\d+) batches on the loop while the solves ran", out)
+    assert loaded and int(loaded.group(1)) > 0, out
+    assert "one stats table: groups ['load', 'solver']" in out

@@ -20,7 +20,7 @@ from aiocubie._errors import (
     UnchunkableTooLargeError,
 )
 from aiocubie._planner import OVERSUBSCRIPTION_WARNING, ChunkPlan, offered_bytes, plan_batch
-from aiocubie._requests import ArrayRequest, ArrayResponse, MemoryKind
+from aiocubie._requests import ArrayRequest, ArrayResponse, MemoryKind, check_requests
 
 FAST = settings(max_examples=200, deadline=None)
 VRAM_KINDS = ("device", "managed")
@@ -322,6 +322,8 @@ def batches(draw: Any, max_runs: int = 60) -> tuple[dict[str, dict[str, ArrayReq
         batch[f"inst{i}"] = arrays
     if all(axis is None for _, axis, *_ in specs):
         runs = 0  # nothing chunkable: the batch has no run axis
+    elif runs == 1:  # a run axis of length 1 is not chunked (as cubie plans it): its arrays are fixed
+        specs = [(shape, None, *rest) for shape, _, *rest in specs]
     return batch, runs, specs
 
 
@@ -527,10 +529,10 @@ def test_host_arrays_do_not_change_the_plan(data: st.DataObject) -> None:
 def test_run_length_mismatch_detected(data: st.DataObject) -> None:
     batch, runs, _ = data.draw(batches())
     chunkable = [(inst, label) for inst, a in batch.items() for label, r in a.items() if not r.unchunkable]
-    assume(len(chunkable) >= 2 and runs)  # a mismatch needs two chunkable arrays with runs
+    assume(len(chunkable) >= 2 and runs > 1)  # a mismatch needs two chunkable arrays of several runs
     inst, label = data.draw(st.sampled_from(chunkable))
     old = batch[inst][label]
-    other = data.draw(st.integers(1, 70).filter(lambda n: n != runs))  # 0 runs agree with any length
+    other = data.draw(st.integers(2, 70).filter(lambda n: n != runs))  # 0 and 1 runs agree with any length
     shape = list(old.shape)
     shape[old.chunk_axis] = other
     batch[inst][label] = ArrayRequest(shape=tuple(shape), dtype=old.dtype, kind=old.kind, chunk_axis=old.chunk_axis)
@@ -562,3 +564,25 @@ def test_order_of_instances_does_not_matter() -> None:
 
 def test_oversubscription_constant() -> None:
     assert OVERSUBSCRIPTION_WARNING == 20
+
+
+# issue 25: a run axis of length 1 is planned as cubie plans it (unchunkable), beside N runs
+def test_a_length_one_run_axis_is_fixed_beside_n_runs() -> None:
+    params = {"p": req((3, 1), "float64", chunk_axis=1)}  # one run's parameters: 24 bytes
+    states = {"s": req((2, 100), "float32", chunk_axis=1)}  # 8 bytes per run
+    plan = plan_batch({"a": params, "b": states}, 10**6)
+    assert (plan.runs, plan.chunks, plan.chunk_length, plan.full_bytes) == (100, 1, 100, 824)
+    chunked = plan_batch({"a": params, "b": states}, 24 + 8 * 30)  # the 24 bytes are fixed, not per run
+    assert (chunked.chunks, chunked.chunk_length, chunked.planned_bytes) == (4, 25, 24 + 8 * 25)
+    assert params["p"].chunked_shape(25) == (3, 1)
+    assert check_requests({**params, **states}).chunk_axes == {"p": None, "s": 1}  # whole slices per chunk
+
+
+# issue 25: a batch of one run (only length-1 run axes) reports its run: chunk_length 1, not 0
+def test_a_one_run_batch_reports_its_run() -> None:
+    one = {"x": req((4, 1), "float32", chunk_axis=1), "y": req((1,), "int32")}
+    plan = plan_batch({"a": one}, 10**6)
+    assert (plan.runs, plan.chunks, plan.chunk_length, plan.full_bytes) == (1, 1, 1, 20)
+    assert check_requests(one).runs == 1
+    with pytest.raises(UnchunkableTooLargeError):  # nothing to cut: a run that does not fit is fixed bytes
+        plan_batch({"a": one}, 19)
