@@ -97,7 +97,7 @@ class _InstantDevice(Device):
 
 
 class _InstantMemory(MemoryResource):
-    """``total`` bytes of numpy memory; no pool."""
+    """``total`` bytes, counted (the array maker makes the numpy memory); no pool."""
 
     name = "driver"
 
@@ -110,7 +110,7 @@ class _InstantMemory(MemoryResource):
             if nbytes > self.total - self.used:
                 raise OutOfMemoryError(f"out of memory: {nbytes} bytes asked, {self.total - self.used} free")
             self.used += nbytes
-        return Block(0, nbytes, kind, stream, np.empty(nbytes, np.uint8))
+        return Block(0, nbytes, kind, stream, None)  # accounting only: the array maker makes numpy memory
 
     def deallocate(self, block: Block) -> None:
         if block.kind is MemoryKind.DEVICE:
@@ -124,12 +124,12 @@ class _InstantMemory(MemoryResource):
 
 
 class _NumpyArrays(ArrayMaker):
-    """numpy arrays over the blocks, whatever the kind: nothing to model."""
+    """Plain numpy arrays, whatever the kind: nothing to model (the blocks are accounting only)."""
 
     name = "numpy"
 
     def make(self, block: Block, shape: tuple[int, ...], dtype: np.dtype[Any], stream: Any) -> Any:
-        return np.ndarray(shape, dtype, buffer=block.handle)
+        return np.empty(shape, dtype)
 
 
 class InstantBackend(Backend):
