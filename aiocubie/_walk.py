@@ -561,9 +561,11 @@ class _Walk:
             for stream in (self.cin, self.cout, self.stream):
                 try:
                     event = self.device.record_event(stream)
-                except AiocubieError:  # cannot record: block on the stream instead
-                    synchronize = getattr(stream, "synchronize", None)
+                except AiocubieError:  # cannot record (a closed stream): wait for it on a thread
+                    # the staging buffers go back to the pool after this: copies queued
+                    # before the error still read and write them (issue 22, item 3)
+                    synchronize = getattr(stream, "synchronize", None) or getattr(stream, "sync", None)
                     if synchronize is not None:
-                        synchronize()
+                        await anyio.to_thread.run_sync(synchronize)
                     continue
                 await self.loop.wait(event)

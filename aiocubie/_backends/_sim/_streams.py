@@ -86,11 +86,15 @@ class SimStream:
     def synchronize(self) -> None:
         """Block until the work queued so far is done (at once when the stream is idle).
 
-        A no-op on the stream's own worker (the work before the caller is done) and on a
-        closed stream (its worker ran what it had).
+        A no-op on the stream's own worker (the work before the caller is done). On a closed
+        stream it waits for the worker to finish what was queued before the close, as a
+        real stream's copies still land after a reset: whoever frees their buffers waits here.
         """
         progress = self._progress
-        if progress.queued == progress.done or self.closed or threading.current_thread() is self._worker:
+        if progress.queued == progress.done or threading.current_thread() is self._worker:
+            return
+        if self.closed:
+            self._worker.join()
             return
         done = threading.Event()
         self.enqueue(done.set)

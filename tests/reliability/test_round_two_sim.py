@@ -1,0 +1,72 @@
+"""Issue 22, the simulator's part: what would corrupt memory on a GPU must fail loudly here.
+
+Staging buffers outlive the copies that use them; pooled host arrays outlive their views;
+released arrays cannot be used; the pinned pool gives back what it no longer needs. Each test
+keeps the shape of the reproduction in the issue.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import anyio
+import numpy as np
+import pytest
+from _reliability import LOOPS
+
+from aiocubie import (
+    AiocubieError,
+    ArrayRequest,
+    Engines,
+    MemoryManager,
+    SimulatorBackend,
+    walk_chunks,
+)
+
+pytestmark = pytest.mark.anyio
+
+MiB = 1 << 20
+
+
+@pytest.fixture(params=LOOPS)
+def anyio_backend(request: pytest.FixtureRequest) -> object:
+    return request.param
+
+
+def _walk_requests(shape: tuple[int, int]) -> dict[str, ArrayRequest]:
+    return {label: ArrayRequest(shape, np.float32, chunk_axis=0, buffers=2) for label in ("x", "y")}
+
+
+async def test_set_allocator_during_an_overlapped_walk_leaves_no_copy_behind() -> None:
+    """Item 3: the walk's streams are closed by the reset with copies still queued; the walk
+    must wait for them before its staging buffers go back, and the next walk is exact."""
+    engines = Engines(h2d_bandwidth=2e7, d2h_bandwidth=2e7, copy_latency=0.01)
+    sim = SimulatorBackend(total=2 * MiB, engines=engines)
+    shape = (20, 50_000)
+    requests = _walk_requests(shape)
+    async with MemoryManager(sim) as mgr:
+        comp = object()
+        mgr.register(comp)
+        x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+        y = np.zeros_like(x)
+        with pytest.raises(AiocubieError), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            async with mgr.request(comp, requests) as response:
+                assert response.chunks > 4
+                async for chunk in walk_chunks(response, inputs={"x": x}, outputs={"y": y}, depth=2):
+                    chunk.device["y"][...] = chunk.device["x"]
+                    if chunk.index == 3:
+                        mgr.set_allocator("cupy")
+        returned = time.perf_counter()
+        assert mgr.stats().pinned.in_use == 0
+        await anyio.sleep(0.2)  # anything still queued would run now
+        late = [entry for entry in sim.timeline if entry.op == "copy" and entry.end > returned]
+        assert not late, f"copies ran after the walk gave its staging buffers back: {late}"
+        x2 = np.full(shape, 7, np.float32)
+        y2 = np.zeros_like(x2)
+        async with mgr.request(comp, requests) as response:
+            async for chunk in walk_chunks(response, inputs={"x": x2}, outputs={"y": y2}, depth=2):
+                chunk.device["y"][...] = chunk.device["x"]
+        np.testing.assert_array_equal(y2, x2)
+    sim.close()
