@@ -7,7 +7,6 @@ ledger or budget, and never reaches back to the manager.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -62,11 +61,9 @@ class Transfers:
                 raise InvalidRequestError(f"like has shape {like_shape}, not {request.shape}")
         try:
             if pool and request.kind is MemoryKind.PINNED:
-                staging = self.device.pinned_pool
-                buffer = staging.acquire(request.nbytes)
-                array = buffer[: request.nbytes].view(request.dtype).reshape(request.shape)
+                # the buffer goes back when the array and every view of it are gone
+                array = self.device.pinned_pool.lease(request.nbytes).view(request.dtype).reshape(request.shape)
                 array.fill(0)
-                weakref.finalize(array, staging.release, buffer)
             else:
                 array = self.device.host_array(request.shape, request.dtype, request.kind)
         except AiocubieError:

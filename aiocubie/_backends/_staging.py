@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -70,6 +71,20 @@ class PinnedPool:
             self.peak_in_use = max(self.peak_in_use, self.in_use)
         return buffer
 
+    def lease(self, nbytes: int) -> np.ndarray[Any, Any]:
+        """``nbytes`` page-locked bytes as a ``uint8`` array that gives its buffer back to the
+        pool when it and every view of it are collected (not before: a view keeps it).
+
+        numpy points a view's ``base`` at the array that owns the memory, which would be the
+        pool's buffer; the array handed out here is made over a small owner of its own, which
+        every view keeps alive, and the buffer goes back when that owner is collected.
+        """
+        buffer = self.acquire(nbytes)
+        owner = _Lease(buffer, max(int(nbytes), 0))
+        weakref.finalize(owner, self.release, buffer)
+        array: np.ndarray[Any, Any] = np.asarray(owner)
+        return array
+
     def release(self, buffer: np.ndarray[Any, Any]) -> None:
         """Give ``buffer`` back for reuse; nothing may read or write it any more."""
         with self._lock:
@@ -91,3 +106,18 @@ class PinnedPool:
         """Start measuring :attr:`peak_in_use` again from what is in use now."""
         with self._lock:
             self.peak_in_use = self.in_use
+
+
+class _Lease:
+    """The owner of a leased pool buffer's memory, as numpy sees it (``__array_interface__``)."""
+
+    __slots__ = ("__array_interface__", "__weakref__", "base")
+
+    def __init__(self, buffer: np.ndarray[Any, Any], nbytes: int) -> None:
+        self.base = buffer  # as an ndarray's base: who asks what memory this is follows it
+        self.__array_interface__ = {
+            "data": (buffer.ctypes.data, False),
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "version": 3,
+        }

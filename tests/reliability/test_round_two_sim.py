@@ -7,6 +7,7 @@ keeps the shape of the reproduction in the issue.
 
 from __future__ import annotations
 
+import gc
 import time
 import warnings
 
@@ -69,4 +70,26 @@ async def test_set_allocator_during_an_overlapped_walk_leaves_no_copy_behind() -
             async for chunk in walk_chunks(response, inputs={"x": x2}, outputs={"y": y2}, depth=2):
                 chunk.device["y"][...] = chunk.device["x"]
         np.testing.assert_array_equal(y2, x2)
+    sim.close()
+
+
+async def test_a_pooled_host_array_stays_out_of_the_pool_while_a_view_lives() -> None:
+    """Item 4: the buffer went back when the array was collected although a view of it lived;
+    the next pooled array then aliased the view."""
+    sim = SimulatorBackend(total=4 * MiB)
+    async with MemoryManager(sim) as mgr:
+        array = mgr.create_host_array((4, 256), np.float32, pool=True)
+        array[...] = 1.0
+        view = array[1:3]
+        assert sim.device.is_pinned(view)
+        del array
+        gc.collect()
+        other = mgr.create_host_array((4, 256), np.float32, pool=True)
+        other[...] = 2.0
+        assert not np.shares_memory(view, other)
+        np.testing.assert_array_equal(view, 1.0)
+        assert mgr.stats().pinned.in_use == 2 * other.nbytes
+        del view, other
+        gc.collect()
+        assert mgr.stats().pinned.in_use == 0  # both buffers back once nothing views them
     sim.close()

@@ -157,10 +157,10 @@ class SimDevice(Device):
     def is_pinned(self, array: Any) -> bool:
         """True for host arrays made ``pinned`` here, and views of them."""
         pinned = self.state.pinned
-        while isinstance(array, np.ndarray):
-            if pinned.get(id(array)) is array:
+        while array is not None:  # through views, and the owners of leased pool buffers
+            if isinstance(array, np.ndarray) and pinned.get(id(array)) is array:
                 return True
-            array = array.base
+            array = getattr(array, "base", None)
         return False
 
     # -- streams, events, copies ----------------------------------------------------------
