@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from ._requests import MemoryKind
+from ._requests import ArrayResponse, MemoryKind
 
 __all__ = ["Allocation", "Ledger"]
 
@@ -110,6 +110,8 @@ class Ledger:
         allocs = self._by_owner.pop(id(owner), None)
         if allocs is None:
             return []
+        if isinstance(owner, ArrayResponse):  # a walk over it refuses from now on
+            owner._mark_released(alloc.label for alloc in allocs)
         first = allocs[0]  # one owner: one key and group
         vram = sum(alloc.vram for alloc in allocs) if len(allocs) > 1 else first.vram
         self.live -= vram
@@ -133,6 +135,8 @@ class Ledger:
 
     def _forget(self, allocs: Iterable[Allocation]) -> None:
         for alloc in allocs:
+            if isinstance(alloc.owner, ArrayResponse):
+                alloc.owner._mark_released((alloc.label,))
             self.live -= alloc.vram
             self.live_by_key[alloc.key] -= alloc.vram
             self.live_by_group[alloc.group] -= alloc.vram

@@ -466,6 +466,16 @@ class ArrayResponse:
     stream: Any
     buffers: dict[str, tuple[Any, ...]] = attrs.field(factory=dict)
     device: Any = attrs.field(default=None, repr=False)
+    _released: set[str] = attrs.field(factory=set, init=False, repr=False)  # labels freed; the ledger writes it
+
+    @property
+    def released(self) -> frozenset[str]:
+        """The labels whose arrays were freed (``release``, ``free``, ``free_all``, the end of
+        ``async with``, a context reset): those arrays must not be used any more."""
+        return frozenset(self._released)
+
+    def _mark_released(self, labels: Iterable[str]) -> None:
+        self._released.update(labels)
 
     def buffer_count(self, label: str) -> int:
         """How many chunk buffers ``label`` has (1 unless it asked for more and was chunked)."""

@@ -27,7 +27,7 @@ import numpy as np
 
 from ._backends import Device, Event
 from ._completion import Loop
-from ._errors import AiocubieError, InvalidRequestError, shown, warn
+from ._errors import AiocubieError, InvalidRequestError, ReleasedError, shown, warn
 from ._requests import ArrayRequest, ArrayResponse
 
 __all__ = ["DEFAULT_DEPTH", "Chunk", "walk_chunks", "walk_requests"]
@@ -129,6 +129,10 @@ async def walk_chunks(
         Also if ``depth`` is more than a chunked input or output has buffers.
     BackendError
         If a copy fails (all copies in flight are waited for first).
+    ReleasedError
+        If the response's arrays were freed (``mgr.release``, ``free``, ``free_all``, the end
+        of its ``async with``, a context reset): before the first chunk, or at the next chunk
+        when that happens during the walk.
 
     Notes
     -----
@@ -419,6 +423,7 @@ class _Walk:
         whole_in = [label for label in self.ins if axes[label] is None]
         finished = False
         try:
+            self._check_live()
             if whole_in:
                 await self._copy_whole(
                     [np.ascontiguousarray(self.ins[label]) for label in whole_in],
@@ -426,6 +431,7 @@ class _Walk:
                 )
             issued = 0
             for index in range(response.chunks):
+                self._check_live()
                 while issued < min(response.chunks, index + depth):
                     await self._copy_in(issued)
                     issued += 1
@@ -441,6 +447,7 @@ class _Walk:
                     await self.loop.checkpoint()
                 await self._settle(ready_only=True)
                 yield self._chunk(index)
+                self._check_live()
                 self.body_done[index] = device.record_event(self.stream)
                 await self._copy_out(index)
                 if depth == 1:
@@ -461,6 +468,15 @@ class _Walk:
             for buffer in self.staging:
                 self.pool.release(buffer)
             self.staging.clear()
+
+    def _check_live(self) -> None:
+        released = self.response.released
+        if released:
+            raise ReleasedError(
+                f"walk_chunks: the response's arrays {sorted(released)} were released (mgr.release, free, "
+                "free_all, the end of its `async with`, or a context reset): walk inside the `async with "
+                "mgr.request(...)` block, or before releasing the response"
+            )
 
     async def _copy_whole(self, sources: list[Any], targets: list[Any]) -> None:
         """Copy the unchunked arrays on the group's stream and wait until they are done."""

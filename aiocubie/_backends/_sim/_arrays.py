@@ -21,6 +21,7 @@ from ..._requests import MemoryKind
 from .._arrays import ArrayMaker, parse_array_type
 from .._device import StreamLike
 from .._resource import Block
+from ._memory import check_live
 
 __all__ = ["SimArrays", "SimCupyArray", "cuda_array_interface", "host_data", "in_simulated_kernel", "sync"]
 
@@ -114,6 +115,7 @@ class SimCupyArray:
         self._stream = stream
 
     def _host(self) -> np.ndarray[Any, Any]:
+        check_live(self._data)
         sync(self._stream)
         return self._data
 

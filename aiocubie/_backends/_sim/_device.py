@@ -25,7 +25,7 @@ from .._device import Advice, Device, Event, MemoryInfo
 from .._resource import MemoryResource
 from ._arrays import host_data
 from ._faults import Faults, count
-from ._memory import SimFaults, SimMemory, SimPool, SimState, host_memory
+from ._memory import SimFaults, SimMemory, SimPool, SimState, check_live, host_memory
 from ._streams import SimEvent, SimStream
 
 __all__ = ["TIMELINE_LENGTH", "Engines", "SimDevice", "TimelineEntry"]
@@ -224,6 +224,8 @@ class SimDevice(Device):
             src, dst = host_data(src), host_data(dst)
         except TypeError as exc:
             raise BackendError(f"cannot copy: {exc}") from exc
+        check_live(src)
+        check_live(dst)
         if not dst.flags.writeable:
             raise BackendError(f"cannot copy into a read-only {dst.shape} array: pass a writable one")
         if not (src.flags.c_contiguous and dst.flags.c_contiguous):  # as on a GPU: one block each

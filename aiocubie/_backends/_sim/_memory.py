@@ -15,14 +15,40 @@ from typing import Any
 import attrs
 import numpy as np
 
-from ..._errors import AllocationError, BackendError, OutOfMemoryError
+from ..._errors import AllocationError, BackendError, OutOfMemoryError, ReleasedError
 from ..._requests import MemoryKind
 from ..._stats import PoolFacts
 from .._device import StreamLike
 from .._resource import Block, MemoryResource, ResourceAdaptor
 from ._faults import Faults
 
-__all__ = ["SimFaults", "SimMemory", "SimPool", "SimState", "host_memory"]
+__all__ = ["SimFaults", "SimMemory", "SimPool", "SimState", "check_live", "host_memory", "poison"]
+
+#: The memory of device and managed blocks given back, or lost to a context reset, by id: the
+#: simulator's arrays over it refuse every use (on a GPU it may hold another array's data).
+_RELEASED: weakref.WeakValueDictionary[int, np.ndarray[Any, Any]] = weakref.WeakValueDictionary()
+
+
+def poison(block: Block) -> None:
+    """Mark the memory of a freed device or managed ``block``: filled with ``0xFF`` (NaN in
+    floats), and every simulator array over it raises :class:`ReleasedError` when used."""
+    data = block.handle
+    if (block.kind is _DEVICE or block.kind is _MANAGED) and isinstance(data, np.ndarray) and data.size:
+        data.fill(0xFF)
+        _RELEASED[id(data)] = data
+
+
+def check_live(data: np.ndarray[Any, Any]) -> None:
+    """Raise :class:`ReleasedError` if ``data`` views the memory of a freed block."""
+    base = data.base
+    if base is not None and _RELEASED.get(id(base)) is base:
+        raise ReleasedError(
+            f"this {data.shape} {data.dtype} array was released (mgr.release, free, free_all, the end of "
+            "its request's `async with`, or a context reset) and is used after: on a GPU its memory may "
+            "hold another array's data by now. Keep the response until you are done with its arrays, or "
+            "request them again"
+        )
+
 
 _DEVICE, _MANAGED = MemoryKind.DEVICE, MemoryKind.MANAGED  # MemoryKind.uses_vram costs 0.3 us a call
 
@@ -54,6 +80,8 @@ class SimState:
         """Forget every block: the context that held them is gone."""
         self.used = self.pooled = 0
         self.cached.clear()
+        for block in self.live.values():
+            poison(block)
         self.live.clear()
 
 
@@ -111,6 +139,7 @@ class SimMemory(MemoryResource):
             )
         if block.kind is _DEVICE or block.kind is _MANAGED:
             state.used -= block.nbytes
+            poison(block)
 
     def release_cached(self) -> int:
         return 0
@@ -170,6 +199,7 @@ class SimPool(ResourceAdaptor):
             )
         state.pooled -= block.nbytes
         state.cached.append(block.nbytes)  # the pool keeps it for reuse
+        poison(block)
 
     def release_cached(self) -> int:
         state = self.memory.state

@@ -14,6 +14,7 @@ import numpy as np
 from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
 from ._arrays import cuda_array_interface, sync
+from ._memory import check_live
 
 __all__ = ["numba_model"]
 
@@ -63,15 +64,18 @@ def numba_model() -> type[Any]:
             return SimNumbaArray(ary, self.stream)
 
         def __getitem__(self, idx: Any) -> Any:
+            check_live(self._ary)
             sync(self.stream or None)
             value = self._ary[idx]
             return self._view(value) if isinstance(value, np.ndarray) else value
 
         def __setitem__(self, idx: Any, value: Any) -> None:
+            check_live(self._ary)
             sync(self.stream or None)
             self._ary[idx] = value
 
         def copy_to_host(self, ary: Any = None, stream: Any = 0) -> Any:
+            check_live(self._ary)
             sync(self.stream or None)
             return super().copy_to_host(ary, stream)
 
