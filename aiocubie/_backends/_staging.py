@@ -2,9 +2,11 @@
 
 Walks stage pageable host data through it, and ``create_host_array(pool=True)`` draws from it.
 Sizes are never rounded up (to powers of two or otherwise): a buffer is reused for any request
-it covers, and a new one is pinned only when no free buffer does. It never frees a buffer that
-is in use, and it does not know about streams: callers give a buffer back once the copies that
-use it are done.
+it covers, and a new one is pinned only when no free buffer does. It holds at most
+``KEEP`` (1.1) times the most ever in use at once: past that it unpins its smallest free buffers,
+when a buffer comes back and before it pins a new one. It never frees a buffer that is in use,
+and it does not know about streams: callers give a buffer back once the copies that use it are
+done.
 """
 
 from __future__ import annotations
@@ -17,11 +19,21 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PinnedPool"]
+__all__ = ["KEEP", "PinnedPool"]
+
+#: The pool holds at most this many times the most bytes ever in use at once (``peak_in_use``).
+KEEP = 1.1
 
 
 class PinnedPool:
-    """Page-locked ``uint8`` buffers, handed out by best fit and kept for reuse until :meth:`clear`.
+    """Page-locked ``uint8`` buffers, handed out by best fit and kept for reuse.
+
+    What it gives back, and when: whenever a buffer comes back and ``held`` is then over
+    ``KEEP x peak_in_use``, and before pinning a new buffer that would take ``held`` over
+    ``KEEP x`` the peak that buffer makes, it unpins free buffers, the smallest first (the
+    least likely to serve the next request), until it is under. So at rest it holds at most
+    1.1x the most ever staged at once, and free buffers too small for what is asked now go
+    first. :meth:`clear` (``mgr.release_pinned()``) unpins every free buffer.
 
     Parameters
     ----------
@@ -57,9 +69,14 @@ class PinnedPool:
             If the host cannot pin a new buffer.
         """
         nbytes = max(int(nbytes), 1)
+        dropped: list[np.ndarray[Any, Any]] = []
         with self._lock:
             at = bisect.bisect_left(self._free, (nbytes, -1))
             buffer = self._free.pop(at)[2] if at < len(self._free) else None
+            if buffer is None:  # a miss: the free buffers left are all too small for it
+                peak = max(self.peak_in_use, self.in_use + nbytes)
+                dropped = self._trim(KEEP * peak - nbytes)
+        dropped.clear()  # unpinned as they are collected, outside the lock
         if buffer is None:
             buffer = self._allocate(nbytes)  # outside the lock: pinning takes milliseconds
             with self._lock:
@@ -93,6 +110,18 @@ class PinnedPool:
                 return
             self.in_use -= entry[1]
             bisect.insort(self._free, (buffer.nbytes, id(buffer), buffer))
+            dropped = self._trim(KEEP * self.peak_in_use)
+        dropped.clear()  # unpinned as they are collected, outside the lock
+
+    def _trim(self, limit: float) -> list[np.ndarray[Any, Any]]:
+        """Take free buffers out, the smallest first, until ``held <= limit`` (under the lock)."""
+        dropped: list[np.ndarray[Any, Any]] = []
+        free = self._free
+        while free and self.held > limit:
+            size, _, buffer = free.pop(0)
+            self.held -= size
+            dropped.append(buffer)
+        return dropped
 
     def clear(self) -> int:
         """Unpin every free buffer (buffers in use stay); return the bytes released."""
