@@ -122,6 +122,7 @@ class Transfers:
 
     async def prefetch(self, instance: object, array: Any, device: Any) -> None:
         """Prefetch managed ``array`` to ``device`` (``"own"``, an id, or None: the CPU) on ``instance``'s stream."""
+        _check_managed(array, "prefetch")
         stream = self._stream_of(instance)
         self.device.prefetch(array, self._location(device), stream)
         await self.wait_for(stream)
@@ -141,5 +142,15 @@ class Transfers:
             raise InvalidRequestError(
                 f"advice must be a string (preferred_location, accessed_by, read_mostly), got {shown(advice)}"
             )
+        _check_managed(array, "advise")
         device = check_device(self._location(device))
         self.device.advise(array, advice, device)
+
+
+def _check_managed(array: Any, what: str) -> None:
+    """Refuse what is not a device-side array at all (a managed one is checked by the device)."""
+    if getattr(type(array), "__cuda_array_interface__", None) is None:
+        raise InvalidRequestError(
+            f"{what} needs a managed array (from a request with kind='managed'), got {shown(array)}: "
+            "pass the array from response.arrays"
+        )

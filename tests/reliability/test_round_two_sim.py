@@ -20,6 +20,8 @@ from _reliability import LOOPS
 from aiocubie import (
     AiocubieError,
     ArrayRequest,
+    BackendError,
+    InvalidRequestError,
     Engines,
     MemoryManager,
     ReleasedError,
@@ -197,4 +199,24 @@ async def test_the_pinned_pool_holds_at_most_1_1x_its_peak_in_use(pattern: str) 
             assert pinned.in_use == 0
             assert pinned.held <= 1.1 * pinned.peak_in_use, pinned
         assert mgr.release_pinned() == pinned.held
+    sim.close()
+
+
+@pytest.mark.parametrize("thing", [5, "m", None, [1.0, 2.0], np.zeros(4, np.float32)], ids=repr)
+async def test_prefetch_and_advise_refuse_a_non_array_even_with_a_fault_injected(thing: object) -> None:
+    """Item 11: prefetch of a non-array was accepted; with an injected prefetch fault the
+    simulator raised a raw AttributeError instead of the injected BackendError."""
+    sim = SimulatorBackend(total=4 * MiB)
+    async with MemoryManager(sim) as mgr:
+        comp = object()
+        mgr.register(comp)
+        sim.faults.inject("prefetch")
+        with pytest.raises(InvalidRequestError, match="prefetch needs a managed array"):
+            await mgr.prefetch(comp, thing)
+        with pytest.raises(InvalidRequestError, match="advise needs a managed array"):
+            mgr.advise(thing, "read_mostly")
+        async with mgr.request(comp, {"m": ArrayRequest((8,), np.float32, "managed")}) as response:
+            with pytest.raises(BackendError, match="injected fault: prefetching 32 bytes"):
+                await mgr.prefetch(comp, response.arrays["m"])  # the fault is still armed
+            await mgr.prefetch(comp, response.arrays["m"])
     sim.close()

@@ -269,7 +269,7 @@ class SimDevice(Device):
     def prefetch(self, array: Any, device: int | None, stream: SimStream) -> None:  # type: ignore[override]
         self._check_location(device)
         if self.faults.check("prefetch"):
-            raise BackendError(f"injected fault: prefetching {array.nbytes} bytes on {stream}")
+            raise BackendError(f"injected fault: prefetching {getattr(array, 'nbytes', '?')} bytes on {stream}")
         stream.enqueue(lambda: None)  # ordered like real work; data never moves on a CPU
 
     def advise(self, array: Any, advice: Advice, device: int | None) -> None:
