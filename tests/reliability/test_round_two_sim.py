@@ -21,8 +21,9 @@ from aiocubie import (
     AiocubieError,
     ArrayRequest,
     BackendError,
-    InvalidRequestError,
+    ConfigurationError,
     Engines,
+    InvalidRequestError,
     MemoryManager,
     ReleasedError,
     SimulatorBackend,
@@ -219,4 +220,37 @@ async def test_prefetch_and_advise_refuse_a_non_array_even_with_a_fault_injected
             with pytest.raises(BackendError, match="injected fault: prefetching 32 bytes"):
                 await mgr.prefetch(comp, response.arrays["m"])  # the fault is still armed
             await mgr.prefetch(comp, response.arrays["m"])
+    sim.close()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"h2d_bandwidth": "fast"}, {"d2h_bandwidth": None}, {"copy_latency": float("nan")}, {"kernel_latency": True}],
+    ids=repr,
+)
+def test_engines_refuse_a_value_that_is_not_a_number(bad: dict[str, object]) -> None:
+    """Item 9: Engines(h2d_bandwidth="fast") was accepted and failed later on a stream's thread."""
+    name, value = next(iter(bad.items()))
+    with pytest.raises(ConfigurationError, match=rf"Engines\({name}={value!r}\)"):
+        Engines(**bad)  # type: ignore[arg-type]
+
+
+async def test_launch_refuses_bad_arguments_at_the_call() -> None:
+    """Item 9: sim.launch(5), duration=-1 or nan, work=5 were accepted and failed on the stream's thread."""
+    sim = SimulatorBackend(total=MiB)
+    stream = sim.device.create_stream()
+    for args, kwargs, named in [
+        ((5,), {}, "got 5"),
+        ((stream,), {"duration": -1}, "got -1"),
+        ((stream,), {"duration": float("nan")}, "got nan"),
+        ((stream,), {"duration": "1"}, "got '1'"),
+        ((stream, 5), {}, "got 5"),
+    ]:
+        with pytest.raises(InvalidRequestError, match=named):
+            sim.launch(*args, **kwargs)  # type: ignore[arg-type]
+    ran: list[int] = []
+    sim.launch(stream, lambda: ran.append(1), duration=0.001, tag="ok")
+    sim.device.record_event(stream).synchronize()
+    assert ran == [1]
+    assert [entry.tag for entry in sim.timeline[:3]] == ["ok"]  # a list: it slices
     sim.close()

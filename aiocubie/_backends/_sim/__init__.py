@@ -145,9 +145,15 @@ class SimulatorBackend(Backend):
         return self.device.faults
 
     @property
-    def timeline(self) -> Any:
-        """The copies and kernels the engines ran (see :attr:`SimDevice.timeline`)."""
-        return self.device.timeline
+    def timeline(self) -> list[TimelineEntry]:
+        """The copies and kernels the engines ran, oldest first: a list taken now, so it slices
+        (``sim.timeline[:3]``) and does not change under you (see :attr:`SimDevice.timeline`)."""
+        entries = self.device.timeline
+        while True:
+            try:
+                return list(entries)
+            except RuntimeError:  # a stream's worker appended while it was read: read again
+                continue
 
     @property
     def total(self) -> int:

@@ -24,7 +24,7 @@ from ..._requests import MemoryKind, check_device
 from .._device import Advice, Device, Event, MemoryInfo
 from .._resource import MemoryResource
 from ._arrays import host_data
-from ._faults import Faults, count
+from ._faults import Faults, count, real
 from ._memory import SimFaults, SimMemory, SimPool, SimState, check_live, host_memory
 from ._streams import SimEvent, SimStream
 
@@ -53,10 +53,17 @@ class Engines:
     kernel_latency: float = 0.0
 
     def __attrs_post_init__(self) -> None:
-        if not (
-            self.h2d_bandwidth > 0 and self.d2h_bandwidth > 0 and self.copy_latency >= 0 and self.kernel_latency >= 0
-        ):
-            raise ConfigurationError(f"bad engine model {self}: bandwidths must be > 0 bytes/s and latencies >= 0 s")
+        for name in ("h2d_bandwidth", "d2h_bandwidth"):  # real numbers only: "fast" fails here, not on a stream
+            if not real(getattr(self, name)) > 0:
+                raise ConfigurationError(
+                    f"Engines({name}={shown(getattr(self, name))}): a bandwidth is a number of bytes per second > 0 "
+                    "(math.inf: copies take no time)"
+                )
+        for name in ("copy_latency", "kernel_latency"):
+            if not 0 <= real(getattr(self, name)) < math.inf:
+                raise ConfigurationError(
+                    f"Engines({name}={shown(getattr(self, name))}): a latency is a finite number of seconds >= 0"
+                )
 
 
 @attrs.frozen
@@ -196,7 +203,26 @@ class SimDevice(Device):
 
         The kernel takes ``duration`` seconds plus the engines' ``kernel_latency``, and is
         logged on :attr:`timeline` with ``tag``. A test's or demo's stand-in for a GPU launch.
+
+        Raises
+        ------
+        InvalidRequestError
+            At the call, for a ``stream`` that is not this simulator's, ``work`` that is not
+            callable or None, or a ``duration`` that is not a finite number of seconds >= 0.
         """
+        if not isinstance(stream, SimStream):
+            raise InvalidRequestError(
+                f"launch needs a simulator stream (mgr.get_stream(instance), sim.device.create_stream()), "
+                f"got {shown(stream)}"
+            )
+        if work is not None and not callable(work):
+            raise InvalidRequestError(
+                f"launch's work must be a callable taking no arguments, or None, got {shown(work)}"
+            )
+        if not 0 <= real(duration) < math.inf:
+            raise InvalidRequestError(
+                f"launch's duration must be a finite number of seconds >= 0, got {shown(duration)}"
+            )
         cost = duration + self.engines.kernel_latency
         engine = f"compute:{stream.id}"
         timeline = self.timeline
