@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import math
 import numbers
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -80,23 +80,29 @@ def check_device(device: Any, *, what: str = "device") -> int | None:
     return int(device)
 
 
-def _shape(value: Any) -> tuple[int, ...]:
+def _shape(value: int | Sequence[int]) -> tuple[int, ...]:
+    given: Any = value
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        value = (value,)
+        given = (value,)
     try:
-        dims = tuple(value)
+        dims = tuple(given)  # anything iterable is tried; each dim is checked
     except TypeError:
-        raise InvalidRequestError(f"shape must be a tuple of non-negative integers, got {shown(value)}") from None
+        raise InvalidRequestError(f"shape must be a tuple of non-negative integers, got {shown(given)}") from None
     for dim in dims:
         if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
+            if isinstance(value, str) and _is_dtype(value):
+                raise InvalidRequestError(
+                    f"shape {shown(value)} is a dtype: the order is ArrayRequest(shape, dtype) (swapped?), "
+                    f"e.g. ArrayRequest((3, 4), {value!r})"
+                )
             raise InvalidRequestError(
-                f"shape {shown(value)} holds {shown(dim)}, which is not an integer: pass whole numbers of elements"
+                f"shape {shown(given)} holds {shown(dim)}, which is not an integer: pass whole numbers of elements"
             )
         if dim < 0:
-            raise InvalidRequestError(f"shape {shown(value)} holds the negative size {shown(dim)}")
+            raise InvalidRequestError(f"shape {shown(given)} holds the negative size {shown(dim)}")
     if len(dims) > MAX_NDIM:
         raise InvalidRequestError(
-            f"shape {shown(value)} has {len(dims)} dimensions, over the {MAX_NDIM} a numpy array may "
+            f"shape {shown(given)} has {len(dims)} dimensions, over the {MAX_NDIM} a numpy array may "
             "have: reshape it to fewer"
         )
     return tuple(int(d) for d in dims)
@@ -120,7 +126,15 @@ def _kind(value: MemoryKind | str) -> MemoryKind:
     return MemoryKind.parse(value)
 
 
-def _flag(value: Any) -> bool:
+def _is_dtype(value: object) -> bool:
+    try:
+        np.dtype(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError, SyntaxError):
+        return False
+    return True
+
+
+def _flag(value: bool) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise InvalidRequestError(f"flags unchunkable and zero take True or False, got {value!r}")
     return bool(value)

@@ -29,6 +29,15 @@ __all__ = ["SimArrays", "SimCupyArray", "cuda_array_interface", "host_data", "in
 _IMPLICIT = (
     "Implicit conversion to a NumPy array is not allowed. Please use `.get()` to construct a NumPy array "
     "explicitly."  # CuPy's own message
+    " (or await mgr.from_device(instance, [device_array], [numpy_array]), or a walk's outputs)"
+)
+
+
+#: What to do when numpy meets a device array (appended to CuPy's own messages).
+_TO_DEVICE = (
+    ": a numpy array does not mix with a device array (on a GPU it is in host memory); copy it to the "
+    "device first: device_array.set(numpy_array), await mgr.to_device(instance, [numpy_array], "
+    "[device_array]), or a walk (walk_chunks)"
 )
 
 
@@ -84,8 +93,8 @@ def _operand(value: Any) -> Any:
     """The numpy value of a CuPy-model operand; numpy arrays are refused, as CuPy refuses them."""
     if isinstance(value, SimCupyArray):
         return value._host()
-    if isinstance(value, np.ndarray):
-        raise TypeError(f"Unsupported type {type(value)}")
+    if isinstance(value, np.ndarray):  # CuPy's message, then what to do instead
+        raise TypeError(f"Unsupported type {type(value)}{_TO_DEVICE}")
     if isinstance(value, (list, tuple)):
         return type(value)(_operand(item) for item in value)
     return value
@@ -199,7 +208,10 @@ class SimCupyArray:
         if isinstance(value, SimCupyArray):
             value = value._host()
         elif isinstance(value, np.ndarray) and value.ndim:  # CuPy's own refusal: use .set() for host data
-            raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
+            raise ValueError(
+                "non-scalar numpy.ndarray cannot be used for fill"  # CuPy's message, then what to do
+                f"{_TO_DEVICE}"
+            )
         _host = self._data if in_simulated_kernel() else self._host()
         _host[_operand(key)] = value
 
