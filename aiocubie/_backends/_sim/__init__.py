@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 from ..._errors import ConfigurationError, shown
 from ..._requests import MAX_NBYTES
