@@ -23,9 +23,13 @@ aiocubie_asyncio_manager
     A running manager, like ``aiocubie_manager``, for pytest-asyncio tests (where pytest-asyncio
     is installed).
 
-A running manager owns a task group, which must be entered and left in one task: anyio's
-plugin runs a fixture's setup and teardown in the test's task, pytest-asyncio does not, so
-with pytest-asyncio use the factory inside the test.
+A running manager owns a task group, which only the task that entered it may leave. anyio's
+plugin runs a fixture's setup and teardown in the test's task; pytest-asyncio does not. A
+hand-written ``@pytest_asyncio.fixture`` that does ``async with MemoryManager() as mgr: yield
+mgr`` still works: its teardown (another task) fails what is pending, frees every array and
+stops the schedulers, but it cannot wait for the manager's tasks, so an error in an async hook
+task goes unreported. ``aiocubie_asyncio_manager`` (it runs the manager in a task of its own)
+and the factory inside the test wait for them.
 
 Examples
 --------
@@ -44,6 +48,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
+import inspect
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -105,7 +111,20 @@ def aiocubie_config(request: pytest.FixtureRequest) -> dict[str, Any]:
         if marker.args:
             raise pytest.UsageError(f"@pytest.mark.aiocubie takes keyword settings only, got {marker.args!r}")
         settings.update(marker.kwargs)
+    _check_names(settings, "@pytest.mark.aiocubie")
     return settings
+
+
+def _check_names(settings: dict[str, Any], where: str) -> None:
+    """Refuse a setting that neither the simulator nor the manager takes, naming the close ones."""
+    known = set(_SIMULATOR_OPTIONS) | set(inspect.signature(MemoryManager).parameters) - {"backend"}
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        close = {name: difflib.get_close_matches(name, sorted(known), n=1) for name in unknown}
+        hints = "; ".join(
+            f"{name!r}" + (f" (did you mean {match[0]!r}?)" if match else "") for name, match in close.items()
+        )
+        raise pytest.UsageError(f"{where} got unknown settings: {hints}. Known: {', '.join(sorted(known))}")
 
 
 @pytest.fixture
@@ -123,15 +142,25 @@ def aiocubie_faults(aiocubie_simulator: SimulatorBackend) -> Faults:
 
 
 @pytest.fixture
-async def aiocubie_manager(
-    request: pytest.FixtureRequest, aiocubie_simulator: SimulatorBackend, aiocubie_config: dict[str, Any]
-) -> AsyncIterator[MemoryManager]:
-    """A running MemoryManager on ``aiocubie_simulator`` (for tests run by anyio's plugin)."""
+def aiocubie_manager(request: pytest.FixtureRequest) -> MemoryManager:
+    """A running MemoryManager on ``aiocubie_simulator`` (for tests run by anyio's plugin).
+
+    A plain fixture that checks first: under pytest-asyncio (strict mode or auto) an async
+    fixture would fail with pytest's generic "no plugin" error instead of this one.
+    """
     if "anyio_backend" not in request.fixturenames:  # before anything is entered: nothing to unwind
         raise pytest.UsageError(
             "aiocubie_manager runs under anyio's pytest plugin (@pytest.mark.anyio); under pytest-asyncio "
             "use aiocubie_asyncio_manager, or aiocubie_manager_factory inside the test"
         )
+    manager: MemoryManager = request.getfixturevalue("_aiocubie_anyio_manager")
+    return manager
+
+
+@pytest.fixture
+async def _aiocubie_anyio_manager(
+    aiocubie_simulator: SimulatorBackend, aiocubie_config: dict[str, Any]
+) -> AsyncIterator[MemoryManager]:
     async with _running(aiocubie_simulator, _split(aiocubie_config)[1]) as mgr:
         yield mgr
 
@@ -150,6 +179,7 @@ def aiocubie_manager_factory(
 
     @contextlib.asynccontextmanager
     async def factory(**settings: Any) -> AsyncIterator[MemoryManager]:
+        _check_names(settings, "aiocubie_manager_factory(...)")
         simulator_options, manager_options = _split({**aiocubie_config, **settings})
         simulator = SimulatorBackend(**simulator_options)
         simulators.append(simulator)

@@ -227,3 +227,83 @@ async def test_after(aiocubie_asyncio_manager):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning")
     result.assert_outcomes(passed=1, errors=1)
     result.stdout.fnmatch_lines(["*aiocubie_manager runs under anyio's pytest plugin*aiocubie_asyncio_manager*"])
+
+
+def test_the_anyio_fixture_under_pytest_asyncio_strict_mode_says_what_to_use(pytester: pytest.Pytester) -> None:
+    # issue 22: pytest's generic "async def functions are not natively supported" / "no plugin"
+    # error came instead of aiocubie's own
+    result = _run(
+        pytester,
+        """
+import pytest
+
+
+@pytest.mark.asyncio
+async def test_under_pytest_asyncio(aiocubie_manager):
+    pass
+""",
+    )
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*aiocubie_manager runs under anyio's pytest plugin*aiocubie_asyncio_manager*"])
+
+
+def test_a_typo_in_the_marker_names_the_setting(pytester: pytest.Pytester) -> None:
+    # issue 22: @pytest.mark.aiocubie(totl=...) gave a bare TypeError from the simulator
+    result = _run(
+        pytester,
+        """
+import pytest
+
+
+@pytest.mark.anyio
+@pytest.mark.aiocubie(totl=1 << 16)
+async def test_typo(aiocubie_manager):
+    pass
+
+
+@pytest.mark.anyio
+async def test_factory_typo(aiocubie_manager_factory):
+    async with aiocubie_manager_factory(polcy="wait"):
+        pass
+""",
+    )
+    result.assert_outcomes(errors=2, failed=2)
+    result.stdout.fnmatch_lines(["*@pytest.mark.aiocubie got unknown settings: 'totl' (did you mean 'total'?)*"])
+    result.stdout.fnmatch_lines(
+        ["*aiocubie_manager_factory(...) got unknown settings: 'polcy' (did you mean 'policy'?)*"]
+    )
+
+
+def test_a_hand_written_pytest_asyncio_fixture_works_as_the_docstring_says(pytester: pytest.Pytester) -> None:
+    # issue 22: the docstring said it did not work; it does (teardown from another task releases
+    # everything without exiting the task group): the docstring now says so, and this keeps it so
+    result = _run(
+        pytester,
+        """
+import numpy as np
+import pytest
+import pytest_asyncio
+from aiocubie import ArrayRequest, MemoryManager, SimulatorBackend
+
+SIM = SimulatorBackend(1 << 20)
+
+
+@pytest_asyncio.fixture
+async def mgr():
+    async with MemoryManager(SIM) as manager:
+        yield manager
+
+
+@pytest.mark.asyncio
+async def test_uses_it(mgr):
+    owner = object()
+    mgr.register(owner)
+    response = await mgr.request(owner, {"a": ArrayRequest((256,), np.float32)})
+    assert SIM.used == 1024 and response.chunks == 1
+
+
+def test_after_teardown():
+    assert SIM.used == 0  # released by the teardown in another task
+""",
+    )
+    result.assert_outcomes(passed=2)
