@@ -17,7 +17,7 @@ import traceback
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from ._backends import BACKENDS, select_backend
+from ._backends import BACKENDS, Backend, select_backend
 from ._errors import AiocubieError, ConfigurationError
 
 __all__ = ["main"]
@@ -43,7 +43,7 @@ def _info(args: argparse.Namespace) -> int:
             ("total memory", f"{memory.total / 2**20:,.1f} MiB"),
             ("free memory", f"{memory.free / 2**20:,.1f} MiB"),
             ("allocator", backend.resource.name),
-            ("arrays", backend.array_type),
+            ("arrays", _arrays_row(backend)),
             ("aiocubie", aiocubie.__version__),
             ("python", platform.python_version()),
         ]
@@ -57,6 +57,13 @@ def _info(args: argparse.Namespace) -> int:
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
     return 0
+
+
+def _arrays_row(backend: Backend) -> str:
+    """The array type, and what it is on this backend (the simulator models CuPy: no CuPy needed)."""
+    if backend.name == "simulator":
+        return f"{backend.array_type} (the simulator's model; CuPy itself is not needed)"
+    return str(backend.array_type)
 
 
 def _demo(args: argparse.Namespace) -> int:

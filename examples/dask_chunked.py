@@ -13,7 +13,10 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
-from distributed import Client, LocalCluster
+try:
+    from distributed import Client, LocalCluster
+except ModuleNotFoundError as exc:  # the extra is not installed: say how to get it
+    raise SystemExit(f"this example needs Dask ({exc}): pip install 'aiocubie[dask]'") from None
 
 import aiocubie
 from aiocubie import ArrayRequest, walk_chunks

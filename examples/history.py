@@ -6,13 +6,14 @@ reclaim hook, when memory runs out. A batch larger than any block the pool cache
 room on the device: the manager frees the pool's cached blocks and goes on. Later another process
 takes most of the memory: the next batch finds no room even so, the manager calls the reclaim
 hook, and the batch goes on. Writes history.json, history.html (self-contained) and, with matplotlib, history.png
-into OUT_DIR; prints the memory summary.
+into OUT_DIR (default: a new temporary folder, never the current directory); prints the memory summary.
 Run: python examples/history.py [OUT_DIR]     (README's picture: python examples/history.py docs)
 """
 
 from __future__ import annotations
 
 import sys
+import tempfile
 from pathlib import Path
 
 import anyio
@@ -89,4 +90,6 @@ def main(out_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("."))
+    # the files go to the folder named on the command line, else to a temporary one (never the
+    # current directory: running an example must not litter where you stand)
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="aiocubie-history-")))

@@ -111,3 +111,19 @@ def test_cubie_pipeline(tmp_path: Path) -> None:
     loaded = re.search(r"loader: (\d+) batches on the loop while the solves ran", out)
     assert loaded and int(loaded.group(1)) > 0, out
     assert "one stats table: groups ['load', 'solver']" in out
+
+
+def test_history_without_a_folder_writes_nothing_where_it_runs(tmp_path: Path) -> None:
+    # issue 22: it wrote history.json and history.html into the current directory
+    out = _run(str(EXAMPLES / "history.py"), cwd=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+    written = Path(re.search(r"wrote (\S+history\.html)", out).group(1))  # type: ignore[union-attr]
+    assert written.exists() and written.parent.name.startswith("aiocubie-history-")
+
+
+def test_dask_chunked_without_the_extra_says_how_to_install_it() -> None:
+    # issue 22: a ModuleNotFoundError traceback instead of the install hint
+    script = f"import sys, runpy; sys.modules['distributed'] = None; runpy.run_path({str(EXAMPLES / 'dask_chunked.py')!r}, run_name='__main__')"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert "pip install 'aiocubie[dask]'" in result.stderr and "Traceback" not in result.stderr

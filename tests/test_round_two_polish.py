@@ -6,6 +6,7 @@ Each test keeps the shape of what the new user tried.
 from __future__ import annotations
 
 import inspect
+import re
 import typing
 
 import numpy as np
@@ -47,3 +48,19 @@ def test_numpy_into_a_simulated_cupy_array_says_what_to_do(mix: typing.Any) -> N
     with pytest.raises((TypeError, ValueError), match=r"\.set\(|\.get\(\)") as info:
         mix(device, np.ones(3))
     assert "mgr.to_device" in str(info.value) or "mgr.from_device" in str(info.value)
+
+
+def test_info_says_the_simulator_models_cupy_arrays() -> None:
+    # issue 22: `info` printed "arrays cupy" beside "cupy not installed"
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "aiocubie", "info"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "AIOCUBIE_BACKEND": "simulator"},
+    ).stdout
+    assert "backend" in out and "simulator" in out
+    assert re.search(r"arrays\s+cupy \(the simulator's model; CuPy itself is not needed\)", out)
