@@ -127,3 +127,15 @@ def test_dask_chunked_without_the_extra_says_how_to_install_it() -> None:
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
     assert "pip install 'aiocubie[dask]'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_readme_overlapped_walk_snippet_runs_as_written(tmp_path: Path) -> None:
+    # issue 22: the snippet had "y": ... and undefined names; it is now a whole program
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    section = readme[readme.index("**Overlapped walks.**") :]
+    start = section.index("```python\n") + len("```python\n")
+    snippet = section[start : section.index("\n```", start)]
+    (tmp_path / "snippet.py").write_text(snippet)
+    out = _run(str(tmp_path / "snippet.py"))
+    chunks = int(re.search(r"(\d+) chunks, y == 2x: True", out).group(1))  # type: ignore[union-attr]
+    assert chunks > 1
