@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+
 try:
     from distributed import Client, LocalCluster
 except ModuleNotFoundError as exc:  # the extra is not installed: say how to get it
