@@ -307,3 +307,19 @@ def test_after_teardown():
 """,
     )
     result.assert_outcomes(passed=2)
+
+
+def test_a_session_that_uses_no_aiocubie_fixture_does_not_import_aiocubie(pytester: pytest.Pytester) -> None:
+    # issue 22: the plugin added about 0.2 s to every pytest session where aiocubie is installed
+    pytester.makepyfile(
+        """
+import sys
+
+
+def test_nothing_imported():
+    assert "aiocubie_pytest" in sys.modules  # the entry point loaded the plugin
+    assert "aiocubie" not in sys.modules and "numpy" not in sys.modules
+"""
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:asyncio", "-p", "no:hypothesispytest")
+    result.assert_outcomes(passed=1)
