@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 from ..._errors import ConfigurationError, shown
 from ..._requests import MAX_NBYTES
@@ -41,6 +42,12 @@ __all__ = [
 
 #: Device memory of a simulator made without a ``total`` (8 GiB).
 DEFAULT_TOTAL = 8 << 30
+
+
+def _numba_array() -> Callable[..., Any]:
+    from ._numba_model import numba_model  # imports numba: only when numba arrays are asked for
+
+    return numba_model()
 
 
 class SimulatorBackend(Backend):
@@ -125,7 +132,7 @@ class SimulatorBackend(Backend):
             raise ConfigurationError(f"granule must be an int of bytes in 0..total ({total}), got {shown(granule)}")
         if not 0.0 <= real(latency) < math.inf:
             raise ConfigurationError(f"latency must be a finite number of seconds >= 0, got {shown(latency)}")
-        arrays = SimArrays(array_type)
+        arrays = SimArrays(array_type, _numba_array)
         state = SimState(total=int(total), reserved=int(reserved))
         sim = SimDevice(
             state,
