@@ -64,3 +64,18 @@ def test_info_says_the_simulator_models_cupy_arrays() -> None:
     ).stdout
     assert "backend" in out and "simulator" in out
     assert re.search(r"arrays\s+cupy \(the simulator's model; CuPy itself is not needed\)", out)
+
+
+def test_the_gpu_skip_reason_names_the_missing_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    # issue 22: GPU tests' skip reasons showed an internal import error
+    import sys
+
+    import aiocubie._backends._select as select
+
+    monkeypatch.setattr(select, "_driver_devices", lambda: (1, "1 CUDA device(s)"))
+    monkeypatch.delitem(sys.modules, "aiocubie._backends._cuda", raising=False)
+    monkeypatch.setitem(sys.modules, "cuda.core", None)  # as if cuda-core were not installed
+    usable, why = select.gpu_status()
+    assert not usable
+    assert "'cuda.core' is not installed" in why and "pip install 'aiocubie[cuda12]'" in why
+    assert "aiocubie._backends" not in why

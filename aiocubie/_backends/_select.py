@@ -59,9 +59,11 @@ def gpu_status() -> tuple[bool, str]:
         return False, why
     try:
         from ._cuda import cuda_usable
-    except ImportError as exc:
+    except ImportError as exc:  # name what is missing, not aiocubie's internal import
+        missing = exc.name if exc.name and not exc.name.startswith("aiocubie") else None
+        what = f"{missing!r} is not installed" if missing else f"it cannot be imported ({exc})"
         return False, (
-            f"{why}, but aiocubie's CUDA backend cannot be imported ({exc}): "
+            f"{why}, but aiocubie's CUDA backend needs cuda-core, cuda-bindings and CuPy and {what}: "
             "pip install 'aiocubie[cuda12]' or 'aiocubie[cuda13]'"
         )
     return cuda_usable()
