@@ -73,7 +73,8 @@ def test_the_gpu_skip_reason_names_the_missing_library(monkeypatch: pytest.Monke
     import aiocubie._backends._select as select
 
     monkeypatch.setattr(select, "_driver_devices", lambda: (1, "1 CUDA device(s)"))
-    monkeypatch.delitem(sys.modules, "aiocubie._backends._cuda", raising=False)
+    for name in [name for name in sys.modules if name.startswith(("aiocubie._backends._cuda", "cuda.core"))]:
+        monkeypatch.delitem(sys.modules, name)  # imported fresh below (restored after the test)
     monkeypatch.setitem(sys.modules, "cuda.core", None)  # as if cuda-core were not installed
     usable, why = select.gpu_status()
     assert not usable
