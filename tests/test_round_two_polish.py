@@ -72,6 +72,7 @@ def test_the_gpu_skip_reason_names_the_missing_library(monkeypatch: pytest.Monke
 
     import aiocubie._backends._select as select
 
+    monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)  # numba's simulator, chosen by earlier tests
     monkeypatch.setattr(select, "_driver_devices", lambda: (1, "1 CUDA device(s)"))
     for name in [name for name in sys.modules if name.startswith(("aiocubie._backends._cuda", "cuda.core"))]:
         monkeypatch.delitem(sys.modules, name)  # imported fresh below (restored after the test)
