@@ -290,9 +290,12 @@ class GroupScheduler:
             self._failed(self._planning, exc)
 
     def _drop_unplannable(self) -> bool:
-        """Fail the tickets of a batch that cannot be planned even alone; True if any was.
+        """Make a batch that cannot be planned smaller; True if it changed (plan it again).
 
-        One request too large for the group must not take its batch-mates down with it.
+        One request too large for the group must not take its batch-mates down with it: the
+        tickets that cannot be planned even alone fail, alone. If each fits alone but not all
+        together, the batch shrinks to its longest head that can be planned (first in, first
+        served) and the rest go back to the front of the queue, to be the next batch.
         """
         live = [t for t in self._planning if t.pending]
         if len(live) < 2:
@@ -304,8 +307,23 @@ class GroupScheduler:
             except PlanningError as exc:
                 self._failed([ticket], exc)
                 dropped = True
-        self._planning = [t for t in self._planning if t.pending]
-        return dropped
+        if dropped:
+            self._planning = [t for t in self._planning if t.pending]
+            return True
+        fits = 1  # the head alone can be planned (just checked)
+        while fits + 1 < len(live):
+            try:
+                self._try_plan(live[: fits + 1])
+            except PlanningError:
+                break
+            fits += 1
+        rest = live[fits:]
+        for ticket in rest:
+            ticket.leftover = True  # they had their window: the next batch closes at once
+        self.queue.extendleft(reversed(rest))
+        self._planning = live[:fits]
+        self._wake.set()
+        return True
 
     def _serve_now(self, ticket: Ticket) -> None:
         """Serve a batch of ``ticket`` alone in the caller's task, or queue it to wait for memory."""
