@@ -330,6 +330,8 @@ class GroupScheduler:
         batch = self._planning = [ticket]
         try:
             for attempt in range(2):
+                if not ticket.pending:  # ended by a reclaim hook of the last attempt (its member left)
+                    return
                 plan = self._try_plan(batch)
                 if plan is None:  # it must wait for memory: the group's task does that
                     ticket.leftover = True
