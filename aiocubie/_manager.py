@@ -582,6 +582,7 @@ class MemoryManager:
         AllocationError
             If the backend fails (nothing stays allocated).
         """
+        self._account.refuse_in_reclaim("allocate_all()")
         checked = check_requests(requests)
         member = self._member(instance)
         if _flag("replace", replace):
@@ -618,7 +619,9 @@ class MemoryManager:
         """Call every invalidate hook once and release every array.
 
         Requests in flight fail with :class:`ContextResetError`; queued ones are served later.
+        :class:`ManagerStateError` from a reclaim hook (see :meth:`add_reclaim_hook`).
         """
+        self._account.refuse_in_reclaim("invalidate_all()")
         self._reset("invalidate_all")
         self.free_all()
         self._hooks.invalidate()
@@ -787,6 +790,18 @@ class MemoryManager:
         not block long, and cannot await. One that raises is logged and skipped. The manager
         holds ``hook`` until :meth:`remove_reclaim_hook`; :class:`ConfigurationError` if it is
         not callable.
+
+        A hook may release memory: :meth:`release`, :meth:`free`, :meth:`free_all`,
+        :meth:`unregister`, :meth:`change_stream_group` (a request of a member it unregisters
+        fails with RegistrationError; one of a member it moves is served by the new group). It
+        may not allocate (:meth:`allocate_all`, :meth:`allocate`) or reset the context
+        (:meth:`invalidate_all`, :meth:`set_allocator`, :meth:`reinit_streams`): those raise
+        :class:`ManagerStateError` in the hook, naming the allocation it runs for, and unless
+        the hook catches it the batch fails with it (counted as failed).
+
+        Hooks are consulted only when the device itself is out of memory (the allocation
+        failed), not when the planner finds the request larger than the group is offered (that
+        raises a PlanningError, chunks, or waits, by the policy): release memory before asking.
         """
         self._hooks.add_reclaim(hook)
 

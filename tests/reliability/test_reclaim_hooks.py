@@ -64,3 +64,69 @@ async def test_a_hook_that_unregisters_the_requester_leaks_nothing(drained) -> N
             assert mgr.stats().live_bytes == sim.used == 0
             balanced(mgr)
             await drained(mgr, sim)
+
+
+# -- items 5 and 6: a hook may release memory; it may not allocate or reset the context -----
+async def test_a_hook_that_allocates_is_refused_and_the_counters_add_up(drained) -> None:
+    sim = SimulatorBackend(TOTAL)
+    with anyio.fail_after(10):
+        async with MemoryManager(sim, batch_window=0) as mgr:
+            part, spare = Component("part"), Component("spare")
+            mgr.register(part, stream_group="g")
+            mgr.register(spare, stream_group="h")
+            refused: list[Exception] = []
+
+            def hook(nbytes: int) -> int:
+                try:
+                    mgr.allocate_all(spare, vec(10))  # re-entered recovery until RecursionError
+                except Exception as exc:
+                    refused.append(exc)
+                    raise
+                return 0
+
+            mgr.add_reclaim_hook(hook)
+            sim.faults.inject("oom", times=50)  # every allocation is out of memory
+            result = await outcome(mgr, part, vec(100))
+            sim.faults.clear()
+            assert isinstance(result, ManagerStateError), result
+            assert [type(exc) for exc in refused] == [ManagerStateError]
+            message = str(result)
+            assert "allocate_all() from a reclaim hook" in message and "group 'g'" in message
+            assert "800 B" in message and "mgr.release" in message
+            recovery = mgr.stats().recovery
+            assert (recovery.out_of_memory, recovery.hook_calls, recovery.failed) == (1, 1, 1)
+            balanced(mgr)
+            async with mgr.request(part, vec(100)) as response:  # the manager goes on serving
+                assert isinstance(response, ArrayResponse)
+            await drained(mgr, sim)
+
+
+async def test_an_allocating_and_an_invalidating_hook_never_hang_the_exit(drained) -> None:
+    sim = SimulatorBackend(TOTAL)
+    invalidated: list[str] = []
+    with anyio.fail_after(10):  # leaving `async with mgr` hung on asyncio
+        async with MemoryManager(sim, batch_window=0) as mgr:
+            part = Component("part")
+            mgr.register(part, invalidate_hook=lambda: invalidated.append("part"))
+
+            def allocating(nbytes: int) -> int:
+                try:
+                    mgr.allocate_all(part, vec(10))
+                except ManagerStateError:
+                    pass  # a hook may catch the refusal and go on
+                return 0
+
+            def invalidating(nbytes: int) -> int:
+                mgr.invalidate_all()
+                return 0
+
+            mgr.add_reclaim_hook(allocating)
+            mgr.add_reclaim_hook(invalidating)
+            sim.faults.inject("oom", times=50)
+            result = await outcome(mgr, part, vec(100))
+            sim.faults.clear()
+            assert isinstance(result, ManagerStateError), result
+            assert "invalidate_all() from a reclaim hook" in str(result)
+            assert invalidated == [] and sim.resets == 0  # refused before anything was reset
+            balanced(mgr)
+            await drained(mgr, sim)
