@@ -212,6 +212,7 @@ class DeviceAccount:
         UnknownAllocatorError
             For a name the device cannot make (see ``Device.create_resource``).
         """
+        self.refuse_in_reclaim(f"set_allocator({name!r})")
         resource = self.device.create_resource(name)  # an unknown or unavailable name: refused before the reset
         self.device.reset()
         self.forget_all()

@@ -491,7 +491,11 @@ class MemoryManager:
         return self._groups.names()
 
     def reinit_streams(self) -> None:
-        """Give every group a new stream (after a context reset)."""
+        """Give every group a new stream (after a context reset).
+
+        :class:`ManagerStateError` from a reclaim hook (see :meth:`add_reclaim_hook`).
+        """
+        self._account.refuse_in_reclaim("reinit_streams()")
         self._registry.renew_streams()
 
     # -- requests --------------------------------------------------------------------------
@@ -632,7 +636,8 @@ class MemoryManager:
         The swap resets the device context: every array handed out before is invalid, requests
         in flight fail with :class:`ContextResetError`, every invalidate hook is called once and
         every group gets a new stream; queued requests are served on the new context.
-        :class:`UnknownAllocatorError` for an unknown or unavailable allocator (nothing is reset).
+        :class:`UnknownAllocatorError` for an unknown or unavailable allocator (nothing is reset);
+        :class:`ManagerStateError` from a reclaim hook (see :meth:`add_reclaim_hook`).
         """
         self._account.set_resource(parse_allocator(name))  # first: an unknown name must not warn of a reset
         warn(f"set_allocator({name!r}) resets the device context: arrays and compiled kernels from before are invalid")

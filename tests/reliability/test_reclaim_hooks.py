@@ -130,3 +130,34 @@ async def test_an_allocating_and_an_invalidating_hook_never_hang_the_exit(draine
             assert invalidated == [] and sim.resets == 0  # refused before anything was reset
             balanced(mgr)
             await drained(mgr, sim)
+
+
+@pytest.mark.parametrize("call", ["set_allocator", "reinit_streams"])
+async def test_a_hook_that_resets_the_context_is_refused_naming_the_group(call: str, drained) -> None:
+    sim = SimulatorBackend(TOTAL)
+    with anyio.fail_after(10):
+        async with MemoryManager(sim, batch_window=0) as mgr:
+            part = Component("part")
+            mgr.register(part, stream_group="solve")
+            stream = mgr.get_stream(part)
+
+            def hook(nbytes: int) -> int:
+                if call == "set_allocator":
+                    mgr.set_allocator("cupy")
+                else:
+                    mgr.reinit_streams()
+                return 0
+
+            mgr.add_reclaim_hook(hook)
+            sim.faults.inject("oom", times=3)  # the hook's retry would have succeeded
+            result = await outcome(mgr, part, vec(100))
+            assert isinstance(result, ManagerStateError), result
+            message = str(result)
+            assert f"{call}(" in message and "from a reclaim hook" in message and "group 'solve'" in message
+            assert "1 request(s)" in message and "reinit_streams() after" not in message
+            assert mgr.allocator == "driver" and sim.resets == 0 and mgr.get_stream(part) is stream
+            balanced(mgr)
+            assert mgr.stats().recovery.failed == 1
+            async with mgr.request(part, vec(100)) as response:  # served on the same stream
+                assert response.stream is stream
+            await drained(mgr, sim)
