@@ -32,11 +32,13 @@ from ._errors import (
     InsufficientMemoryError,
     OutOfMemoryError,
     PlanningError,
+    warn,
 )
 from ._options import Policy
 from ._planner import ChunkPlan, plan_chunks, warn_if_oversubscribed
 from ._registry import Group, Member, await_hook, call_hook
 from ._requests import ArrayResponse, RequestSet
+from ._stats import format_bytes
 from ._tickets import State, Ticket
 
 __all__ = ["GroupScheduler"]
@@ -100,6 +102,7 @@ class GroupScheduler:
         self._inflight: deque[_Flight] = deque()  # allocated batches, in stream order
         self._closed = False
         self._scope: anyio.CancelScope | None = None  # the scope of :meth:`run`, once it started
+        self._warned: set[int] = set()  # ids of waiting tickets warned that they wait on their own members
 
     # -- called from the loop thread (sync) ----------------------------------------------------
     def submit(self, ticket: Ticket) -> None:
@@ -226,6 +229,7 @@ class GroupScheduler:
                     await self._serve(batch)
                 finally:
                     self._planning = []
+                    self._warned.clear()
 
     async def _sleep(self, which: str) -> None:
         signal: Signal = getattr(self, which)
@@ -411,10 +415,10 @@ class GroupScheduler:
                         f"{self.name!r} is offered {offered}; release memory, or use policy 'chunk' or 'wait'"
                     )
                 # policy wait: take the best plan there could be (raises if even that cannot fit)
-                best = plan_chunks(
-                    runs, fixed, per_run, self._account.offered(members, free, as_if_empty=True), buffered=buffered
-                )
+                empty = self._account.offered(members, free, as_if_empty=True)
+                best = plan_chunks(runs, fixed, per_run, empty, buffered=buffered)
                 if plan is None or plan.planned_bytes < best.planned_bytes:
+                    self._warn_if_waiting_on_itself(batch, empty, best, (runs, fixed, per_run, buffered))
                     return None
         except PlanningError:
             # as cubie does: the warning comes before the refusal, so a batch far too large says so
@@ -422,6 +426,42 @@ class GroupScheduler:
             raise
         warn_if_oversubscribed(plan.full_bytes, free)  # once per batch, at the caller's line
         return plan
+
+    def _warn_if_waiting_on_itself(
+        self, batch: list[Ticket], empty: int, best: ChunkPlan, sizes: tuple[int, int, int, int]
+    ) -> None:
+        """Warn (once a ticket) when a batch waits for memory only its own members can give back.
+
+        If every other member released everything, the batch still could not have its plan: it
+        waits on memory its requesters hold. Held by the task that awaits (a nested request),
+        that wait never ends; held by another task of theirs, it ends when that task releases.
+        """
+        if all(id(t) in self._warned for t in batch):
+            return
+        keys = {t.key for t in batch}
+        own = self._account.ledger.held(keys)
+        if not own:
+            return
+        runs, fixed, per_run, buffered = sizes
+        try:
+            if (
+                plan_chunks(runs, fixed, per_run, max(0, empty - own), buffered=buffered).planned_bytes
+                >= best.planned_bytes
+            ):
+                return
+        except PlanningError:
+            pass
+        self._warned.update(id(t) for t in batch)
+        names = ", ".join(sorted({self._members[k].name for k in keys if k in self._members}))
+        message = (
+            f"group {self.name!r}, policy 'wait': a request of {names} waits for memory its own requester(s) "
+            f"hold ({format_bytes(own)}): it needs {format_bytes(best.planned_bytes)} of the "
+            f"{format_bytes(empty)} the group could offer, and is served only once they release. If the task "
+            "that awaits it holds those arrays (a request nested in another's `async with`), it waits forever: "
+            "release them first, ask for less, or use policy 'chunk'"
+        )
+        log.warning("%s", message)
+        warn(message)
 
     def _check_under_cap(self, members: set[int]) -> None:
         """Raise if the group holds more than its cap: it starts no batch until back under."""

@@ -18,7 +18,6 @@ from aiocubie import (
     ArrayResponse,
     ManagerStateError,
     MemoryManager,
-    OutOfMemoryError,
     RegistrationError,
     SimulatorBackend,
 )

@@ -5,6 +5,7 @@ Issue 22 (round two) item 2 and the wait policy's self-deadlock, on asyncio, tri
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import anyio
@@ -71,4 +72,48 @@ async def test_a_batch_that_fits_only_in_part_shrinks_and_each_request_is_served
             else:  # chunk: served while it fits, and a request that does not fails alone
                 assert sum(isinstance(r, ArrayResponse) for r in results) >= 2, results
             assert len(results) == 4
+            await drained(mgr, sim)
+
+
+async def test_a_nested_request_over_the_cap_under_wait_says_it_waits_on_itself(drained) -> None:
+    # a new user's program: the task holds memory and nests a second request that only fits
+    # once the first is released: under "wait" it waited forever, silently
+    sim = SimulatorBackend(4 * MiB)
+    with anyio.fail_after(10):
+        async with MemoryManager(sim, mode="active", policy="wait", batch_window=0) as mgr:
+            loader = Component("loader")
+            mgr.register(loader, proportion=0.5)  # a cap of 2 MiB
+            async with mgr.request(loader, unchunkable(1.5 * MiB)):
+                with pytest.warns(
+                    AiocubieWarning,
+                    match=r"of Component#\d+ waits for memory its own requester\(s\) hold \(1.5 MiB\).*forever",
+                ):
+                    with anyio.move_on_after(0.2) as scope:
+                        await mgr.request(loader, unchunkable(1 * MiB))
+                assert scope.cancelled_caught  # it does wait (nothing else will release): the warning says why
+            await drained(mgr, sim)
+
+
+async def test_a_request_waiting_on_another_members_memory_is_not_warned_about(drained) -> None:
+    sim = SimulatorBackend(4 * MiB)
+    with anyio.fail_after(10):
+        async with MemoryManager(sim, mode="active", policy="wait", batch_window=0) as mgr:
+            holder, asker = Component("holder"), Component("asker")
+            mgr.register(holder, proportion=0.5)
+            mgr.register(asker, proportion=0.25)  # the group: 3 MiB
+            held = mgr.allocate_all(holder, unchunkable(2 * MiB))
+            result: list[object] = []
+
+            async def ask() -> None:
+                result.append(await outcome(mgr, asker, unchunkable(1.5 * MiB)))
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", AiocubieWarning)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(ask)
+                    await anyio.sleep(0.1)
+                    assert result == []
+                    mgr.release(held)
+            assert isinstance(result[0], ArrayResponse), result
+            mgr.release(result[0])
             await drained(mgr, sim)
