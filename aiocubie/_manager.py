@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager
 from functools import partial
 from threading import get_ident
 from types import TracebackType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -166,6 +166,18 @@ class MemoryManager:
     ) -> bool | None:
         await self.aclose()
         return None
+
+    if not TYPE_CHECKING:  # at run time only: a type checker flags a plain `with` itself
+
+        def __enter__(self) -> MemoryManager:
+            raise ManagerStateError(
+                "a MemoryManager is entered with `async with`, not `with`: write `async with "
+                "MemoryManager() as mgr:` in an async function run by `asyncio.run(main())` or "
+                "`anyio.run(main)` (a plain script can use aiocubie.cubie's adapter, which runs its own loop)"
+            )
+
+        def __exit__(self, *exc_info: object) -> None:
+            return None
 
     async def aclose(self) -> None:
         """Stop serving: fail what is still pending, free every array, stop the schedulers.
@@ -545,7 +557,7 @@ class MemoryManager:
         one level less on the hot path)."""
         loop = self._serving.loop
         if loop is None or loop.thread != get_ident():
-            raise self._not_serving(loop)
+            raise self._not_serving(loop, closed=self._closed)
         self._reap()
         if self._registry.members.get(member.key) is not member:  # unregistered since request()
             member = self._registry.member(instance)
@@ -554,7 +566,9 @@ class MemoryManager:
         return self._groups.serve(member, requests, loop)
 
     @staticmethod
-    def _not_serving(loop: Loop | None) -> ManagerStateError:
+    def _not_serving(loop: Loop | None, *, closed: bool = False) -> ManagerStateError:
+        if closed:
+            return ManagerStateError("the memory manager was closed with close(): make a new MemoryManager")
         if loop is None:
             return ManagerStateError("the memory manager is not running: use `async with MemoryManager() as mgr:`")
         return ManagerStateError(f"a request awaited from another thread: {loop.foreign()}")
@@ -599,7 +613,16 @@ class MemoryManager:
 
     # -- release ---------------------------------------------------------------------------
     def release(self, response: ArrayResponse) -> None:
-        """Free the arrays of ``response``. Idempotent."""
+        """Free the arrays of ``response``. Idempotent.
+
+        :class:`InvalidRequestError` for a request that was never awaited (a forgotten ``await``).
+        """
+        if isinstance(response, PendingRequest):
+            raise InvalidRequestError(
+                "release() was given a request that was not awaited, not an ArrayResponse: write "
+                "`response = await mgr.request(...)` first (or `async with mgr.request(...) as response:`, "
+                "which releases on exit)"
+            )
         self._account.release(response)
 
     def free(self, label: str, instance: object | None = None) -> None:
@@ -608,6 +631,10 @@ class MemoryManager:
         Labels are not scoped: without ``instance`` this frees every member's ``label`` arrays.
         Requests in flight whose arrays are freed fail with :class:`ReleasedError` (the rest of
         their arrays are freed too). :class:`RegistrationError` for an unregistered ``instance``.
+
+        A label no array has is not an error: ``free`` is idempotent, as :meth:`release` is (the
+        cubie adapter frees labels that may be gone already). To check what is held, read
+        ``stats().instances`` (or ``statistics().allocations``).
         """
         if instance is None:
             self._groups.free_where(lambda a: a.label == label, f"free({label!r})")
