@@ -314,13 +314,16 @@ class GroupScheduler:
         if dropped:
             self._planning = [t for t in self._planning if t.pending]
             return True
-        fits = 1  # the head alone can be planned (just checked)
-        while fits + 1 < len(live):
+        # the longest head that can be planned: a longer head needs no less memory, so bisect
+        fits, too_many = 1, len(live)  # the head alone can be planned (just checked); all cannot
+        while too_many - fits > 1:
+            middle = (fits + too_many) // 2
             try:
-                self._try_plan(live[: fits + 1])
+                self._try_plan(live[:middle])
             except PlanningError:
-                break
-            fits += 1
+                too_many = middle
+            else:
+                fits = middle
         rest = live[fits:]
         for ticket in rest:
             ticket.leftover = True  # they had their window: the next batch closes at once

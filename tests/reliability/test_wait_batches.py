@@ -117,3 +117,28 @@ async def test_a_request_waiting_on_another_members_memory_is_not_warned_about(d
             assert isinstance(result[0], ArrayResponse), result
             mgr.release(result[0])
             await drained(mgr, sim)
+
+
+async def test_a_long_batch_shrinks_to_its_longest_head_that_fits(drained) -> None:
+    # ten unchunkable tenths of the device: nine fit under the headroom, ten do not
+    total = 64 * MiB
+    sim = SimulatorBackend(total)
+    with anyio.fail_after(10):
+        async with MemoryManager(sim, mode="active", policy="wait") as mgr:
+            askers = [Component(i) for i in range(10)]
+            for asker in askers:
+                mgr.register(asker, stream_group="g")  # the auto pool: the group's cap is the device
+            served: list[int] = []
+
+            async def ask(asker: Component) -> None:
+                result = await outcome(mgr, asker, unchunkable(0.1 * total))
+                assert isinstance(result, ArrayResponse), result
+                served.append(mgr.stats().groups["g"].batches)
+                await anyio.sleep(0.02)
+                mgr.release(result)
+
+            async with anyio.create_task_group() as tg:
+                for asker in askers:
+                    tg.start_soon(ask, asker)
+            assert sorted(served) == [1] * 9 + [2]  # nine in the first batch, the last one next
+            await drained(mgr, sim)
