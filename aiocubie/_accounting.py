@@ -287,7 +287,8 @@ class DeviceAccount:
         propagates. Out of memory, it frees the pool's cached blocks and tries again, then
         calls the reclaim hooks and tries again, then raises :class:`OutOfMemoryError` saying
         what each group holds. Returns one response per entry (entered in the ledger) and the
-        event recorded after the last allocation and zero fill.
+        event recorded after the last allocation and zero fill. Refused (ManagerStateError) while
+        reclaim hooks run: a hook that allocates would enter the recovery again.
         """
         if self._reclaiming is not None:
             self.refuse_in_reclaim("allocating")
@@ -394,8 +395,9 @@ class DeviceAccount:
                 for hook in hooks:
                     called += 1
                     reclaimed += self._call(hook, asked, group)
-            except ManagerStateError:  # a hook called what it may not: the batch fails with that
+            except ManagerStateError as refused:  # a hook called what it may not: the batch fails with that
                 self._count(hook_calls=called, failed=1)
+                log.error("group %r: %s", group, refused)
                 raise
             finally:
                 self._reclaiming = self._refusal = None
