@@ -86,6 +86,24 @@ def test_multigpu_benchmark_quick_on_the_simulator(tmp_path: Path) -> None:
     assert table.count("| yes |") == 4 and "| NO |" not in table
 
 
+def test_multigpu_benchmark_on_a_simulated_node_of_eight(tmp_path: Path) -> None:
+    """bench_multigpu --gpus 8 (issue 24 on the simulator): a lane per device, every peak within its cap."""
+    out = tmp_path / "multigpu8.md"
+    script = str(ROOT / "benchmarks" / "bench_multigpu.py")
+    result = subprocess.run(
+        [sys.executable, script, "--quick", "--gpus", "8", "--no-dask", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    table = out.read_text()
+    assert "a simulated host of 8 devices" in table and "| throughput 8 / one device" in table and ">= 7.0x" in table
+    assert [f"| device set | {d} | lane-{d} |" in table for d in range(8)] == [True] * 8
+    assert table.count("| yes |") == 8 and "| NO |" not in table
+
+
 def test_pipeline_benchmark_checks_every_job_on_the_simulator(tmp_path: Path) -> None:
     # every output element of every job is checked inside the script: a wrong walk exits non-zero
     result = subprocess.run(

@@ -16,11 +16,12 @@ from typing import Any
 from .._stats import PoolFacts
 from ._arrays import ARRAY_TYPES, ArrayMaker, parse_array_type
 from ._base import Backend
-from ._device import ALLOCATORS, Advice, Device, Event, MemoryInfo, StreamLike
+from ._device import ALLOCATORS, Advice, Device, Event, MemoryInfo
 from ._resource import Block, MemoryResource, ResourceAdaptor
 from ._select import BACKENDS, create_backend, device_count, gpu_status, select_backend
 from ._sim import Engines, Faults, SimDevice, SimStream, SimulatorBackend, TimelineEntry
 from ._staging import PinnedPool
+from ._stream import StreamLike
 
 __all__ = [
     "ALLOCATORS",

@@ -13,8 +13,8 @@ import numpy as np
 
 from .._options import ARRAY_TYPES
 from .._options import parse_array_type as _parse
-from ._device import StreamLike
 from ._resource import Block
+from ._stream import StreamLike
 
 __all__ = ["ARRAY_TYPES", "DEFAULT_ARRAY_TYPE", "ArrayMaker", "parse_array_type"]
 

@@ -10,29 +10,21 @@ from __future__ import annotations
 import abc
 import contextlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal
 
 import attrs
 import numpy as np
 
 from .._options import ALLOCATORS, parse_allocator
 from .._requests import MemoryKind
+from ._resource import MemoryResource
 from ._staging import PinnedPool
+from ._stream import StreamLike
 
-if TYPE_CHECKING:
-    from ._resource import MemoryResource
-
-__all__ = ["ALLOCATORS", "Advice", "Device", "Event", "MemoryInfo", "StreamLike"]
+__all__ = ["ALLOCATORS", "Advice", "Device", "Event", "MemoryInfo"]
 
 #: Managed-memory advice (seed 004).
 Advice = Literal["preferred_location", "accessed_by", "read_mostly"]
-
-
-@runtime_checkable
-class StreamLike(Protocol):
-    """A stream: anything with ``__cuda_stream__`` (cuda.core's ``IsStreamT``), the simulator's too."""
-
-    def __cuda_stream__(self) -> tuple[int, int]: ...
 
 
 @attrs.frozen

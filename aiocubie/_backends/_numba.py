@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import weakref
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 from numba import cuda
@@ -23,19 +23,16 @@ from .._stats import PoolFacts
 from ._arrays import ArrayMaker
 from ._cuda._arrays import c_strides, host_array
 from ._cuda._errors import map_exceptions
-from ._cuda._resources import CudaResource
+from ._cuda._resources import CudaResource, DeviceContext
 from ._cuda._streams import stream_handle
 from ._resource import Block, MemoryResource
-
-if TYPE_CHECKING:
-    from ._cuda._device import CudaDevice
 
 __all__ = ["NumbaArrays", "NumbaResource", "install_memory_manager", "numba_context"]
 
 _HOST_KINDS = (MemoryKind.HOST, MemoryKind.PINNED)
 
 
-def numba_context(device: CudaDevice) -> Any:
+def numba_context(device: DeviceContext) -> Any:
     """numba's context for ``device`` (its primary context, as cuda.core's), leaving the current one as it was."""
     with device.activate(), map_exceptions(f"opening numba's context on CUDA device {device.device_id}"):
         return cuda.gpus[device.device_id].get_primary_context()
@@ -46,13 +43,13 @@ class NumbaArrays(ArrayMaker):
 
     Parameters
     ----------
-    device : CudaDevice
+    device : DeviceContext
         The device the blocks live on.
     """
 
     name = "numba"
 
-    def __init__(self, device: CudaDevice) -> None:
+    def __init__(self, device: DeviceContext) -> None:
         self._context = numba_context(device)
         self._streams: dict[int, Any] = {}
 
@@ -88,13 +85,13 @@ class NumbaResource(CudaResource):
 
     Parameters
     ----------
-    device : CudaDevice
+    device : DeviceContext
         The device it allocates on.
     """
 
     name = "numba"
 
-    def __init__(self, device: CudaDevice) -> None:
+    def __init__(self, device: DeviceContext) -> None:
         super().__init__(device)
         self._context = numba_context(device)
         # numba's own manager, whatever plugin is installed for numba's other allocations
@@ -144,7 +141,7 @@ class _ResourceMemoryManager(nbdriver.GetIpcHandleMixin, nbdriver.HostOnlyCUDAMe
         return 1
 
 
-def install_memory_manager(device: CudaDevice, resource: MemoryResource | None) -> None:
+def install_memory_manager(device: DeviceContext, resource: MemoryResource | None) -> None:
     """Make numba's own device allocations on ``device`` draw from ``resource`` (None: numba's own manager).
 
     Sets the plugin for contexts numba creates later too (numba's choice is process-wide), and

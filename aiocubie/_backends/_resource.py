@@ -15,7 +15,7 @@ import attrs
 
 from .._requests import MemoryKind
 from .._stats import PoolFacts
-from ._device import StreamLike
+from ._stream import StreamLike
 
 __all__ = ["Block", "MemoryResource", "PoolFacts", "ResourceAdaptor"]
 

@@ -11,7 +11,8 @@ still uses: a block's memory goes back when the last holder of its ``handle`` go
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Any
+import contextlib
+from typing import Any, Protocol
 
 import numpy as np
 from cuda.bindings import driver as binding
@@ -24,10 +25,24 @@ from .._resource import Block, MemoryResource
 from ._errors import check, map_exceptions, translate
 from ._streams import as_stream, cupy_view, import_cupy, stream_handle
 
-if TYPE_CHECKING:
-    from ._device import CudaDevice
+__all__ = ["CudaResource", "CupyAsyncResource", "CupyResource", "DeviceContext", "DriverResource", "HostAllocation"]
 
-__all__ = ["CudaResource", "CupyAsyncResource", "CupyResource", "DriverResource", "HostAllocation"]
+
+class DeviceContext(Protocol):
+    """What a resource needs of its device (``CudaDevice`` is one): the device hands itself to the
+    resources it makes, and this module never imports the device's."""
+
+    device_id: int
+    device_name: str
+    granule: int
+    context: Any
+
+    def make_current(self) -> None: ...
+    def synchronize(self) -> None: ...
+    def driver_memory(self) -> tuple[int, int]: ...
+    def free_text(self) -> str: ...
+    def activate(self) -> contextlib.AbstractContextManager[Any]: ...
+
 
 _HOST_ALLOC_PINNED = binding.CU_MEMHOSTALLOC_PORTABLE
 _HOST_ALLOC_MAPPED = binding.CU_MEMHOSTALLOC_PORTABLE | binding.CU_MEMHOSTALLOC_DEVICEMAP
@@ -82,11 +97,11 @@ class CudaResource(MemoryResource):
 
     Parameters
     ----------
-    device : CudaDevice
+    device : DeviceContext
         The device it allocates on (made current where an allocation needs it).
     """
 
-    def __init__(self, device: CudaDevice) -> None:
+    def __init__(self, device: DeviceContext) -> None:
         self._device = device
 
     def allocate(self, nbytes: int, kind: MemoryKind, stream: Any) -> Block:
@@ -163,7 +178,7 @@ class DriverResource(CudaResource):
 
     name = "driver"
 
-    def __init__(self, device: CudaDevice) -> None:
+    def __init__(self, device: DeviceContext) -> None:
         super().__init__(device)
         with map_exceptions("opening the device's memory pool"):
             self._pool = DeviceMemoryResource(device.device_id)
@@ -198,7 +213,7 @@ class CupyResource(CudaResource):
 
     name = "cupy"
 
-    def __init__(self, device: CudaDevice) -> None:
+    def __init__(self, device: DeviceContext) -> None:
         super().__init__(device)
         self._cupy = cupy = import_cupy()
         self._pool = self._new_pool(cupy)
@@ -231,7 +246,7 @@ class CupyAsyncResource(CupyResource):
 
     name = "cupy_async"
 
-    def __init__(self, device: CudaDevice) -> None:
+    def __init__(self, device: DeviceContext) -> None:
         super().__init__(device)
         self._views: dict[int, Any] = {}
 

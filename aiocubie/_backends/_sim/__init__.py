@@ -44,6 +44,12 @@ __all__ = [
 DEFAULT_TOTAL = 8 << 30
 
 
+def _numba_array() -> Callable[..., Any]:
+    from ._numba_model import numba_model  # imports numba: only when numba arrays are asked for
+
+    return numba_model()
+
+
 class SimulatorBackend(Backend):
     """A faithful CPU model of a CUDA device: a :class:`SimDevice`, a resource over its memory, arrays.
 
@@ -126,7 +132,7 @@ class SimulatorBackend(Backend):
             raise ConfigurationError(f"granule must be an int of bytes in 0..total ({total}), got {shown(granule)}")
         if not 0.0 <= real(latency) < math.inf:
             raise ConfigurationError(f"latency must be a finite number of seconds >= 0, got {shown(latency)}")
-        arrays = SimArrays(array_type)
+        arrays = SimArrays(array_type, _numba_array)
         state = SimState(total=int(total), reserved=int(reserved))
         sim = SimDevice(
             state,

@@ -19,8 +19,8 @@ import numpy as np
 from ..._errors import ConfigurationError
 from ..._requests import MemoryKind
 from .._arrays import ArrayMaker, parse_array_type
-from .._device import StreamLike
 from .._resource import Block
+from .._stream import StreamLike
 
 __all__ = ["SimArrays", "SimCupyArray", "cuda_array_interface", "host_data", "in_simulated_kernel", "sync"]
 
@@ -327,6 +327,9 @@ class SimArrays(ArrayMaker):
     array_type : {"cupy", "numba"}, optional
         ``"cupy"`` (None, the default): :class:`SimCupyArray`; ``"numba"``: numba's simulator
         array made to behave as a ``DeviceNDArray`` (needs numba: the numba extra).
+    numba_array : callable, optional
+        Returns the numba array model's class (``_numba_model.numba_model``, which imports
+        numba): called only for ``"numba"``, so this module never imports numba's.
 
     Raises
     ------
@@ -334,18 +337,18 @@ class SimArrays(ArrayMaker):
         For an unknown array type, or ``"numba"`` without numba installed.
     """
 
-    def __init__(self, array_type: str | None = None) -> None:
+    def __init__(
+        self, array_type: str | None = None, numba_array: Callable[[], Callable[..., Any]] | None = None
+    ) -> None:
         self.name = parse_array_type(array_type)
         self._device_array: Callable[[np.ndarray[Any, Any], Any], Any] = SimCupyArray
         if self.name == "numba":
-            if importlib.util.find_spec("numba") is None:  # found, not imported
+            if numba_array is None or importlib.util.find_spec("numba") is None:  # found, not imported
                 raise ConfigurationError(
                     "array_type='numba' hands out numba's device arrays, and numba is not installed: "
                     "pip install 'aiocubie[numba]', or use array_type='cupy'"
                 )
-            from ._numba_model import numba_model
-
-            self._device_array = numba_model()
+            self._device_array = numba_array()
 
     def make(self, block: Block, shape: tuple[int, ...], dtype: np.dtype[Any], stream: StreamLike | None) -> Any:
         data = np.ndarray(shape, dtype, buffer=block.handle)

@@ -18,8 +18,8 @@ import numpy as np
 from ..._errors import AllocationError, BackendError, OutOfMemoryError
 from ..._requests import MemoryKind
 from ..._stats import PoolFacts
-from .._device import StreamLike
 from .._resource import Block, MemoryResource, ResourceAdaptor
+from .._stream import StreamLike
 from ._faults import Faults
 
 __all__ = ["SimFaults", "SimMemory", "SimPool", "SimState", "host_memory"]
