@@ -22,7 +22,7 @@ import attrs
 
 from ._backends import ArrayMaker, Backend, Device, Event, MemoryInfo, MemoryResource
 from ._budget import Budget, group_available
-from ._errors import BudgetError, OutOfMemoryError
+from ._errors import BudgetError, ManagerStateError, OutOfMemoryError
 from ._history import HistoryRecorder
 from ._ledger import Allocation, Ledger
 from ._options import Options
@@ -35,8 +35,13 @@ __all__ = ["DeviceAccount", "ReclaimHook"]
 log = logging.getLogger("aiocubie")
 
 #: A reclaim hook: called with the bytes an allocation needs, it frees what it can (releases
-#: arrays, spills) and returns the bytes it freed, or None if it cannot say.
+#: arrays, spills) and returns the bytes it freed, or None if it cannot say. It may release
+#: (``release``, ``free``, ``free_all``, ``unregister``, ``change_stream_group``); it may not
+#: allocate or reset the context (see :meth:`DeviceAccount.refuse_in_reclaim`).
 ReclaimHook = Callable[[int], "int | None"]
+
+#: What a reclaim hook may call, named in the refusal of anything else.
+RECLAIM_MAY = "mgr.release, mgr.free, mgr.free_all, mgr.unregister and mgr.change_stream_group"
 
 
 class DeviceAccount:
@@ -96,11 +101,35 @@ class DeviceAccount:
         self._free_reading = 0
         self._free_at = -math.inf
         self._free_delta = 0  # VRAM we allocated (+) or released (-) since the reading
+        self._reclaiming: str | None = None  # while reclaim hooks run: the allocation they run for
+        self._refusal: ManagerStateError | None = None  # the last refusal raised inside a hook
 
     def configure(self, **changes: Any) -> Options:
         """Replace the options with ``changes`` applied (validated again); return them."""
         self.options = self.options.replace(**changes)
         return self.options
+
+    def refuse_in_reclaim(self, call: str) -> None:
+        """Raise if reclaim hooks are running: ``call`` (``"set_allocator()"``, ...) may not run in one.
+
+        A reclaim hook runs on an allocation's path, between its tries: it may release memory;
+        allocating would enter recovery again (and again), and a context reset would pull the
+        device and the streams from under the allocation it runs for.
+
+        Raises
+        ------
+        ManagerStateError
+            Naming the call, the allocation the hooks run for and what a hook may call. Not
+            caught by the recovery: the batch fails with it (unless the hook catches it).
+        """
+        if self._reclaiming is None:
+            return
+        self._refusal = ManagerStateError(
+            f"{call} from a reclaim hook: the hook runs because {self._reclaiming}, and may only release "
+            f"memory ({RECLAIM_MAY}); it may not allocate or reset the context. Do that after the "
+            "request, outside the hook"
+        )
+        raise self._refusal
 
     # -- members and groups: the budget's shares, the ledger's keys --------------------------
     def join(self, key: Hashable, proportion: float | None) -> None:
@@ -183,6 +212,7 @@ class DeviceAccount:
         UnknownAllocatorError
             For a name the device cannot make (see ``Device.create_resource``).
         """
+        self.refuse_in_reclaim(f"set_allocator({name!r})")
         resource = self.device.create_resource(name)  # an unknown or unavailable name: refused before the reset
         self.device.reset()
         self.forget_all()
@@ -257,8 +287,11 @@ class DeviceAccount:
         propagates. Out of memory, it frees the pool's cached blocks and tries again, then
         calls the reclaim hooks and tries again, then raises :class:`OutOfMemoryError` saying
         what each group holds. Returns one response per entry (entered in the ledger) and the
-        event recorded after the last allocation and zero fill.
+        event recorded after the last allocation and zero fill. Refused (ManagerStateError) while
+        reclaim hooks run: a hook that allocates would enter the recovery again.
         """
+        if self._reclaiming is not None:
+            self.refuse_in_reclaim("allocating")
         history, debug = self.history, log.isEnabledFor(logging.DEBUG)
         if history is not None:
             history.plan(group, plan, len(entries))
@@ -353,7 +386,21 @@ class DeviceAccount:
             error = exc
         hooks = list(self.reclaim_hooks)
         if hooks:
-            reclaimed = sum(self._call(hook, asked, group) for hook in hooks)
+            self._reclaiming = (
+                f"group {group!r} is out of memory for {format_bytes(asked)} ({len(entries)} request(s), "
+                f"{plan.chunks} chunk(s) of {plan.chunk_length} runs)"
+            )
+            called = reclaimed = 0
+            try:
+                for hook in hooks:
+                    called += 1
+                    reclaimed += self._call(hook, asked, group)
+            except ManagerStateError as refused:  # a hook called what it may not: the batch fails with that
+                self._count(hook_calls=called, failed=1)
+                log.error("group %r: %s", group, refused)
+                raise
+            finally:
+                self._reclaiming = self._refusal = None
             self._count(hook_calls=len(hooks), hook_bytes_freed=reclaimed)
             log.warning("group %r: %d reclaim hook(s) freed %s", group, len(hooks), format_bytes(reclaimed))
             try:
@@ -398,7 +445,9 @@ class DeviceAccount:
         """Call one reclaim hook; the bytes it says it freed (0 if it failed or cannot say)."""
         try:
             freed = hook(nbytes)
-        except Exception:
+        except Exception as exc:
+            if exc is self._refusal:  # it called what a hook may not: not a hook's ordinary failure
+                raise
             log.exception("reclaim hook %r raised; going on with the next step", hook)
             return 0
         if inspect.isawaitable(freed):  # not awaited on the allocation path: refuse it loudly

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._accounting import DeviceAccount
 from ._completion import Loop
@@ -64,6 +64,18 @@ class PendingRequest:
     async def __aenter__(self) -> ArrayResponse:
         self._response = await self
         return self._response
+
+    if not TYPE_CHECKING:  # at run time only: a type checker flags a missing await itself
+
+        def __getattr__(self, name: str) -> Any:
+            """A forgotten ``await``: say what to write, not just that the attribute is missing."""
+            if name.startswith("__"):
+                raise AttributeError(name)
+            raise AttributeError(
+                f"a PendingRequest has no attribute {name!r}: it is a request not yet awaited, not an "
+                "ArrayResponse; write `response = await mgr.request(...)` or "
+                "`async with mgr.request(...) as response:`"
+            )
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager
 from functools import partial
 from threading import get_ident
 from types import TracebackType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -166,6 +166,18 @@ class MemoryManager:
     ) -> bool | None:
         await self.aclose()
         return None
+
+    if not TYPE_CHECKING:  # at run time only: a type checker flags a plain `with` itself
+
+        def __enter__(self) -> MemoryManager:
+            raise ManagerStateError(
+                "a MemoryManager is entered with `async with`, not `with`: write `async with "
+                "MemoryManager() as mgr:` in an async function run by `asyncio.run(main())` or "
+                "`anyio.run(main)` (a plain script can use aiocubie.cubie's adapter, which runs its own loop)"
+            )
+
+        def __exit__(self, *exc_info: object) -> None:
+            return None
 
     async def aclose(self) -> None:
         """Stop serving: fail what is still pending, free every array, stop the schedulers.
@@ -491,7 +503,11 @@ class MemoryManager:
         return self._groups.names()
 
     def reinit_streams(self) -> None:
-        """Give every group a new stream (after a context reset)."""
+        """Give every group a new stream (after a context reset).
+
+        :class:`ManagerStateError` from a reclaim hook (see :meth:`add_reclaim_hook`).
+        """
+        self._account.refuse_in_reclaim("reinit_streams()")
         self._registry.renew_streams()
 
     # -- requests --------------------------------------------------------------------------
@@ -541,7 +557,7 @@ class MemoryManager:
         one level less on the hot path)."""
         loop = self._serving.loop
         if loop is None or loop.thread != get_ident():
-            raise self._not_serving(loop)
+            raise self._not_serving(loop, closed=self._closed)
         self._reap()
         if self._registry.members.get(member.key) is not member:  # unregistered since request()
             member = self._registry.member(instance)
@@ -550,7 +566,9 @@ class MemoryManager:
         return self._groups.serve(member, requests, loop)
 
     @staticmethod
-    def _not_serving(loop: Loop | None) -> ManagerStateError:
+    def _not_serving(loop: Loop | None, *, closed: bool = False) -> ManagerStateError:
+        if closed:
+            return ManagerStateError("the memory manager was closed with close(): make a new MemoryManager")
         if loop is None:
             return ManagerStateError("the memory manager is not running: use `async with MemoryManager() as mgr:`")
         return ManagerStateError(f"a request awaited from another thread: {loop.foreign()}")
@@ -582,6 +600,7 @@ class MemoryManager:
         AllocationError
             If the backend fails (nothing stays allocated).
         """
+        self._account.refuse_in_reclaim("allocate_all()")
         checked = check_requests(requests)
         member = self._member(instance)
         if _flag("replace", replace):
@@ -594,7 +613,16 @@ class MemoryManager:
 
     # -- release ---------------------------------------------------------------------------
     def release(self, response: ArrayResponse) -> None:
-        """Free the arrays of ``response``. Idempotent."""
+        """Free the arrays of ``response``. Idempotent.
+
+        :class:`InvalidRequestError` for a request that was never awaited (a forgotten ``await``).
+        """
+        if isinstance(response, PendingRequest):
+            raise InvalidRequestError(
+                "release() was given a request that was not awaited, not an ArrayResponse: write "
+                "`response = await mgr.request(...)` first (or `async with mgr.request(...) as response:`, "
+                "which releases on exit)"
+            )
         self._account.release(response)
 
     def free(self, label: str, instance: object | None = None) -> None:
@@ -603,6 +631,10 @@ class MemoryManager:
         Labels are not scoped: without ``instance`` this frees every member's ``label`` arrays.
         Requests in flight whose arrays are freed fail with :class:`ReleasedError` (the rest of
         their arrays are freed too). :class:`RegistrationError` for an unregistered ``instance``.
+
+        A label no array has is not an error: ``free`` is idempotent, as :meth:`release` is (the
+        cubie adapter frees labels that may be gone already). To check what is held, read
+        ``stats().instances`` (or ``statistics().allocations``).
         """
         if instance is None:
             self._groups.free_where(lambda a: a.label == label, f"free({label!r})")
@@ -618,7 +650,9 @@ class MemoryManager:
         """Call every invalidate hook once and release every array.
 
         Requests in flight fail with :class:`ContextResetError`; queued ones are served later.
+        :class:`ManagerStateError` from a reclaim hook (see :meth:`add_reclaim_hook`).
         """
+        self._account.refuse_in_reclaim("invalidate_all()")
         self._reset("invalidate_all")
         self.free_all()
         self._hooks.invalidate()
@@ -629,7 +663,8 @@ class MemoryManager:
         The swap resets the device context: every array handed out before is invalid, requests
         in flight fail with :class:`ContextResetError`, every invalidate hook is called once and
         every group gets a new stream; queued requests are served on the new context.
-        :class:`UnknownAllocatorError` for an unknown or unavailable allocator (nothing is reset).
+        :class:`UnknownAllocatorError` for an unknown or unavailable allocator (nothing is reset);
+        :class:`ManagerStateError` from a reclaim hook (see :meth:`add_reclaim_hook`).
         """
         self._account.set_resource(parse_allocator(name))  # first: an unknown name must not warn of a reset
         warn(f"set_allocator({name!r}) resets the device context: arrays and compiled kernels from before are invalid")
@@ -787,6 +822,18 @@ class MemoryManager:
         not block long, and cannot await. One that raises is logged and skipped. The manager
         holds ``hook`` until :meth:`remove_reclaim_hook`; :class:`ConfigurationError` if it is
         not callable.
+
+        A hook may release memory: :meth:`release`, :meth:`free`, :meth:`free_all`,
+        :meth:`unregister`, :meth:`change_stream_group` (a request of a member it unregisters
+        fails with RegistrationError; one of a member it moves is served by the new group). It
+        may not allocate (:meth:`allocate_all`, :meth:`allocate`) or reset the context
+        (:meth:`invalidate_all`, :meth:`set_allocator`, :meth:`reinit_streams`): those raise
+        :class:`ManagerStateError` in the hook, naming the allocation it runs for, and unless
+        the hook catches it the batch fails with it (counted as failed).
+
+        Hooks are consulted only when the device itself is out of memory (the allocation
+        failed), not when the planner finds the request larger than the group is offered (that
+        raises a PlanningError, chunks, or waits, by the policy): release memory before asking.
         """
         self._hooks.add_reclaim(hook)
 

@@ -32,11 +32,13 @@ from ._errors import (
     InsufficientMemoryError,
     OutOfMemoryError,
     PlanningError,
+    warn,
 )
 from ._options import Policy
 from ._planner import ChunkPlan, plan_chunks, warn_if_oversubscribed
 from ._registry import Group, Member, await_hook, call_hook
 from ._requests import ArrayResponse, RequestSet
+from ._stats import format_bytes
 from ._tickets import State, Ticket
 
 __all__ = ["GroupScheduler"]
@@ -100,6 +102,7 @@ class GroupScheduler:
         self._inflight: deque[_Flight] = deque()  # allocated batches, in stream order
         self._closed = False
         self._scope: anyio.CancelScope | None = None  # the scope of :meth:`run`, once it started
+        self._warned: set[int] = set()  # ids of waiting tickets warned that they wait on their own members
 
     # -- called from the loop thread (sync) ----------------------------------------------------
     def submit(self, ticket: Ticket) -> None:
@@ -226,6 +229,7 @@ class GroupScheduler:
                     await self._serve(batch)
                 finally:
                     self._planning = []
+                    self._warned.clear()
 
     async def _sleep(self, which: str) -> None:
         signal: Signal = getattr(self, which)
@@ -290,9 +294,12 @@ class GroupScheduler:
             self._failed(self._planning, exc)
 
     def _drop_unplannable(self) -> bool:
-        """Fail the tickets of a batch that cannot be planned even alone; True if any was.
+        """Make a batch that cannot be planned smaller; True if it changed (plan it again).
 
-        One request too large for the group must not take its batch-mates down with it.
+        One request too large for the group must not take its batch-mates down with it: the
+        tickets that cannot be planned even alone fail, alone. If each fits alone but not all
+        together, the batch shrinks to its longest head that can be planned (first in, first
+        served) and the rest go back to the front of the queue, to be the next batch.
         """
         live = [t for t in self._planning if t.pending]
         if len(live) < 2:
@@ -304,14 +311,34 @@ class GroupScheduler:
             except PlanningError as exc:
                 self._failed([ticket], exc)
                 dropped = True
-        self._planning = [t for t in self._planning if t.pending]
-        return dropped
+        if dropped:
+            self._planning = [t for t in self._planning if t.pending]
+            return True
+        # the longest head that can be planned: a longer head needs no less memory, so bisect
+        fits, too_many = 1, len(live)  # the head alone can be planned (just checked); all cannot
+        while too_many - fits > 1:
+            middle = (fits + too_many) // 2
+            try:
+                self._try_plan(live[:middle])
+            except PlanningError:
+                too_many = middle
+            else:
+                fits = middle
+        rest = live[fits:]
+        for ticket in rest:
+            ticket.leftover = True  # they had their window: the next batch closes at once
+        self.queue.extendleft(reversed(rest))
+        self._planning = live[:fits]
+        self._wake.set()
+        return True
 
     def _serve_now(self, ticket: Ticket) -> None:
         """Serve a batch of ``ticket`` alone in the caller's task, or queue it to wait for memory."""
         batch = self._planning = [ticket]
         try:
             for attempt in range(2):
+                if not ticket.pending:  # ended by a reclaim hook of the last attempt (its member left)
+                    return
                 plan = self._try_plan(batch)
                 if plan is None:  # it must wait for memory: the group's task does that
                     ticket.leftover = True
@@ -391,10 +418,10 @@ class GroupScheduler:
                         f"{self.name!r} is offered {offered}; release memory, or use policy 'chunk' or 'wait'"
                     )
                 # policy wait: take the best plan there could be (raises if even that cannot fit)
-                best = plan_chunks(
-                    runs, fixed, per_run, self._account.offered(members, free, as_if_empty=True), buffered=buffered
-                )
+                empty = self._account.offered(members, free, as_if_empty=True)
+                best = plan_chunks(runs, fixed, per_run, empty, buffered=buffered)
                 if plan is None or plan.planned_bytes < best.planned_bytes:
+                    self._warn_if_waiting_on_itself(batch, empty, best, (runs, fixed, per_run, buffered))
                     return None
         except PlanningError:
             # as cubie does: the warning comes before the refusal, so a batch far too large says so
@@ -402,6 +429,42 @@ class GroupScheduler:
             raise
         warn_if_oversubscribed(plan.full_bytes, free)  # once per batch, at the caller's line
         return plan
+
+    def _warn_if_waiting_on_itself(
+        self, batch: list[Ticket], empty: int, best: ChunkPlan, sizes: tuple[int, int, int, int]
+    ) -> None:
+        """Warn (once a ticket) when a batch waits for memory only its own members can give back.
+
+        If every other member released everything, the batch still could not have its plan: it
+        waits on memory its requesters hold. Held by the task that awaits (a nested request),
+        that wait never ends; held by another task of theirs, it ends when that task releases.
+        """
+        if all(id(t) in self._warned for t in batch):
+            return
+        keys = {t.key for t in batch}
+        own = self._account.ledger.held(keys)
+        if not own:
+            return
+        runs, fixed, per_run, buffered = sizes
+        try:
+            if (
+                plan_chunks(runs, fixed, per_run, max(0, empty - own), buffered=buffered).planned_bytes
+                >= best.planned_bytes
+            ):
+                return
+        except PlanningError:
+            pass
+        self._warned.update(id(t) for t in batch)
+        names = ", ".join(sorted({self._members[k].name for k in keys if k in self._members}))
+        message = (
+            f"group {self.name!r}, policy 'wait': a request of {names} waits for memory its own requester(s) "
+            f"hold ({format_bytes(own)}): it needs {format_bytes(best.planned_bytes)} of the "
+            f"{format_bytes(empty)} the group could offer, and is served only once they release. If the task "
+            "that awaits it holds those arrays (a request nested in another's `async with`), it waits forever: "
+            "release them first, ask for less, or use policy 'chunk'"
+        )
+        log.warning("%s", message)
+        warn(message)
 
     def _check_under_cap(self, members: set[int]) -> None:
         """Raise if the group holds more than its cap: it starts no batch until back under."""

@@ -399,6 +399,16 @@ def _table(title: str, rows: list[list[str]]) -> list[str]:
     return [line(header), line(["-" * w for w in widths]), *(line(row) for row in rows or [["(none)"] + [""] * 9])]
 
 
+def _caps_note(snapshot: Snapshot) -> list[str]:
+    """A line saying why an instance's peak may be above its cap (none when no peak is)."""
+    if any(u.cap_bytes is not None and u.peak_bytes > u.cap_bytes for u in snapshot.instances.values()):
+        return [
+            "(caps hold per group: an instance may use more than its own cap while its group stays within "
+            "the sum of its members' caps)"
+        ]
+    return []
+
+
 def summary(snapshot: Snapshot) -> str:
     """A table of ``snapshot`` a person reads at a glance (see :meth:`MemoryManager.memory_summary`).
 
@@ -417,6 +427,7 @@ def summary(snapshot: Snapshot) -> str:
         *_table("group", [_row(name, usage) for name, usage in sorted(snapshot.groups.items())]),
         "",
         *_table("instance", [_row(name, usage) for name, usage in sorted(snapshot.instances.items())]),
+        *_caps_note(snapshot),
         "",
         f"pinned staging: {format_bytes(pinned.held)} held, {format_bytes(pinned.in_use)} in use, "
         f"{format_bytes(pinned.peak_in_use)} peak",

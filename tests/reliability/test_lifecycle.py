@@ -78,7 +78,7 @@ async def test_async_with_after_close_is_refused() -> None:
             pass
     part = Component()
     mgr.register(part)
-    with pytest.raises(ManagerStateError, match="not running"):
+    with pytest.raises(ManagerStateError, match="closed with close"):
         await mgr.request(part, block())
     assert sim.used == 0
 

@@ -1,0 +1,71 @@
+"""What a new user trips on (issue 22): each mistake gets a message that says what to write.
+
+A plain ``with mgr:``, a forgotten ``await``, a request after ``close()``, ``free`` of a label no
+array has, and the summary's per-group caps; on asyncio and trio.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from simkit import TOTAL, Part, vec
+
+from aiocubie import InvalidRequestError, ManagerStateError, MemoryManager, SimulatorBackend
+
+
+def test_a_plain_with_says_to_write_async_with(sim: SimulatorBackend) -> None:
+    mgr: Any = MemoryManager(sim)
+    with pytest.raises(ManagerStateError, match=r"`async with`, not `with`: write `async with MemoryManager\(\)"):
+        with mgr:
+            pass
+
+
+@pytest.mark.anyio
+async def test_a_forgotten_await_says_to_write_await(sim: SimulatorBackend) -> None:
+    async with MemoryManager(sim) as mgr:
+        part = Part()
+        mgr.register(part)
+        pending: Any = mgr.request(part, {"x": vec(10)})  # forgot `await`
+        with pytest.raises(AttributeError, match=r"'arrays': it is a request not yet awaited.*await mgr.request"):
+            _ = pending.arrays
+        assert not hasattr(pending, "__array_interface__")  # dunder look-ups stay plain
+        with pytest.raises(InvalidRequestError, match="not awaited"):
+            mgr.release(pending)
+        response = await pending  # still usable: nothing was submitted
+        mgr.release(response)
+        assert mgr.stats().live_bytes == sim.used == 0
+
+
+@pytest.mark.anyio
+async def test_a_request_after_close_says_closed() -> None:
+    mgr = MemoryManager(SimulatorBackend(TOTAL))
+    part = Part()
+    mgr.register(part)
+    mgr.close()
+    with pytest.raises(ManagerStateError, match="closed with close"):
+        await mgr.request(part, {"x": vec(10)})
+
+
+@pytest.mark.anyio
+async def test_free_of_a_label_no_array_has_is_idempotent(sim: SimulatorBackend) -> None:
+    async with MemoryManager(sim) as mgr:
+        part = Part()
+        mgr.register(part)
+        await mgr.request(part, {"x": vec(10)})
+        mgr.free("nope")  # documented: nothing to free is not an error
+        mgr.free("x")
+        mgr.free("x")
+        assert sim.used == 0
+
+
+@pytest.mark.anyio
+async def test_the_summary_says_caps_hold_per_group(sim: SimulatorBackend) -> None:
+    async with MemoryManager(sim, mode="active", batch_window=0) as mgr:
+        a, b = Part(), Part()
+        mgr.register(a, proportion=0.2, stream_group="g")
+        mgr.register(b, proportion=0.6, stream_group="g")
+        assert "caps hold per group" not in mgr.memory_summary()
+        async with mgr.request(a, {"x": vec(TOTAL // 2 // 8, unchunkable=True)}):  # a: over its own 20%
+            text = mgr.memory_summary()
+        assert "caps hold per group: an instance may use more than its own cap" in text
