@@ -191,7 +191,10 @@ class Budget:
             )
             if auto_members:
                 raise BudgetError(f"{message}, and {auto_members} auto member(s) need it")
-            warn_at_caller(message)
+            warn_at_caller(
+                f"{message}: allowed while no member is in the auto pool, but a component registered "
+                "later without a proportion will find too little room (give it a proportion, or lower these)"
+            )
 
 
 def group_available(

@@ -127,10 +127,27 @@ def warn(message: str, category: type[Warning] = AiocubieWarning) -> None:
     """Warn, pointing at the caller's line: the first frame outside aiocubie.
 
     (A batch planned in its group's task has no caller left on the stack; the warning then
-    points at the event loop.)
+    points at the line that started the event loop, past the loop libraries' frames.)
     """
     level, frame = 2, sys._getframe(1)  # stacklevel 2: the frame that called warn()
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
         level += 1
         frame = frame.f_back  # type: ignore[assignment]
-    warnings.warn(message, category, stacklevel=level)
+    # In a group's task the frames below aiocubie's are the event loop's: look past them for the
+    # program's own line (where the loop was started), keeping the first outside aiocubie if none.
+    outside, machinery = level, _loop_machinery()
+    while frame is not None and frame.f_code.co_filename.startswith(machinery):
+        level += 1
+        frame = frame.f_back  # type: ignore[assignment]
+    warnings.warn(message, category, stacklevel=level if frame is not None else outside)
+
+
+def _loop_machinery() -> tuple[str, ...]:
+    """Folders of the event-loop libraries loaded now (asyncio, anyio, trio, uvloop, outcome)."""
+    folders = []
+    for name in ("asyncio", "anyio", "trio", "uvloop", "outcome", "sniffio"):
+        module = sys.modules.get(name)
+        path = getattr(module, "__file__", None)
+        if path:
+            folders.append(os.path.dirname(path) + os.sep)
+    return tuple(folders)

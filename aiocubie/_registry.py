@@ -238,8 +238,15 @@ class Registry:
         Raises
         ------
         RegistrationError
-            If it is registered already, a hook is not callable, or a name is taken or bad.
+            If it is None or a plain value (a number, string, bytes, tuple), registered already, a
+            hook is not callable, or a name is taken or bad.
         """
+        if instance is None or isinstance(instance, _VALUES):
+            raise RegistrationError(
+                f"register the component object itself (an instance of your class), not "
+                f"{type(instance).__name__} {instance!r:.40}: equal values may be one object, so they could not "
+                "be told apart (to name a component, pass name=...)"
+            )
         key = id(instance)
         if key in self.members:
             raise RegistrationError(f"{self.members[key].name} is already registered")
@@ -318,6 +325,11 @@ class Registry:
             if key in self.members:
                 dead.append(key)
         return dead
+
+
+#: Values, not components: Python may share one object between equal values (small ints, interned
+#: strings), so two "components" could be one registration.
+_VALUES = (bool, int, float, complex, str, bytes, tuple, frozenset, range)
 
 
 def check_group_name(name: object) -> None:

@@ -106,3 +106,54 @@ async def test_history_series_follow_a_member_into_its_new_group() -> None:
         mgr.release(response)
         series = {group: values for group, (_times, values) in mgr.history().series().items()}
     assert series == {"a": [4000, 0], "b": [4000, 0]}  # a gives the bytes up at the move, b holds them until release
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("value", [None, 5, "solver", b"x", (1, 2), 1.5, True])
+async def test_register_refuses_values_that_are_not_components(value: object) -> None:
+    async with ac.MemoryManager("simulator") as mgr:
+        with pytest.raises(RegistrationError, match="register the component object itself"):
+            mgr.register(value)
+        assert not mgr.statistics().members
+
+
+@pytest.mark.anyio
+async def test_an_auto_pool_left_short_with_no_member_says_what_it_means() -> None:
+    async with ac.MemoryManager("simulator") as mgr:
+        first, second = _Component(), _Component()  # held: a collected component leaves its share
+        mgr.register(first, proportion=0.5)
+        with pytest.warns(ac.AiocubieWarning, match="allowed while no member is in the auto pool"):
+            mgr.register(second, proportion=0.5)
+
+
+def test_a_warning_from_a_batch_the_group_task_closed_points_at_the_programs_line(tmp_path: Path) -> None:
+    # the batch is planned in the group's task (two requesters, a batch window): no user frame is on the
+    # stack, so the warning points past the event loop's frames, at the line that started it
+    script = tmp_path / "program.py"
+    script.write_text(
+        "import warnings\n"
+        "import anyio, numpy as np\n"
+        "import aiocubie as ac\n"
+        "async def main():\n"
+        "    async with ac.MemoryManager(ac.SimulatorBackend(1 << 20), batch_window=0.01) as mgr:\n"
+        "        a, b = type('A', (), {})(), type('B', (), {})()\n"
+        "        mgr.register(a); mgr.register(b)\n"
+        "        async def ask(x):\n"
+        "            try:\n"
+        "                await mgr.request(x, {'x': ac.ArrayRequest((64 << 20,), np.uint8, chunk_axis=0)})\n"
+        "            except ac.AiocubieError:\n"
+        "                pass\n"
+        "        async with anyio.create_task_group() as tg:\n"
+        "            tg.start_soon(ask, a)\n"
+        "            tg.start_soon(ask, b)\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    anyio.run(main)  # line 18\n"
+        "print(*{(w.filename, w.lineno) for w in caught if issubclass(w.category, ac.AiocubieWarning)})\n"
+    )
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str((str(script), 18)), result.stdout
