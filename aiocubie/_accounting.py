@@ -14,6 +14,7 @@ import inspect
 import logging
 import math
 import numbers
+import threading
 import time
 from collections.abc import Callable, Collection, Hashable, Sequence
 from typing import Any
@@ -27,7 +28,7 @@ from ._history import HistoryRecorder
 from ._ledger import Allocation, Ledger
 from ._options import Options
 from ._planner import ChunkPlan, offered_bytes
-from ._requests import ArrayResponse, RequestSet
+from ._requests import ArrayResponse, MemoryKind, RequestSet
 from ._stats import RecoveryStats, format_bytes
 
 __all__ = ["DeviceAccount", "ReclaimHook"]
@@ -103,6 +104,8 @@ class DeviceAccount:
         self._free_delta = 0  # VRAM we allocated (+) or released (-) since the reading
         self._reclaiming: str | None = None  # while reclaim hooks run: the allocation they run for
         self._refusal: ManagerStateError | None = None  # the last refusal raised inside a hook
+        self._thread = threading.get_ident()  # where hooks may run for other libraries' failures
+        self.resource.set_failure_handler(self.reclaim_for_library)
 
     def configure(self, **changes: Any) -> Options:
         """Replace the options with ``changes`` applied (validated again); return them."""
@@ -216,13 +219,63 @@ class DeviceAccount:
         resource = self.device.create_resource(name)  # an unknown or unavailable name: refused before the reset
         self.device.reset()
         self.forget_all()
+        self.resource.set_failure_handler(None)
         self.resource = resource
+        resource.set_failure_handler(self.reclaim_for_library)
+
+    def share_pool(self, libraries: Sequence[str]) -> None:
+        """Make ``libraries`` allocate from the resource's pool (see ``MemoryManager.share_pool``).
+
+        Raises
+        ------
+        ConfigurationError
+            For a resource no other library can draw from, or a library that cannot be routed.
+        """
+        self.resource.share_with(libraries)
+
+    def reclaim_for_library(self, nbytes: int) -> bool:
+        """Another library's allocation of ``nbytes`` found no room in the shared pool: run the recovery.
+
+        Releases the pool's cached blocks and calls the reclaim hooks (as for aiocubie's own
+        batches); True when they freed something, so the library's allocation is tried again.
+        Runs only in the thread the account was made in (the event loop's) and never inside a
+        recovery already running: elsewhere it returns False and the library sees its own
+        out-of-memory error.
+        """
+        if self._reclaiming is not None or threading.get_ident() != self._thread:
+            return False
+        what = f"another library's allocation of {format_bytes(nbytes)} found no room in the shared pool"
+        self._count(out_of_memory=1)
+        log.warning("%s: freeing the pool's cached blocks and calling the reclaim hooks", what)
+        freed = self.resource.release_cached()
+        self._count(cache_releases=1, cache_bytes_freed=freed)
+        hooks, reclaimed = list(self.reclaim_hooks), 0
+        if hooks:
+            self._reclaiming = what
+            try:
+                for hook in hooks:
+                    reclaimed += self._call(hook, nbytes, "(other libraries)")
+            except ManagerStateError:
+                return False
+            finally:
+                self._reclaiming = self._refusal = None
+            self._count(hook_calls=len(hooks), hook_bytes_freed=reclaimed)
+        if freed + reclaimed > 0:
+            return True  # whether the retry succeeds, the library sees: not counted here
+        self._count(failed=1)
+        return False
 
     # -- what there is -----------------------------------------------------------------------
     def memory_info(self) -> MemoryInfo:
         """The device's memory now, the blocks the resource caches counted as free (they serve requests)."""
         info = self.device.memory_info()
         return MemoryInfo(free=info.free + (self.resource.pool_facts().cached or 0), total=info.total)
+
+    def other_bytes(self, in_use: int | None) -> int | None:
+        """Bytes of the pool's ``in_use`` that this manager does not hold (other libraries'); None if unknown."""
+        if in_use is None:
+            return None
+        return max(0, in_use - self.ledger.bytes_of(MemoryKind.DEVICE))
 
     def free_memory(self, *, fresh: bool) -> int:
         """Free device memory (cached pool blocks included): a reading at most ``free_cache_seconds`` old, or a new one.

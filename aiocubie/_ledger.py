@@ -65,6 +65,10 @@ class Ledger:
         if live > self.peak_by_group[group]:
             self.peak_by_group[group] = live
 
+    def bytes_of(self, kind: MemoryKind) -> int:
+        """VRAM bytes of the live allocations of ``kind`` (a walk over them: for reports, not hot paths)."""
+        return sum(a.vram for allocs in self._by_owner.values() for a in allocs if a.kind is kind)
+
     def held(self, keys: Iterable[Hashable]) -> int:
         """VRAM bytes held by ``keys`` together."""
         return sum(self.live_by_key.get(key, 0) for key in keys)

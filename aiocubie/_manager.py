@@ -658,7 +658,7 @@ class MemoryManager:
         self._hooks.invalidate()
 
     def set_allocator(self, name: str) -> None:
-        """Swap the memory resource (``"default"``, ``"driver"``, ``"cupy"``, ``"cupy_async"``, ``"numba"``).
+        """Swap the memory resource (``"default"``, ``"driver"``, ``"cupy"``, ``"cupy_async"``, ``"numba"``, ``"rmm"``).
 
         The swap resets the device context: every array handed out before is invalid, requests
         in flight fail with :class:`ContextResetError`, every invalidate hook is called once and
@@ -671,6 +671,17 @@ class MemoryManager:
         self._reset(f"set_allocator({name!r})")
         self.reinit_streams()
         self._hooks.invalidate()
+
+    def share_pool(self, *libraries: str) -> None:
+        """Make ``libraries`` (``"cupy"``, ``"numba"``, ``"torch"``) allocate from this manager's pool (``allocator="rmm"``).
+
+        Their bytes then show in :meth:`stats` (``other_bytes``) and :meth:`memory_summary`, and their
+        out-of-memory failures run the reclaim hooks first. Process-wide (RMM's hooks): ``cupy``
+        sets CuPy's allocator, ``numba`` numba's memory manager, ``torch`` torch's allocator (only
+        before torch's first CUDA allocation). :class:`ConfigurationError` for another allocator
+        or a library that is missing.
+        """
+        self._account.share_pool(libraries)
 
     def _reset(self, cause: str) -> None:
         self._groups.reset(

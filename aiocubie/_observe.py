@@ -63,6 +63,7 @@ class Observer:
             instances[name] = UsageStats.of(counters, live, max(peak, counters.peak_bytes), cap)
         pool = self._device.pinned_pool
         pinned = PinnedStats(pool.held, pool.in_use, pool.peak_in_use, pool.pinned)
+        facts = self._account.resource.pool_facts()
         return Snapshot(
             Snapshot.now(),
             info.free,
@@ -73,8 +74,9 @@ class Observer:
             instances,
             pinned,
             time.time(),
-            self._account.resource.pool_facts(),
+            facts,
             self._account.recovery,
+            self._account.other_bytes(facts.in_use),
         )
 
     def statistics(self, running: bool, groups: dict[str, GroupStatistics], draining: int) -> ManagerStatistics:

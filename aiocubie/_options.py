@@ -41,8 +41,9 @@ T = TypeVar("T")
 BACKENDS = ("auto", "simulator", "cuda")
 #: Memory resources (``allocator=``, ``set_allocator``): ``default`` is the device's own choice;
 #: ``driver`` the device's stream-ordered pool (cuMemAllocAsync); ``cupy`` / ``cupy_async`` CuPy's
-#: MemoryPool / MemoryAsyncPool; ``numba`` numba's own memory manager (the numba extra).
-ALLOCATORS = ("default", "driver", "cupy", "cupy_async", "numba")
+#: MemoryPool / MemoryAsyncPool; ``numba`` numba's own memory manager (the numba extra); ``rmm`` the
+#: device's current RMM resource, shared with every library that draws from RMM (the rmm extra).
+ALLOCATORS = ("default", "driver", "cupy", "cupy_async", "numba", "rmm")
 #: What device arrays are: CuPy arrays (the default) or numba device arrays.
 ARRAY_TYPES = ("cupy", "numba")
 
@@ -51,7 +52,7 @@ ARRAY_TYPES = ("cupy", "numba")
 ENVIRONMENT = {
     "AIOCUBIE_BACKEND": "backend: auto, simulator or cuda",
     "AIOCUBIE_MODE": "mode: passive or active",
-    "AIOCUBIE_ALLOCATOR": "allocator of a backend the manager creates: default, driver, cupy, cupy_async or numba",
+    "AIOCUBIE_ALLOCATOR": "allocator of a backend the manager creates: default, driver, cupy, cupy_async, numba or rmm",
     "AIOCUBIE_HISTORY": "record the allocation history: 1 (on), 0 (off), or FILE.json (on, written there on out-of-memory)",
 }
 

@@ -245,6 +245,11 @@ class Snapshot:
         The device allocator's pool: bytes held against bytes in use, largest cached block.
     recovery : RecoveryStats
         Out-of-memory recovery steps taken so far.
+    other_bytes : int or None
+        Device bytes the allocator's pool has in use that this manager does not hold: what other
+        libraries drawing from the same pool hold (CuPy, numba, torch through ``share_pool``; RAPIDS
+        on RMM), and arrays released here but still referenced. ``pool.in_use`` is ``live_bytes``
+        (device kinds) plus this. None where the pool cannot say.
     """
 
     time: float
@@ -258,6 +263,7 @@ class Snapshot:
     wall_time: float = 0.0
     pool: PoolFacts = PoolFacts()
     recovery: RecoveryStats = RecoveryStats()
+    other_bytes: int | None = None
 
     @staticmethod
     def now() -> float:
@@ -423,6 +429,14 @@ def summary(snapshot: Snapshot) -> str:
         f"through this manager {format_bytes(snapshot.live_bytes)} live, {format_bytes(snapshot.peak_bytes)} peak",
         f"pool: {format_bytes(pool.held)} held, {format_bytes(pool.in_use)} in use, "
         f"{format_bytes(pool.cached)} cached, largest cached block {format_bytes(pool.largest_free)}",
+        *(
+            [
+                f"in the pool: {format_bytes(pool.in_use - snapshot.other_bytes)} through this manager, "
+                f"{format_bytes(snapshot.other_bytes)} held by other libraries"
+            ]
+            if snapshot.other_bytes is not None and pool.in_use is not None
+            else []
+        ),
         "",
         *_table("group", [_row(name, usage) for name, usage in sorted(snapshot.groups.items())]),
         "",

@@ -9,15 +9,23 @@ and nothing of budgets or ledgers (the device account does).
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
 
+from .._errors import ConfigurationError
 from .._requests import MemoryKind
 from .._stats import PoolFacts
 from ._stream import StreamLike
 
-__all__ = ["Block", "MemoryResource", "PoolFacts", "ResourceAdaptor"]
+__all__ = ["Block", "FailureHandler", "MemoryResource", "PoolFacts", "ResourceAdaptor"]
+
+#: What a resource shared with other libraries calls when one of *their* allocations finds no
+#: room (RMM's failure callback): given the bytes asked for, it frees what it can and returns
+#: True to have the allocation tried again. aiocubie's own allocations never reach it: they
+#: recover in the device account, a whole batch at a time.
+FailureHandler = Callable[[int], bool]
 
 
 @attrs.define(slots=True, eq=False)  # not frozen: made on every allocation, and frozen attrs cost 2.5x
@@ -91,7 +99,38 @@ class MemoryResource(abc.ABC):
 
     @abc.abstractmethod
     def pool_facts(self) -> PoolFacts:
-        """Bytes the pool holds, bytes in use, the largest cached block (None where unknown)."""
+        """Bytes the pool holds, bytes in use, the largest cached block (None where unknown).
+
+        A pool other libraries draw from too (the device's stream-ordered pool, RMM's) counts
+        their bytes in ``in_use``: the manager reports the bytes it does not hold itself as
+        other libraries' (``Snapshot.other_bytes``).
+        """
+
+    def set_failure_handler(self, handler: FailureHandler | None) -> None:
+        """Where other libraries' out-of-memory failures in this pool go (see :data:`FailureHandler`).
+
+        A resource no other library allocates through ignores it (the default).
+        """
+        return None
+
+    def share_with(self, libraries: Sequence[str]) -> None:
+        """Make ``libraries`` (``"cupy"``, ``"numba"``, ``"torch"``) allocate from this resource's pool.
+
+        Raises
+        ------
+        ConfigurationError
+            Here: only a pool other libraries can draw from (``allocator="rmm"``) can be shared.
+        """
+        raise ConfigurationError(
+            f"cannot share the {self.name!r} allocator's pool with {', '.join(map(repr, libraries)) or 'nothing'}: "
+            "only allocator='rmm' is a pool other libraries draw from; create the manager with allocator='rmm' "
+            '(pip install "aiocubie[rmm]")'
+        )
+
+    def limited(self, nbytes: int) -> MemoryResource | None:
+        """A view of this resource whose allocator refuses to hold more than ``nbytes`` at once, or None
+        where the allocator has no such cap (the default)."""
+        return None
 
 
 class ResourceAdaptor(MemoryResource):
@@ -118,3 +157,13 @@ class ResourceAdaptor(MemoryResource):
 
     def pool_facts(self) -> PoolFacts:
         return self.upstream.pool_facts()
+
+    def set_failure_handler(self, handler: FailureHandler | None) -> None:
+        self.upstream.set_failure_handler(handler)
+
+    def share_with(self, libraries: Sequence[str]) -> None:
+        self.upstream.share_with(libraries)
+
+    def limited(self, nbytes: int) -> MemoryResource | None:
+        """The upstream's capped view (this adaptor is not in it)."""
+        return self.upstream.limited(nbytes)

@@ -21,7 +21,7 @@ from aiocubie._backends import ARRAY_TYPES, Backend, Block, MemoryResource, gpu_
 __all__ = ["CASES", "DEVICE_SIDE", "HOST_SIDE", "RESOURCES", "Contract", "to_numpy"]
 
 #: Every resource a backend may offer (``"default"`` is one of these, resolved by the device).
-RESOURCES = ("driver", "cupy", "cupy_async", "numba")
+RESOURCES = ("driver", "cupy", "cupy_async", "numba", "rmm")
 DEVICE_SIDE = (MemoryKind.DEVICE, MemoryKind.MANAGED, MemoryKind.MAPPED)
 HOST_SIDE = (MemoryKind.PINNED, MemoryKind.HOST)
 

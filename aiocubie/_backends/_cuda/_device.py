@@ -144,6 +144,7 @@ class CudaDevice(Device):
                 ("cupy", _installed("cupy")),
                 ("cupy_async", _installed("cupy")),
                 ("numba", _installed("numba_cuda")),
+                ("rmm", _installed("rmm")),
             )
             if present
         )
@@ -207,6 +208,10 @@ class CudaDevice(Device):
                     "'aiocubie[numba]', or use one of 'driver', 'cupy', 'cupy_async'"
                 ) from exc
             return NumbaResource(self)
+        if name == "rmm":
+            from ._rmm import RmmResource  # imports rmm: only when asked for
+
+            return RmmResource(self)
         raise UnknownAllocatorError(f"unknown allocator {name!r}: use one of {', '.join(map(repr, self.resources))}")
 
     # -- memory -------------------------------------------------------------------------------

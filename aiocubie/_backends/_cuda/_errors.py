@@ -1,8 +1,9 @@
-"""The one error map of the CUDA backend: cuda.core, cuda.bindings, CuPy and numba errors become aiocubie's.
+"""The one error map of the CUDA backend: cuda.core, cuda.bindings, CuPy, numba and RMM errors become aiocubie's.
 
 Every call into those libraries that can fail runs under :class:`map_exceptions` (or :func:`check` for
 a raw ``cuda.bindings`` result), so that nothing above the backend layer sees a foreign exception. It
-recognises numba's errors by their module and never imports numba.
+recognises numba's and RMM's errors by their module (and RMM's C++ errors, which arrive as builtin
+``RuntimeError``, by RMM's message prefixes) and imports neither.
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ __all__ = ["check", "is_oom", "map_exceptions", "translate"]
 _SUCCESS = binding.CUresult.CUDA_SUCCESS
 _OOM = binding.CUresult.CUDA_ERROR_OUT_OF_MEMORY
 _CUDA_RT_ERROR_MEMORY_ALLOCATION = 2  # cudaErrorMemoryAllocation, as CuPy's CUDARuntimeError.status
-_FOREIGN = ("cupy", "cupy_backends", "cuda", "numba")
+_FOREIGN = ("cupy", "cupy_backends", "cuda", "numba", "rmm")
+# RMM's C++ exceptions reach Python as RuntimeError (rmm::logic_error, rmm::cuda_error), their
+# message starting with RMM's failure macros' text; rmm::out_of_memory arrives as MemoryError.
+_RMM_MESSAGES = ("RMM failure at:", "CUDA error at:", "CUDA error encountered at:")
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -37,11 +41,13 @@ def is_oom(exc: BaseException) -> bool:
 
 
 def _is_foreign(exc: BaseException) -> bool:
-    return type(exc).__module__.split(".", 1)[0] in _FOREIGN
+    if type(exc).__module__.split(".", 1)[0] in _FOREIGN:
+        return True
+    return isinstance(exc, RuntimeError) and str(exc).startswith(_RMM_MESSAGES)
 
 
 class map_exceptions:
-    """Translate cuda.core, cuda.bindings, CuPy and numba errors raised in the block into aiocubie's.
+    """Translate cuda.core, cuda.bindings, CuPy, numba and RMM errors raised in the block into aiocubie's.
 
     Out-of-memory errors become :class:`OutOfMemoryError`, other device errors :class:`BackendError`,
     with the original as ``__cause__``; the message is ``what`` plus the library's, and ``detail()``

@@ -14,12 +14,13 @@ from collections.abc import Callable
 from typing import Any
 
 from ..._errors import ConfigurationError, shown
-from ..._requests import MAX_NBYTES
+from ..._requests import MAX_NBYTES, MemoryKind
 from .._base import Backend
+from .._resource import Block
 from ._arrays import SimArrays, SimCupyArray, host_data
 from ._device import TIMELINE_LENGTH, Engines, SimDevice, TimelineEntry
 from ._faults import Faults, count, real
-from ._memory import SimFaults, SimMemory, SimPool, SimState
+from ._memory import SimFaults, SimLimit, SimMemory, SimPool, SimShared, SimState
 from ._streams import SimEvent, SimStream
 
 __all__ = [
@@ -32,8 +33,10 @@ __all__ = [
     "SimDevice",
     "SimEvent",
     "SimFaults",
+    "SimLimit",
     "SimMemory",
     "SimPool",
+    "SimShared",
     "SimStream",
     "SimulatorBackend",
     "TimelineEntry",
@@ -181,6 +184,27 @@ class SimulatorBackend(Backend):
     def resets(self) -> int:
         """Context resets so far."""
         return self.device.resets
+
+    def library_allocate(self, nbytes: int) -> Block:
+        """Pretend another library of this process (CuPy, numba, torch through RMM's hooks) took ``nbytes`` of device memory.
+
+        With an ``rmm`` resource made on this device, the bytes come from its pool (RMM's current
+        device resource): they count in its ``pool_facts`` and, out of memory, its failure handler
+        (the manager's recovery) runs first. Otherwise they come straight from the device.
+
+        Raises
+        ------
+        OutOfMemoryError
+            When there is no room, even after the failure handler ran.
+        """
+        shared = self.device.shared
+        if shared is not None:
+            return shared.allocate_for_library(nbytes)
+        return SimMemory(self.device.state, "driver").allocate(nbytes, MemoryKind.DEVICE, None)
+
+    def library_free(self, block: Block) -> None:
+        """Give back a block :meth:`library_allocate` took."""
+        SimMemory(self.device.state, "driver").deallocate(block)
 
     def occupy(self, nbytes: int) -> None:
         """Pretend another process took (positive) or released (negative) ``nbytes`` (see :meth:`SimDevice.occupy`)."""

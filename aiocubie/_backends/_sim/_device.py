@@ -25,7 +25,7 @@ from .._device import Advice, Device, Event, MemoryInfo
 from .._resource import MemoryResource
 from ._arrays import host_data
 from ._faults import Faults, count, real
-from ._memory import SimFaults, SimMemory, SimPool, SimState, check_live, host_memory
+from ._memory import SimFaults, SimMemory, SimPool, SimShared, SimState, check_live, host_memory
 from ._streams import SimEvent, SimStream
 
 __all__ = ["TIMELINE_LENGTH", "Engines", "SimDevice", "TimelineEntry"]
@@ -89,7 +89,7 @@ class TimelineEntry:
 TIMELINE_LENGTH = 1 << 16
 
 #: The resources the simulator models, and whether each keeps freed device blocks cached.
-_POOLED = {"driver": False, "cupy": True, "cupy_async": True, "numba": False}
+_POOLED = {"driver": False, "cupy": True, "cupy_async": True, "numba": False, "rmm": False}
 
 
 class SimDevice(Device):
@@ -123,6 +123,7 @@ class SimDevice(Device):
         self.device_name = f"aiocubie simulator device {device} of {devices} ({state.total:,} bytes)"
         self.faults = Faults()
         self.resets = 0
+        self.shared: SimShared | None = None  # RMM's current device resource, once an "rmm" resource is made
         self.timeline: collections.deque[TimelineEntry] = collections.deque(maxlen=TIMELINE_LENGTH)
         self._copy_engines = {"h2d": threading.Lock(), "d2h": threading.Lock()}
         self._streams: weakref.WeakSet[SimStream] = weakref.WeakSet()  # closed on reset; not kept alive
@@ -135,6 +136,9 @@ class SimDevice(Device):
                 "pip install 'aiocubie[numba]', or use another allocator"
             )
         memory = SimMemory(self.state, name)
+        if name == "rmm":  # RMM's current device resource: the last one made is what other libraries use
+            self.shared = SimShared(memory)
+            return SimFaults(self.shared, self.faults)
         return SimFaults(SimPool(memory, name) if _POOLED[name] else memory, self.faults)
 
     def memory_info(self) -> MemoryInfo:

@@ -3,26 +3,38 @@
 :class:`SimMemory` is the base resource (every block is fresh numpy memory; device-side bytes
 count against the device's total); :class:`SimPool` models CuPy's pools as an adaptor (freed
 device blocks stay cached and serve a request of their size or smaller: split, never merged);
-:class:`SimFaults` fires the injected allocation faults. Each fails loudly where a GPU would
+:class:`SimShared` models RMM's pool shared with other libraries, :class:`SimLimit` a hard cap inside the
+allocator, :class:`SimFaults` fires the injected allocation faults. Each fails loudly where a GPU would
 corrupt memory: a block given back twice, or given back after a context reset, is an error.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 import numpy as np
 
-from ..._errors import AllocationError, BackendError, OutOfMemoryError, ReleasedError
+from ..._errors import AllocationError, BackendError, ConfigurationError, OutOfMemoryError, ReleasedError
 from ..._requests import MemoryKind
 from ..._stats import PoolFacts
-from .._resource import Block, MemoryResource, ResourceAdaptor
+from .._resource import Block, FailureHandler, MemoryResource, ResourceAdaptor
 from .._stream import StreamLike
 from ._faults import Faults
 
-__all__ = ["SimFaults", "SimMemory", "SimPool", "SimState", "check_live", "host_memory", "poison"]
+__all__ = [
+    "SimFaults",
+    "SimLimit",
+    "SimMemory",
+    "SimPool",
+    "SimShared",
+    "SimState",
+    "check_live",
+    "host_memory",
+    "poison",
+]
 
 #: The memory of device and managed blocks given back, or lost to a context reset, by id: the
 #: simulator's arrays over it refuse every use (on a GPU it may hold another array's data).
@@ -60,12 +72,14 @@ class SimState:
     ``used``: device-side bytes of blocks handed out, those a pool caches included (as the
     driver counts them); ``cached``: sizes of the device blocks the pool caches; ``pooled``: bytes
     of the pool's blocks in use; ``live``: the blocks handed out and not given back, by id;
-    ``pinned``: the page-locked host buffers.
+    ``pinned``: the page-locked host buffers; ``device_used``: bytes of ``device`` blocks handed out (what a
+    device pool counts in use: managed blocks are not pool memory).
     """
 
     total: int
     reserved: int = 0
     used: int = 0
+    device_used: int = 0
     cached: list[int] = attrs.Factory(list)
     pooled: int = 0
     live: dict[int, Block] = attrs.Factory(dict)
@@ -78,7 +92,7 @@ class SimState:
 
     def clear(self) -> None:
         """Forget every block: the context that held them is gone."""
-        self.used = self.pooled = 0
+        self.used = self.pooled = self.device_used = 0
         self.cached.clear()
         for block in self.live.values():
             poison(block)
@@ -127,6 +141,8 @@ class SimMemory(MemoryResource):
             state.pinned[id(data)] = data
         if vram:
             state.used += nbytes
+            if kind is _DEVICE:
+                state.device_used += nbytes
         state.live[id(block)] = block
         return block
 
@@ -139,13 +155,17 @@ class SimMemory(MemoryResource):
             )
         if block.kind is _DEVICE or block.kind is _MANAGED:
             state.used -= block.nbytes
+            if block.kind is _DEVICE:
+                state.device_used -= block.nbytes
             poison(block)
 
     def release_cached(self) -> int:
         return 0
 
     def pool_facts(self) -> PoolFacts:
-        return PoolFacts(held=self.state.used, in_use=self.state.used, largest_free=0)
+        """The device's stream-ordered pool as the driver's model: every device block, whoever holds it."""
+        used = self.state.device_used
+        return PoolFacts(held=used, in_use=used, largest_free=0)
 
 
 class SimPool(ResourceAdaptor):
@@ -212,6 +232,72 @@ class SimPool(ResourceAdaptor):
         state = self.memory.state
         cached = state.cached
         return PoolFacts(held=state.pooled + sum(cached), in_use=state.pooled, largest_free=max(cached, default=0))
+
+
+class SimShared(ResourceAdaptor):
+    """RMM's model (``rmm``): the device's memory, shared with other libraries drawing from the same pool.
+
+    Other libraries' allocations (:meth:`SimulatorBackend.library_allocate`) go through it as
+    RMM's hooks send CuPy's, numba's and torch's through the device's current RMM resource; one
+    that finds no room calls the failure handler (aiocubie's recovery) and tries again while it
+    says it freed something. :meth:`limited` is RMM's ``LimitingResourceAdaptor``.
+    """
+
+    def __init__(self, upstream: SimMemory) -> None:
+        super().__init__(upstream)
+        self.memory = upstream
+        self.handler: FailureHandler | None = None
+
+    def set_failure_handler(self, handler: FailureHandler | None) -> None:
+        self.handler = handler
+
+    def share_with(self, libraries: Sequence[str]) -> None:
+        for library in libraries:
+            if library not in ("cupy", "numba", "torch"):
+                raise ConfigurationError(
+                    f"cannot share the pool with {library!r}: share_pool knows 'cupy', 'numba', 'torch'"
+                )
+
+    def allocate_for_library(self, nbytes: int) -> Block:
+        """Device bytes for another library, through the failure handler (RMM's failure callback)."""
+        while True:
+            try:
+                return self.upstream.allocate(nbytes, _DEVICE, None)
+            except OutOfMemoryError:
+                if self.handler is None or not self.handler(nbytes):
+                    raise
+
+    def limited(self, nbytes: int) -> MemoryResource:
+        return SimLimit(self, nbytes)
+
+
+class SimLimit(ResourceAdaptor):
+    """A hard cap inside the allocator (RMM's ``LimitingResourceAdaptor``): refuses to hold more than ``limit`` device bytes."""
+
+    def __init__(self, upstream: MemoryResource, limit: int) -> None:
+        super().__init__(upstream)
+        self.limit = limit
+        self.held = 0
+
+    def allocate(self, nbytes: int, kind: MemoryKind, stream: StreamLike | None) -> Block:
+        if kind is not _DEVICE:
+            return self.upstream.allocate(nbytes, kind, stream)
+        if self.held + nbytes > self.limit:
+            raise OutOfMemoryError(
+                f"out of memory: {nbytes} bytes more would exceed the allocator's limit of {self.limit} "
+                f"({self.held} held)"
+            )
+        block = self.upstream.allocate(nbytes, kind, stream)
+        self.held += nbytes
+        return block
+
+    def deallocate(self, block: Block) -> None:
+        self.upstream.deallocate(block)
+        if block.kind is _DEVICE:
+            self.held -= block.nbytes
+
+    def pool_facts(self) -> PoolFacts:
+        return PoolFacts(held=self.limit, in_use=self.held)
 
 
 class SimFaults(ResourceAdaptor):
