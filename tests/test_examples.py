@@ -90,6 +90,7 @@ def test_every_example_is_tested(path: Path) -> None:
         "history",
         "managed_prefetch",
         "plot_stats",
+        "rmm_shared_pool",
         "torch_interop",
         "user_code",
     }
@@ -139,3 +140,12 @@ def test_the_readme_overlapped_walk_snippet_runs_as_written(tmp_path: Path) -> N
     out = _run(str(tmp_path / "snippet.py"))
     chunks = int(re.search(r"(\d+) chunks, y == 2x: True", out).group(1))  # type: ignore[union-attr]
     assert chunks > 1
+
+
+def test_rmm_shared_pool() -> None:
+    out = _run(str(EXAMPLES / "rmm_shared_pool.py"))
+    if "skipping" in out:  # no GPU, or no RMM: it says so and exits cleanly
+        assert re.search(r"(no usable GPU .*|RMM is not installed .*): skipping", out)
+        return
+    assert re.search(r"cupy holds 3145728 bytes in the same pool", out)
+    assert re.search(r"pool in use: (\d+) = aiocubie 8388608 \+ other libraries (\d+)", out)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 #: Every resource a GPU can make, when its library is installed.
-RESOURCES = ("driver", "cupy", "cupy_async", "numba")
-_NEEDS = {"cupy": "cupy", "cupy_async": "cupy", "numba": "numba_cuda"}
+RESOURCES = ("driver", "cupy", "cupy_async", "numba", "rmm")
+_NEEDS = {"cupy": "cupy", "cupy_async": "cupy", "numba": "numba_cuda", "rmm": "rmm"}
 
 
 def require(resource: str) -> None:

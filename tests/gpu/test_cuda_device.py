@@ -53,7 +53,8 @@ def test_a_device_that_does_not_exist_is_refused(cu: Any) -> None:
 
 
 def test_unknown_or_unavailable_resource_fails(device: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(UnknownAllocatorError, match="rmm"):
+    monkeypatch.setitem(sys.modules, "rmm", None)  # makes `import rmm` fail
+    with pytest.raises(UnknownAllocatorError, match=r'pip install "aiocubie\[rmm\]"'):
         device.create_resource("rmm")
     monkeypatch.setitem(sys.modules, "cupy", None)  # makes `import cupy` fail
     with pytest.raises(UnknownAllocatorError, match=r"aiocubie\[cuda13\]"):

@@ -1,0 +1,190 @@
+"""One pool for every library (issue 23) on the simulator: the ``rmm`` model, other libraries' bytes, their recovery.
+
+The simulator's ``rmm`` resource models RMM's current device resource: other libraries' allocations
+(``SimulatorBackend.library_allocate``, as CuPy, numba and torch through RMM's hooks) draw from the
+same pool, count in its facts and, out of memory, run the manager's reclaim hooks first. The GPU side
+is tests/gpu/test_rmm_gpu.py.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from aiocubie import (
+    ArrayRequest,
+    ConfigurationError,
+    MemoryKind,
+    MemoryManager,
+    OutOfMemoryError,
+    SimulatorBackend,
+    UnknownAllocatorError,
+)
+
+pytestmark = pytest.mark.anyio
+
+KiB = 1 << 10
+TOTAL = 1 << 20
+
+
+class Part:
+    """A registered component."""
+
+
+@pytest.fixture
+def shared() -> Iterator[SimulatorBackend]:
+    backend = SimulatorBackend(TOTAL, allocator="rmm")
+    yield backend
+    backend.close()
+
+
+def _floats(n: int) -> dict[str, ArrayRequest]:
+    return {"x": ArrayRequest(shape=(n,), dtype=np.float32)}
+
+
+async def test_other_libraries_bytes_show_in_stats_to_the_byte(shared: SimulatorBackend) -> None:
+    mgr, part = MemoryManager(shared), Part()
+    mgr.register(part)
+    async with mgr:
+        await mgr.request(part, _floats(1000))
+        theirs = [shared.library_allocate(n) for n in (3000, 777)]
+        stats = mgr.stats()
+        assert stats.live_bytes == 4000
+        assert stats.other_bytes == 3777
+        assert stats.pool.in_use == stats.live_bytes + stats.other_bytes
+        assert "held by other libraries" in mgr.memory_summary()
+        shared.library_free(theirs.pop())
+        assert mgr.stats().other_bytes == 3000
+        mgr.free_all()
+        assert mgr.stats().other_bytes == 3000 and mgr.stats().pool.in_use == 3000
+
+
+async def test_managed_and_host_memory_are_not_pool_bytes(shared: SimulatorBackend) -> None:
+    mgr, part = MemoryManager(shared), Part()
+    mgr.register(part)
+    async with mgr:
+        await mgr.request(
+            part,
+            {
+                "d": ArrayRequest(shape=(100,), dtype=np.float64),
+                "m": ArrayRequest(shape=(100,), dtype=np.float64, kind=MemoryKind.MANAGED),
+                "p": ArrayRequest(shape=(100,), dtype=np.float64, kind=MemoryKind.PINNED),
+            },
+        )
+        stats = mgr.stats()
+        assert stats.pool.in_use == 800 and stats.other_bytes == 0
+
+
+async def test_plans_count_other_libraries_bytes_as_used(shared: SimulatorBackend) -> None:
+    mgr, part = MemoryManager(shared, headroom=0.0), Part()
+    mgr.register(part)
+    theirs = shared.library_allocate(600 * KiB)
+    async with mgr:
+        request = {"x": ArrayRequest(shape=(4, 50_000), dtype=np.float32, chunk_axis=1)}  # 800 KB
+        response = await mgr.request(part, request)
+        assert response.chunks > 1
+    shared.library_free(theirs)
+
+
+async def test_a_library_out_of_memory_runs_the_reclaim_hooks_and_goes_on(shared: SimulatorBackend) -> None:
+    mgr, part = MemoryManager(shared), Part()
+    mgr.register(part)
+    asked: list[int] = []
+
+    def reclaim(nbytes: int) -> int:
+        asked.append(nbytes)
+        held = mgr.stats().live_bytes
+        mgr.free_all()
+        return held
+
+    mgr.add_reclaim_hook(reclaim)
+    async with mgr:
+        await mgr.request(part, _floats(100_000))  # 400 KB held by the manager
+        block = shared.library_allocate(800 * KiB)  # fits only once the manager's arrays are gone
+        assert asked == [800 * KiB]
+        recovery = mgr.stats().recovery
+        assert recovery.out_of_memory == 1 and recovery.hook_calls == 1 and recovery.hook_bytes_freed == 400_000
+        assert mgr.stats().other_bytes == 800 * KiB and mgr.stats().live_bytes == 0
+        shared.library_free(block)
+
+
+async def test_a_library_out_of_memory_that_nothing_frees_is_its_own_error(shared: SimulatorBackend) -> None:
+    mgr = MemoryManager(shared)
+    mgr.add_reclaim_hook(lambda nbytes: 0)
+    async with mgr:
+        with pytest.raises(OutOfMemoryError):
+            shared.library_allocate(2 * TOTAL)
+        assert mgr.stats().recovery.failed == 1
+
+
+async def test_hooks_never_run_for_a_library_in_another_thread(shared: SimulatorBackend) -> None:
+    mgr, part = MemoryManager(shared), Part()
+    mgr.register(part)
+    called: list[int] = []
+    mgr.add_reclaim_hook(lambda nbytes: called.append(nbytes) or 1)
+    errors: list[BaseException] = []
+
+    def other_thread() -> None:
+        try:
+            shared.library_allocate(2 * TOTAL)
+        except OutOfMemoryError as exc:
+            errors.append(exc)
+
+    async with mgr:
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+    assert called == [] and len(errors) == 1
+
+
+async def test_set_allocator_detaches_the_recovery_from_the_shared_pool(shared: SimulatorBackend) -> None:
+    mgr = MemoryManager(shared)
+    called: list[int] = []
+    mgr.add_reclaim_hook(lambda nbytes: called.append(nbytes) or 1)
+    with pytest.warns(UserWarning, match="resets the device context"):
+        mgr.set_allocator("cupy")
+    with pytest.raises(OutOfMemoryError):
+        shared.library_allocate(2 * TOTAL)
+    assert called == []
+
+
+def test_share_pool_needs_the_rmm_allocator() -> None:
+    mgr = MemoryManager(SimulatorBackend(TOTAL, allocator="cupy"))
+    with pytest.raises(ConfigurationError, match=r"allocator='rmm'.*aiocubie\[rmm\]"):
+        mgr.share_pool("cupy")
+    shared = MemoryManager(SimulatorBackend(TOTAL, allocator="rmm"))
+    shared.share_pool("cupy", "numba", "torch")
+    with pytest.raises(ConfigurationError, match="'jax'.*'cupy', 'numba', 'torch'"):
+        shared.share_pool("jax")
+
+
+def test_rmm_is_a_known_allocator_name() -> None:
+    assert MemoryManager(SimulatorBackend(TOTAL), allocator="rmm").allocator == "rmm"
+    with pytest.raises(UnknownAllocatorError, match="'rmm'"):
+        MemoryManager(SimulatorBackend(TOTAL), allocator="rmmm")
+
+
+def test_a_hard_cap_inside_the_allocator_refuses_what_is_over_it(shared: SimulatorBackend) -> None:
+    capped = shared.resource.limited(1000)
+    assert capped is not None
+    first = capped.allocate(600, MemoryKind.DEVICE, None)
+    with pytest.raises(OutOfMemoryError, match="limit of 1000"):
+        capped.allocate(600, MemoryKind.DEVICE, None)
+    assert capped.pool_facts().in_use == 600
+    capped.deallocate(first)
+    capped.deallocate(capped.allocate(1000, MemoryKind.DEVICE, None))
+    assert capped.pool_facts().in_use == 0
+    assert SimulatorBackend(TOTAL, allocator="cupy").resource.limited(1000) is None  # no cap in CuPy's pool
+
+
+def test_without_rmm_installed_the_rmm_allocator_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("cuda.core", reason="the CUDA backend's modules need cuda-core")
+    from aiocubie._backends._cuda._rmm import import_rmm
+
+    monkeypatch.setitem(sys.modules, "rmm", None)  # makes `import rmm` fail
+    with pytest.raises(UnknownAllocatorError, match=r'pip install "aiocubie\[rmm\]"'):
+        import_rmm()
