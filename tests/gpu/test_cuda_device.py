@@ -167,7 +167,8 @@ def test_memory_tracks_allocations_and_comes_back(device: Any, resource: Any, al
     del array
     device.synchronize()
     freed = resource.release_cached()
-    assert freed >= GiB * 0.9, f"{resource.name}: release_cached gave back {freed} bytes"
+    if resource.name != "rmm":  # RMM gives no cached bytes back on request; its default (cudaMalloc) frees at once
+        assert freed >= GiB * 0.9, f"{resource.name}: release_cached gave back {freed} bytes"
     assert device.memory_info().free >= after.free + GiB * 0.9
 
 
