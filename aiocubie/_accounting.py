@@ -233,6 +233,18 @@ class DeviceAccount:
         """
         self.resource.share_with(libraries)
 
+    def count_library(self, scope: object, key: Hashable, group: str, label: str, nbytes: int) -> None:
+        """Member ``key`` (of ``group``) holds ``nbytes`` through a library's pool (``scope``): count them as its own.
+
+        Entered in the ledger as one device allocation of ``label`` with no block (the library
+        owns the memory), replacing what ``scope`` counted before: the member's live bytes, its
+        group's, the peaks and, in active mode, the headroom of its next batches include them.
+        """
+        before = sum(a.vram for a in self.ledger.pop_owner(scope))
+        if nbytes:
+            self.ledger.add(scope, [Allocation(None, label, key, group, MemoryKind.DEVICE, nbytes, None)], nbytes)
+        self._free_delta += nbytes - before  # the library took (or gave back) that much since the last reading
+
     def reclaim_for_library(self, nbytes: int) -> bool:
         """Another library's allocation of ``nbytes`` found no room in the shared pool: run the recovery.
 
@@ -570,6 +582,8 @@ class DeviceAccount:
             self.history.released(allocations)
         deallocate = self.resource.deallocate
         for alloc in allocations:
+            if alloc.block is None:  # a library's bytes (count_library): still the library's, nothing to free
+                continue
             deallocate(alloc.block)
             self._free_delta -= alloc.vram
         if self.options.waits:  # only a batch waiting for memory cares: spare waking every group

@@ -35,6 +35,7 @@ from ._errors import (
 from ._groups import PendingRequest, StreamGroups
 from ._history import MAX_ENTRIES, History
 from ._hooks import Hooks
+from ._libraries import LibraryScopes, TorchAllocations
 from ._observe import Observer
 from ._options import Options, Policy, Setup, parse_allocator
 from ._registry import InvalidateHook, Member, ReadyHook, Registry
@@ -138,6 +139,7 @@ class MemoryManager:
         )
         self._observer = Observer(self._device, self._account, self._registry, self._telemetry)
         self._transfers = Transfers(self._device, self._serving, self.get_stream)
+        self._libraries = LibraryScopes(self._account, self._registry)
         self._groups = StreamGroups(self._registry, self._account, self._serving, self._observer.group_left)
         self._closed = False  # close() was called: never runs again
         self._backend_closed = False  # our own backend was closed when the last `async with` ended
@@ -667,6 +669,7 @@ class MemoryManager:
         :class:`ManagerStateError` from a reclaim hook (see :meth:`add_reclaim_hook`).
         """
         self._account.set_resource(parse_allocator(name))  # first: an unknown name must not warn of a reset
+        self._libraries.forget()
         warn(f"set_allocator({name!r}) resets the device context: arrays and compiled kernels from before are invalid")
         self._reset(f"set_allocator({name!r})")
         self.reinit_streams()
@@ -682,6 +685,18 @@ class MemoryManager:
         or a library that is missing.
         """
         self._account.share_pool(libraries)
+
+    def torch_allocations(self, instance: object) -> TorchAllocations:
+        """``with mgr.torch_allocations(instance):`` the tensors torch allocates in the block count against ``instance``.
+
+        They come from a torch ``MemPool`` of the instance's own on this manager's pool
+        (``allocator="rmm"``); when the block ends, what that pool holds (tensors, and segments torch
+        keeps for reuse) counts as the instance's live bytes: in stats, peaks, and in active mode the
+        headroom of its group's next batches. A plain ``with`` for synchronous code: torch routes the
+        *thread's* allocations, so nothing inside may await (``async with`` is refused; a block that
+        awaited is warned about). :class:`ConfigurationError` for another allocator or without torch.
+        """
+        return self._libraries.torch(instance)
 
     def _reset(self, cause: str) -> None:
         self._groups.reset(

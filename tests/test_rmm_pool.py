@@ -10,17 +10,23 @@ from __future__ import annotations
 
 import sys
 import threading
+import warnings
 from collections.abc import Iterator
 
+import anyio
 import numpy as np
 import pytest
 
 from aiocubie import (
+    AiocubieWarning,
     ArrayRequest,
     ConfigurationError,
+    InsufficientMemoryError,
+    ManagerStateError,
     MemoryKind,
     MemoryManager,
     OutOfMemoryError,
+    RegistrationError,
     SimulatorBackend,
     UnknownAllocatorError,
 )
@@ -188,3 +194,75 @@ def test_without_rmm_installed_the_rmm_allocator_says_what_to_install(monkeypatc
     monkeypatch.setitem(sys.modules, "rmm", None)  # makes `import rmm` fail
     with pytest.raises(UnknownAllocatorError, match=r'pip install "aiocubie\[rmm\]"'):
         import_rmm()
+
+
+# -- torch allocations that count (the simulator's model of torch's MemPool on the shared pool) ---
+
+
+async def test_torch_allocations_count_against_the_instance(shared: SimulatorBackend) -> None:
+    mgr, part = MemoryManager(shared), Part()
+    mgr.register(part, stream_group="model")
+    async with mgr:
+        await mgr.request(part, _floats(1000))
+        with mgr.torch_allocations(part) as scope:
+            tensors = [shared.library_allocate(5000), shared.library_allocate(3000)]
+        outside = shared.library_allocate(100)  # not in the block: another library's
+        stats = mgr.stats()
+        assert scope.held == 8000
+        assert stats.instances["Part#1"].live_bytes == 4000 + 8000
+        assert stats.groups["model"].live_bytes == 12_000 and stats.live_bytes == 12_000
+        assert stats.other_bytes == 100 and stats.pool.in_use == 12_100  # every byte, once
+        shared.library_free(tensors.pop())
+        with mgr.torch_allocations(part):
+            pass  # the count is refreshed when a block ends
+        assert mgr.stats().instances["Part#1"].live_bytes == 4000 + 5000
+        assert mgr.stats().instances["Part#1"].peak_bytes == 12_000
+        shared.library_free(outside)
+
+
+async def test_torch_bytes_take_the_groups_headroom_in_active_mode(shared: SimulatorBackend) -> None:
+    mgr, part = MemoryManager(shared, mode="active", policy="fail", headroom=0.0), Part()
+    mgr.register(part, proportion=0.5)  # a 512 KiB cap
+    async with mgr:
+        request = {"x": ArrayRequest(shape=(50_000,), dtype=np.float32, unchunkable=True)}  # 200 KB
+        async with mgr.request(part, request):
+            pass  # fits while torch holds nothing
+        with mgr.torch_allocations(part):
+            shared.library_allocate(400 * KiB)
+        with pytest.raises(InsufficientMemoryError):
+            await mgr.request(part, request)
+
+
+async def test_torch_allocations_stop_counting_when_the_instance_leaves(shared: SimulatorBackend) -> None:
+    mgr, part = MemoryManager(shared), Part()
+    mgr.register(part)
+    with mgr.torch_allocations(part):
+        shared.library_allocate(2000)
+    assert mgr.stats().live_bytes == 2000
+    mgr.unregister(part)
+    stats = mgr.stats()
+    assert stats.live_bytes == 0 and stats.other_bytes == 2000  # torch still holds them: another library's now
+
+
+async def test_torch_allocations_refuse_async_with_and_warn_when_the_block_awaited(shared: SimulatorBackend) -> None:
+    mgr, part = MemoryManager(shared), Part()
+    mgr.register(part)
+    with pytest.raises(ManagerStateError, match="nothing inside may await"):
+        async with mgr.torch_allocations(part):  # type: ignore[attr-defined]
+            pass
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with mgr.torch_allocations(part):
+            pass  # synchronous: no warning
+    with pytest.warns(AiocubieWarning, match="torch_allocations block awaited"):
+        with mgr.torch_allocations(part):
+            await anyio.sleep(0)
+
+
+def test_torch_allocations_need_a_pool_torch_can_draw_from() -> None:
+    mgr, part = MemoryManager(SimulatorBackend(TOTAL, allocator="driver")), Part()
+    mgr.register(part)
+    with pytest.raises(ConfigurationError, match=r'allocator="rmm"'):
+        mgr.torch_allocations(part)
+    with pytest.raises(RegistrationError):
+        MemoryManager(SimulatorBackend(TOTAL, allocator="rmm")).torch_allocations(Part())

@@ -17,7 +17,7 @@ from .._stats import PoolFacts
 from ._arrays import ARRAY_TYPES, ArrayMaker, parse_array_type
 from ._base import Backend
 from ._device import ALLOCATORS, Advice, Device, Event, MemoryInfo
-from ._resource import Block, MemoryResource, ResourceAdaptor
+from ._resource import Block, FailureHandler, LibraryPool, MemoryResource, ResourceAdaptor
 from ._select import BACKENDS, create_backend, device_count, gpu_status, select_backend
 from ._sim import Engines, Faults, SimDevice, SimStream, SimulatorBackend, TimelineEntry
 from ._staging import PinnedPool
@@ -34,7 +34,9 @@ __all__ = [
     "Device",
     "Engines",
     "Event",
+    "FailureHandler",
     "Faults",
+    "LibraryPool",
     "MemoryInfo",
     "MemoryResource",
     "PinnedPool",

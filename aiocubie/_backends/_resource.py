@@ -19,7 +19,7 @@ from .._requests import MemoryKind
 from .._stats import PoolFacts
 from ._stream import StreamLike
 
-__all__ = ["Block", "FailureHandler", "MemoryResource", "PoolFacts", "ResourceAdaptor"]
+__all__ = ["Block", "FailureHandler", "LibraryPool", "MemoryResource", "PoolFacts", "ResourceAdaptor"]
 
 #: What a resource shared with other libraries calls when one of *their* allocations finds no
 #: room (RMM's failure callback): given the bytes asked for, it frees what it can and returns
@@ -54,6 +54,24 @@ class Block:
     kind: MemoryKind
     stream: StreamLike | None
     handle: Any
+
+
+class LibraryPool(abc.ABC):
+    """A pool of this resource that another library's allocations go to while it is entered (torch's ``MemPool``).
+
+    Entering routes the library's allocations *of the calling thread* to the pool (``with`` only:
+    synchronous code; nothing inside may await, or other tasks' allocations land in it too).
+    """
+
+    @abc.abstractmethod
+    def __enter__(self) -> None: ...
+
+    @abc.abstractmethod
+    def __exit__(self, *exc: object) -> None: ...
+
+    @abc.abstractmethod
+    def held(self) -> int:
+        """Device bytes the pool holds now (in use, or cached by the library for reuse)."""
 
 
 class MemoryResource(abc.ABC):
@@ -127,6 +145,19 @@ class MemoryResource(abc.ABC):
             '(pip install "aiocubie[rmm]")'
         )
 
+    def library_pool(self, library: str) -> LibraryPool:
+        """A new pool of this resource for ``library``'s own allocations (``"torch"``).
+
+        Raises
+        ------
+        ConfigurationError
+            Here: only a pool other libraries can draw from (``allocator="rmm"``) makes one.
+        """
+        raise ConfigurationError(
+            f"{library}'s allocations can be counted only in a pool it can draw from: the {self.name!r} allocator is "
+            'not one; create the manager with allocator="rmm" (pip install "aiocubie[rmm]")'
+        )
+
     def limited(self, nbytes: int) -> MemoryResource | None:
         """A view of this resource whose allocator refuses to hold more than ``nbytes`` at once, or None
         where the allocator has no such cap (the default)."""
@@ -163,6 +194,9 @@ class ResourceAdaptor(MemoryResource):
 
     def share_with(self, libraries: Sequence[str]) -> None:
         self.upstream.share_with(libraries)
+
+    def library_pool(self, library: str) -> LibraryPool:
+        return self.upstream.library_pool(library)
 
     def limited(self, nbytes: int) -> MemoryResource | None:
         """The upstream's capped view (this adaptor is not in it)."""

@@ -83,3 +83,18 @@ def test_the_hard_cap_inside_the_allocator_refuses_what_is_over_it(rmm: Any, dev
         capped.allocate(4 * MiB, MemoryKind.DEVICE, stream)
     assert capped.pool_facts().in_use == 6 * MiB
     del first
+
+
+async def test_torch_allocations_count_against_the_instance(rmm: Any) -> None:
+    torch = pytest.importorskip("torch")
+    mgr, part = MemoryManager("cuda", allocator="rmm"), Part()
+    mgr.register(part)
+    async with mgr:
+        before = mgr.stats()
+        with mgr.torch_allocations(part) as scope:
+            tensor = torch.ones(MiB // 4, device="cuda")  # 1 MiB in a segment torch rounds up
+        stats = mgr.stats()
+        assert scope.held >= MiB and stats.live_bytes == scope.held
+        assert stats.other_bytes == before.other_bytes  # torch's bytes are the instance's, not "other"
+        assert stats.pool.in_use - before.pool.in_use == scope.held  # to the byte, as RMM counts them
+        del tensor

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 from cuda.bindings import driver as binding
-from cuda.core import DeviceMemoryResource
+from cuda.core import DeviceMemoryResource, DeviceMemoryResourceOptions
 
 from ..._errors import AllocationError
 from ..._requests import MemoryKind
@@ -178,10 +178,21 @@ class DriverResource(CudaResource):
 
     name = "driver"
 
-    def __init__(self, device: DeviceContext) -> None:
+    def __init__(self, device: DeviceContext, *, max_size: int | None = None) -> None:
         super().__init__(device)
         with map_exceptions("opening the device's memory pool"):
-            self._pool = DeviceMemoryResource(device.device_id)
+            if max_size is None:
+                self._pool = DeviceMemoryResource(device.device_id)
+            else:  # a pool of its own that never holds more than max_size bytes
+                self._pool = DeviceMemoryResource(device.device_id, DeviceMemoryResourceOptions(max_size=max_size))
+
+    def limited(self, nbytes: int) -> MemoryResource:
+        """A ``driver`` resource over a stream-ordered pool of its own with ``max_size=nbytes`` (cuda.core).
+
+        Its blocks never add up to more than ``nbytes`` at once: the driver refuses the allocation
+        that would (:class:`OutOfMemoryError`); the pool's own blocks are not shared with the device's.
+        """
+        return DriverResource(self._device, max_size=nbytes)
 
     def _device_block(self, nbytes: int, stream: Any) -> Block:
         buffer = self._pool.allocate(nbytes, stream=as_stream(stream))

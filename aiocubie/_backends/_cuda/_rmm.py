@@ -18,7 +18,7 @@ from typing import Any
 from ..._errors import ConfigurationError, UnknownAllocatorError
 from ..._requests import MemoryKind
 from ..._stats import PoolFacts
-from .._resource import Block, FailureHandler, MemoryResource
+from .._resource import Block, FailureHandler, LibraryPool, MemoryResource
 from ._errors import map_exceptions
 from ._resources import CudaResource, DeviceContext
 from ._streams import stream_handle
@@ -184,6 +184,24 @@ class RmmResource(CudaResource):
             for library in libraries:
                 _HOOKS[library](self)
 
+    def library_pool(self, library: str) -> LibraryPool:
+        """A ``torch.cuda.MemPool`` on RMM's torch allocator: torch's tensors from the device's RMM resource.
+
+        Raises
+        ------
+        ConfigurationError
+            For a library other than ``"torch"``, or torch missing or without a GPU.
+        """
+        if library != "torch":
+            raise ConfigurationError(f"no pool for {library!r}: only torch's allocations are counted per component")
+        torch = _import("torch")
+        from rmm.allocators.torch import rmm_torch_allocator
+
+        if rmm_torch_allocator is None:
+            raise ConfigurationError("RMM's torch allocator is not available: torch sees no CUDA device")
+        with self._device.activate():
+            return _TorchPool(torch, torch.cuda.MemPool(rmm_torch_allocator.allocator()), self._device.device_id)
+
     def limited(self, nbytes: int) -> MemoryResource:
         """A view of this resource that refuses to hold more than ``nbytes`` at once (RMM's ``LimitingResourceAdaptor``)."""
         return _LimitedRmm(self, nbytes)
@@ -204,6 +222,25 @@ class _LimitedRmm(RmmResource):
         """The limit as held, the bytes allocated through this view as in use."""
         with map_exceptions("reading RMM's limiting adaptor"):
             return PoolFacts(held=self.limit, in_use=int(self._top.get_allocated_bytes()))
+
+
+class _TorchPool(LibraryPool):
+    """torch's ``MemPool`` on RMM: ``use_mem_pool`` while entered; ``held`` is the sum of its segments."""
+
+    def __init__(self, torch: Any, pool: Any, device_id: int) -> None:
+        self._torch, self.pool, self._device_id = torch, pool, device_id
+        self._using: list[Any] = []
+
+    def __enter__(self) -> None:
+        using = self._torch.cuda.use_mem_pool(self.pool, device=self._device_id)
+        using.__enter__()
+        self._using.append(using)
+
+    def __exit__(self, *exc: object) -> None:
+        self._using.pop().__exit__(*exc)
+
+    def held(self) -> int:
+        return sum(int(segment["total_size"]) for segment in self.pool.snapshot())
 
 
 def _import(name: str) -> Any:

@@ -204,7 +204,11 @@ class SimulatorBackend(Backend):
 
     def library_free(self, block: Block) -> None:
         """Give back a block :meth:`library_allocate` took."""
-        SimMemory(self.device.state, "driver").deallocate(block)
+        shared = self.device.shared
+        if shared is not None:
+            shared.free_for_library(block)
+        else:
+            SimMemory(self.device.state, "driver").deallocate(block)
 
     def occupy(self, nbytes: int) -> None:
         """Pretend another process took (positive) or released (negative) ``nbytes`` (see :meth:`SimDevice.occupy`)."""

@@ -10,6 +10,7 @@ corrupt memory: a block given back twice, or given back after a context reset, i
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -20,7 +21,7 @@ import numpy as np
 from ..._errors import AllocationError, BackendError, ConfigurationError, OutOfMemoryError, ReleasedError
 from ..._requests import MemoryKind
 from ..._stats import PoolFacts
-from .._resource import Block, FailureHandler, MemoryResource, ResourceAdaptor
+from .._resource import Block, FailureHandler, LibraryPool, MemoryResource, ResourceAdaptor
 from .._stream import StreamLike
 from ._faults import Faults
 
@@ -247,6 +248,8 @@ class SimShared(ResourceAdaptor):
         super().__init__(upstream)
         self.memory = upstream
         self.handler: FailureHandler | None = None
+        self.routed = threading.local()  # .pool: the library pool the thread's allocations go to
+        self.owners: dict[int, SimLibraryPool] = {}  # block id -> the library pool that holds it
 
     def set_failure_handler(self, handler: FailureHandler | None) -> None:
         self.handler = handler
@@ -259,16 +262,55 @@ class SimShared(ResourceAdaptor):
                 )
 
     def allocate_for_library(self, nbytes: int) -> Block:
-        """Device bytes for another library, through the failure handler (RMM's failure callback)."""
+        """Device bytes for another library, through the failure handler (RMM's failure callback);
+        into the thread's library pool while one is entered (torch's ``use_mem_pool``)."""
         while True:
             try:
-                return self.upstream.allocate(nbytes, _DEVICE, None)
+                block = self.upstream.allocate(nbytes, _DEVICE, None)
+                break
             except OutOfMemoryError:
                 if self.handler is None or not self.handler(nbytes):
                     raise
+        pool = getattr(self.routed, "pool", None)
+        if pool is not None:
+            pool.bytes += nbytes
+            self.owners[id(block)] = pool
+        return block
+
+    def free_for_library(self, block: Block) -> None:
+        """Give back a block :meth:`allocate_for_library` handed out."""
+        pool = self.owners.pop(id(block), None)
+        if pool is not None:
+            pool.bytes -= block.nbytes
+        self.upstream.deallocate(block)
+
+    def library_pool(self, library: str) -> LibraryPool:
+        if library != "torch":
+            raise ConfigurationError(f"no pool for {library!r}: only torch's allocations are counted per component")
+        return SimLibraryPool(self)
 
     def limited(self, nbytes: int) -> MemoryResource:
         return SimLimit(self, nbytes)
+
+
+class SimLibraryPool(LibraryPool):
+    """torch's ``MemPool`` model: while entered, the thread's library allocations are counted in it."""
+
+    def __init__(self, shared: SimShared) -> None:
+        self.shared = shared
+        self.bytes = 0
+        self._previous: list[SimLibraryPool | None] = []
+
+    def __enter__(self) -> None:
+        routed = self.shared.routed
+        self._previous.append(getattr(routed, "pool", None))
+        routed.pool = self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shared.routed.pool = self._previous.pop()
+
+    def held(self) -> int:
+        return self.bytes
 
 
 class SimLimit(ResourceAdaptor):
