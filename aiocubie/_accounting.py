@@ -240,10 +240,15 @@ class DeviceAccount:
         owns the memory), replacing what ``scope`` counted before: the member's live bytes, its
         group's, the peaks and, in active mode, the headroom of its next batches include them.
         """
-        before = sum(a.vram for a in self.ledger.pop_owner(scope))
+        history, old = self.history, self.ledger.pop_owner(scope)
+        if history is not None and old:
+            history.released(old)
         if nbytes:
-            self.ledger.add(scope, [Allocation(None, label, key, group, MemoryKind.DEVICE, nbytes, None)], nbytes)
-        self._free_delta += nbytes - before  # the library took (or gave back) that much since the last reading
+            counted = [Allocation(None, label, key, group, MemoryKind.DEVICE, nbytes, None)]
+            self.ledger.add(scope, counted, nbytes)
+            if history is not None:
+                history.allocated([counted], None)
+        self._free_delta += nbytes - sum(a.vram for a in old)  # the library took (or gave back) that much
 
     def reclaim_for_library(self, nbytes: int) -> bool:
         """Another library's allocation of ``nbytes`` found no room in the shared pool: run the recovery.

@@ -304,11 +304,14 @@ class HistoryRecorder:
         chunks, length, runs, planned = plan.chunks, plan.chunk_length, plan.runs, plan.planned_bytes
         self._put(("plan", None, group, chunks, length, requests, stack, runs, planned))
 
-    def allocated(self, batch: Sequence[Sequence[Allocation]], plan: ChunkPlan) -> None:
-        """A batch was handed out with ``plan``: the allocations of each response (one key, one group each)."""
+    def allocated(self, batch: Sequence[Sequence[Allocation]], plan: ChunkPlan | None) -> None:
+        """A batch was handed out with ``plan``: the allocations of each response (one key, one group each).
+
+        ``plan`` None: bytes another library holds for an instance, counted as its own (torch's).
+        """
         # never the Allocation itself: it holds the array, and its group changes when it moves
         now, stack = time.monotonic(), self._stack() if self.stacks else None
-        chunks, length = plan.chunks, plan.chunk_length
+        chunks, length = (None, None) if plan is None else (plan.chunks, plan.chunk_length)
         flat, times, size, row = self._flat, self._times, self.max_entries, self.recorded
         for allocations in batch:
             if not allocations:

@@ -9,7 +9,6 @@ allocates nothing itself, never awaits, and never reaches back to the manager.
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Callable
 from types import TracebackType
 
@@ -22,33 +21,27 @@ __all__ = ["LibraryScopes", "TorchAllocations"]
 
 
 def _loop_ran() -> Callable[[], bool] | None:
-    """A probe of this thread's event loop: the function returned says whether it ran since (None: no loop here).
+    """A probe of this thread's asyncio loop: the function returned says whether it ran since (None: no loop here).
 
     Code inside a ``with`` that awaits lets the loop run other tasks, whose torch allocations then
-    land in this component's pool: the probe is how that is noticed.
+    land in this component's pool: the probe is how that is noticed. asyncio (and uvloop) only:
+    trio runs such callbacks in a system task it schedules when it likes, so a probe there would
+    warn on some awaits and not on others.
     """
     ran = [False]
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
         loop = None
-    if loop is not None:
-        handle = loop.call_soon(ran.__setitem__, 0, True)
-
-        def asyncio_ran() -> bool:
-            handle.cancel()
-            return ran[0]
-
-        return asyncio_ran
-    trio = sys.modules.get("trio")
-    if trio is None:
+    if loop is None:
         return None
-    try:
-        token = trio.lowlevel.current_trio_token()
-    except RuntimeError:
-        return None
-    token.run_sync_soon(ran.__setitem__, 0, True)
-    return lambda: ran[0]
+    handle = loop.call_soon(ran.__setitem__, 0, True)
+
+    def asyncio_ran() -> bool:
+        handle.cancel()
+        return ran[0]
+
+    return asyncio_ran
 
 
 class TorchAllocations:
@@ -56,7 +49,7 @@ class TorchAllocations:
 
     A plain ``with``, for synchronous code: torch routes the allocations of the *thread* to the
     pool while the block runs, so nothing inside may await (other tasks would allocate into it).
-    ``async with`` is refused; a block that awaited anyway is warned about when it ends.
+    ``async with`` is refused; a block that awaited anyway is warned about when it ends (on asyncio).
 
     Attributes
     ----------

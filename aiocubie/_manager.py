@@ -694,7 +694,7 @@ class MemoryManager:
         keeps for reuse) counts as the instance's live bytes: in stats, peaks, and in active mode the
         headroom of its group's next batches. A plain ``with`` for synchronous code: torch routes the
         *thread's* allocations, so nothing inside may await (``async with`` is refused; a block that
-        awaited is warned about). :class:`ConfigurationError` for another allocator or without torch.
+        awaited is warned about, on asyncio). :class:`ConfigurationError` for another allocator or without torch.
         """
         return self._libraries.torch(instance)
 
