@@ -47,6 +47,10 @@ def _loop_ran() -> Callable[[], bool] | None:
 class TorchAllocations:
     """``with mgr.torch_allocations(instance):`` torch's allocations in the block count against ``instance``.
 
+    They come from a torch ``MemPool`` of the instance's own on the manager's pool (``allocator="rmm"``;
+    :class:`ConfigurationError` for another allocator or without torch). When the block ends, what
+    that pool holds (tensors, and segments torch keeps for reuse) counts as the instance's live bytes:
+    in stats, peaks, the history and, in active mode, the headroom of its group's next batches.
     A plain ``with``, for synchronous code: torch routes the allocations of the *thread* to the
     pool while the block runs, so nothing inside may await (other tasks would allocate into it).
     ``async with`` is refused; a block that awaited anyway is warned about when it ends (on asyncio).
