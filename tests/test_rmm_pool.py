@@ -282,3 +282,17 @@ def test_torch_allocations_need_a_pool_torch_can_draw_from() -> None:
         mgr.torch_allocations(part)
     with pytest.raises(RegistrationError):
         MemoryManager(SimulatorBackend(TOTAL, allocator="rmm")).torch_allocations(Part())
+
+
+def test_the_shared_pool_does_not_keep_a_manager_alive() -> None:
+    import gc
+    import weakref
+
+    backend = SimulatorBackend(TOTAL, allocator="rmm")
+    mgr = MemoryManager(backend)
+    gone = [weakref.ref(mgr), weakref.ref(mgr._account)]  # the account is what the pool's handler belongs to
+    del mgr
+    gc.collect()
+    assert [ref() for ref in gone] == [None, None]
+    with pytest.raises(OutOfMemoryError):  # no handler left: the library's own error
+        backend.library_allocate(2 * TOTAL)

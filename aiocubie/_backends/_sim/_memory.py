@@ -247,12 +247,20 @@ class SimShared(ResourceAdaptor):
     def __init__(self, upstream: SimMemory) -> None:
         super().__init__(upstream)
         self.memory = upstream
-        self.handler: FailureHandler | None = None
+        self._handler: Any = None  # a weak reference: the device outlives the manager that set it
         self.routed = threading.local()  # .pool: the library pool the thread's allocations go to
         self.owners: dict[int, SimLibraryPool] = {}  # block id -> the library pool that holds it
 
     def set_failure_handler(self, handler: FailureHandler | None) -> None:
-        self.handler = handler
+        if handler is None:
+            self._handler = None
+        else:
+            self._handler = weakref.WeakMethod(handler) if hasattr(handler, "__self__") else weakref.ref(handler)
+
+    @property
+    def handler(self) -> FailureHandler | None:
+        """The failure handler set (None: none, or its manager is gone)."""
+        return None if self._handler is None else self._handler()
 
     def share_with(self, libraries: Sequence[str]) -> None:
         for library in libraries:
@@ -269,7 +277,8 @@ class SimShared(ResourceAdaptor):
                 block = self.upstream.allocate(nbytes, _DEVICE, None)
                 break
             except OutOfMemoryError:
-                if self.handler is None or not self.handler(nbytes):
+                handler = self.handler
+                if handler is None or not handler(nbytes):
                     raise
         pool = getattr(self.routed, "pool", None)
         if pool is not None:
