@@ -23,7 +23,7 @@ import attrs
 
 from ._backends import ArrayMaker, Backend, Device, Event, MemoryInfo, MemoryResource
 from ._budget import Budget, group_available
-from ._errors import BudgetError, ManagerStateError, OutOfMemoryError
+from ._errors import BudgetError, ConfigurationError, ManagerStateError, OutOfMemoryError
 from ._history import HistoryRecorder
 from ._ledger import Allocation, Ledger
 from ._options import Options
@@ -223,15 +223,20 @@ class DeviceAccount:
         self.resource = resource
         resource.set_failure_handler(self.reclaim_for_library)
 
-    def share_pool(self, libraries: Sequence[str]) -> None:
-        """Make ``libraries`` allocate from the resource's pool (see ``MemoryManager.share_pool``).
+    def share_pool(self, libraries: Sequence[str], limit: int | None = None) -> None:
+        """Make ``libraries`` allocate from the resource's pool, other libraries capped at ``limit`` bytes together.
 
         Raises
         ------
         ConfigurationError
-            For a resource no other library can draw from, or a library that cannot be routed.
+            For a resource no other library can draw from, a library that cannot be routed, or a
+            limit that is not a whole number of bytes > 0 (or a second, different one).
         """
-        self.resource.share_with(libraries)
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, numbers.Integral) or limit <= 0):
+            raise ConfigurationError(
+                f"limit must be the bytes other libraries may hold together, an int > 0 (e.g. 4 << 30), got {limit!r}"
+            )
+        self.resource.share_with(libraries, None if limit is None else int(limit))
 
     def count_library(self, scope: object, key: Hashable, group: str, label: str, nbytes: int) -> None:
         """Member ``key`` (of ``group``) holds ``nbytes`` through a library's pool (``scope``): count them as its own.

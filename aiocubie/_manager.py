@@ -520,11 +520,12 @@ class MemoryManager:
         self._reset.set_allocator(name)
         self._libraries.forget()  # their pools were of the old resource
 
-    def share_pool(self, *libraries: str) -> None:
+    def share_pool(self, *libraries: str, limit: int | None = None) -> None:
         """Make ``libraries`` (``"cupy"``, ``"numba"``, ``"torch"``) allocate from this manager's pool
         (``allocator="rmm"``; process-wide, through RMM's hooks; torch only before its first CUDA allocation):
-        their bytes show in :meth:`stats` (``other_bytes``), their out-of-memory failures run the reclaim hooks."""
-        self._account.share_pool(libraries)
+        their bytes show in :meth:`stats` (``other_bytes``), their out-of-memory failures run the reclaim hooks;
+        ``limit``: a hard cap inside the allocator on what they hold together (set once)."""
+        self._account.share_pool(libraries, limit)
 
     def torch_allocations(self, instance: object) -> TorchAllocations:
         """``with mgr.torch_allocations(instance):`` torch's tensors made in the block count against ``instance``

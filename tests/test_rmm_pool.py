@@ -296,3 +296,32 @@ def test_the_shared_pool_does_not_keep_a_manager_alive() -> None:
     assert [ref() for ref in gone] == [None, None]
     with pytest.raises(OutOfMemoryError):  # no handler left: the library's own error
         backend.library_allocate(2 * TOTAL)
+
+
+async def test_a_hard_cap_on_other_libraries_refuses_them_and_not_the_manager(shared: SimulatorBackend) -> None:
+    mgr, part = MemoryManager(shared), Part()
+    mgr.register(part)
+    called: list[int] = []
+    mgr.add_reclaim_hook(lambda nbytes: called.append(nbytes) or 0)
+    mgr.share_pool("cupy", "torch", limit=100 * KiB)
+    async with mgr:
+        theirs = shared.library_allocate(60 * KiB)
+        with pytest.raises(OutOfMemoryError, match="cap on other libraries"):
+            shared.library_allocate(60 * KiB)  # refused by the allocator, whatever is free
+        assert called == []  # the cap is above the failure callback: nothing to reclaim for it
+        with pytest.raises(OutOfMemoryError):
+            with mgr.torch_allocations(part):  # torch's tensors are under the cap too
+                shared.library_allocate(60 * KiB)
+        await mgr.request(part, _floats(100_000))  # aiocubie's own 400 KB: not under it
+        shared.library_free(theirs)
+        shared.library_free(shared.library_allocate(100 * KiB))  # room again once theirs is back
+        mgr.share_pool(limit=100 * KiB)  # the same cap again: nothing changes
+        with pytest.raises(ConfigurationError, match="set once"):
+            mgr.share_pool(limit=200 * KiB)
+
+
+@pytest.mark.parametrize("limit", [0, -1, 1.5, True, "1GB"])
+def test_the_cap_on_other_libraries_is_a_number_of_bytes(limit: object) -> None:
+    mgr = MemoryManager(SimulatorBackend(TOTAL, allocator="rmm"))
+    with pytest.raises(ConfigurationError, match="limit must be"):
+        mgr.share_pool("cupy", limit=limit)  # type: ignore[arg-type]

@@ -131,8 +131,11 @@ class MemoryResource(abc.ABC):
         """
         return None
 
-    def share_with(self, libraries: Sequence[str]) -> None:
+    def share_with(self, libraries: Sequence[str], limit: int | None = None) -> None:
         """Make ``libraries`` (``"cupy"``, ``"numba"``, ``"torch"``) allocate from this resource's pool.
+
+        ``limit``: a hard cap inside the allocator on what other libraries hold together (aiocubie's
+        own blocks are not under it); an allocation of theirs beyond it is refused.
 
         Raises
         ------
@@ -192,8 +195,8 @@ class ResourceAdaptor(MemoryResource):
     def set_failure_handler(self, handler: FailureHandler | None) -> None:
         self.upstream.set_failure_handler(handler)
 
-    def share_with(self, libraries: Sequence[str]) -> None:
-        self.upstream.share_with(libraries)
+    def share_with(self, libraries: Sequence[str], limit: int | None = None) -> None:
+        self.upstream.share_with(libraries, limit)
 
     def library_pool(self, library: str) -> LibraryPool:
         return self.upstream.library_pool(library)

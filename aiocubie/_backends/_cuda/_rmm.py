@@ -54,6 +54,8 @@ class _Shared:
 
     ``statistics(failure(previous))``: statistics on top counts every allocation that succeeded; the
     failure callback under it runs the handlers of the live resources (other libraries' failures only).
+    With a cap on other libraries (:meth:`cap_others`), the device's current resource is a
+    ``LimitingResourceAdaptor`` over that stack (``others``); aiocubie's own blocks bypass it.
     """
 
     def __init__(self, rmm: Any, device_id: int, previous: Any) -> None:
@@ -61,7 +63,29 @@ class _Shared:
         self.handlers: list[weakref.ref[Any]] = []
         self.failure = rmm.mr.FailureCallbackResourceAdaptor(previous, self._on_failure)
         self.statistics = rmm.mr.StatisticsResourceAdaptor(self.failure)
+        self.others: Any = None
+        self.limit: int | None = None
         rmm.mr.set_per_device_resource(device_id, self.statistics)
+
+    def installed(self, current: Any) -> bool:
+        """Whether ``current`` (the device's current resource) is this stack's top."""
+        return current is self.statistics or (self.others is not None and current is self.others)
+
+    def cap_others(self, rmm: Any, device_id: int, limit: int) -> None:
+        """Put a ``LimitingResourceAdaptor`` of ``limit`` bytes between other libraries and the pool (once).
+
+        Set once: torch frees through the device's current resource, so a second limiter would be
+        told of frees it never counted.
+        """
+        if self.limit is not None:
+            if self.limit != limit:
+                raise ConfigurationError(
+                    f"other libraries are capped at {self.limit} bytes already: the cap is set once ({limit} asked)"
+                )
+            return
+        self.others = rmm.mr.LimitingResourceAdaptor(self.statistics, limit)
+        self.limit = limit
+        rmm.mr.set_per_device_resource(device_id, self.others)
 
     def _on_failure(self, nbytes: int) -> bool:
         """RMM found no room for ``nbytes``: True to try again (a handler freed something)."""
@@ -84,7 +108,7 @@ def _shared(rmm: Any, device_id: int) -> _Shared:
     """The device's stack: made over its current resource the first time, or when the program installed another since."""
     current = rmm.mr.get_per_device_resource(device_id)
     shared = _SHARED.get(device_id)
-    if shared is None or current is not shared.statistics:
+    if shared is None or not shared.installed(current):
         shared = _SHARED[device_id] = _Shared(rmm, device_id, current)
     return shared
 
@@ -120,6 +144,7 @@ class RmmResource(CudaResource):
         with device.activate(), map_exceptions(f"wrapping CUDA device {device.device_id}'s RMM resource"):
             self._shared = _shared(rmm, device.device_id)
         self._top: Any = self._shared.statistics  # what aiocubie's blocks are allocated through
+        self._own = True  # aiocubie's own blocks (their failures recover in the account, not the callback)
         self._buffer = rmm.DeviceBuffer
         self._views: dict[int, Any] = {}
         self._handler: weakref.ref[Any] | None = None
@@ -135,7 +160,7 @@ class RmmResource(CudaResource):
         view = self._views.get(key)
         if view is None:  # RMM's stream type, made once a stream (it keeps the stream alive)
             view = self._views[key] = self._stream_type(stream) if key else self._legacy
-        _OWN.allocating = True
+        _OWN.allocating = self._own
         try:
             buffer = self._buffer(size=nbytes, stream=view, mr=self._top)
         finally:
@@ -166,14 +191,17 @@ class RmmResource(CudaResource):
             self._handler = weakref.WeakMethod(handler) if hasattr(handler, "__self__") else weakref.ref(handler)
             handlers.append(self._handler)
 
-    def share_with(self, libraries: Sequence[str]) -> None:
+    def share_with(self, libraries: Sequence[str], limit: int | None = None) -> None:
         """Route ``libraries``' own allocations to the device's RMM resource (see ``MemoryManager.share_pool``).
+
+        ``limit``: RMM's ``LimitingResourceAdaptor`` between the other libraries and the pool (set once).
 
         Raises
         ------
         ConfigurationError
-            For a name not in :data:`LIBRARIES`, a library that is not installed, or torch after it
-            has allocated (torch's allocator can only be swapped before its first allocation).
+            For a name not in :data:`LIBRARIES`, a library that is not installed, torch after it
+            has allocated (torch's allocator can only be swapped before its first allocation), or a
+            second, different limit.
         """
         for library in libraries:
             if library not in LIBRARIES:
@@ -181,8 +209,18 @@ class RmmResource(CudaResource):
                     f"cannot share the pool with {library!r}: share_pool knows {', '.join(map(repr, LIBRARIES))}"
                 )
         with self._device.activate():
+            if limit is not None:
+                with map_exceptions(f"capping other libraries at {limit} bytes"):
+                    self._shared.cap_others(self._rmm, self._device.device_id, limit)
             for library in libraries:
                 _HOOKS[library](self)
+
+    def for_libraries(self) -> RmmResource:
+        """This resource as other libraries draw from it: through the cap on them, if any (numba's plugin)."""
+        view = _LimitedRmm.__new__(_LimitedRmm)
+        view._copy(self, self._shared.others if self._shared.others is not None else self._top, own=False)
+        view.limit = self._shared.limit
+        return view
 
     def library_pool(self, library: str) -> LibraryPool:
         """A ``torch.cuda.MemPool`` on RMM's torch allocator: torch's tensors from the device's RMM resource.
@@ -210,16 +248,23 @@ class RmmResource(CudaResource):
 class _LimitedRmm(RmmResource):
     """An ``rmm`` resource whose blocks go through a ``LimitingResourceAdaptor`` over the shared stack."""
 
+    limit: int | None
+
     def __init__(self, base: RmmResource, nbytes: int) -> None:  # no super().__init__: a view of ``base``
-        self._device, self._shared, self._handler = base._device, base._shared, None
-        self._rmm, self._stream_type, self._legacy = base._rmm, base._stream_type, base._legacy
-        self._buffer, self._views = base._buffer, base._views
         with base._device.activate(), map_exceptions(f"limiting the RMM resource to {nbytes} bytes"):
-            self._top = base._rmm.mr.LimitingResourceAdaptor(base._shared.statistics, nbytes)
+            top = base._rmm.mr.LimitingResourceAdaptor(base._shared.statistics, nbytes)
+        self._copy(base, top, own=base._own)
         self.limit = nbytes
 
+    def _copy(self, base: RmmResource, top: Any, *, own: bool) -> None:
+        self._device, self._shared, self._handler = base._device, base._shared, None
+        self._rmm, self._stream_type, self._legacy = base._rmm, base._stream_type, base._legacy
+        self._buffer, self._views, self._top, self._own = base._buffer, base._views, top, own
+
     def pool_facts(self) -> PoolFacts:
-        """The limit as held, the bytes allocated through this view as in use."""
+        """The limit as held, the bytes allocated through this view as in use (the pool's facts without a limit)."""
+        if self.limit is None:
+            return super().pool_facts()
         with map_exceptions("reading RMM's limiting adaptor"):
             return PoolFacts(held=self.limit, in_use=int(self._top.get_allocated_bytes()))
 
@@ -261,7 +306,7 @@ def _share_numba(resource: RmmResource) -> None:
     _import("numba")
     from .._numba import install_memory_manager  # aiocubie's EMM plugin: numba's allocations from this resource
 
-    install_memory_manager(resource._device, resource)
+    install_memory_manager(resource._device, resource.for_libraries())
 
 
 def _share_torch(resource: RmmResource) -> None:

@@ -250,6 +250,8 @@ class SimShared(ResourceAdaptor):
         self._handler: Any = None  # a weak reference: the device outlives the manager that set it
         self.routed = threading.local()  # .pool: the library pool the thread's allocations go to
         self.owners: dict[int, SimLibraryPool] = {}  # block id -> the library pool that holds it
+        self.limit: int | None = None  # RMM's LimitingResourceAdaptor over what other libraries hold
+        self.capped: dict[int, int] = {}  # block id -> bytes, of the blocks allocated under the cap
 
     def set_failure_handler(self, handler: FailureHandler | None) -> None:
         if handler is None:
@@ -262,16 +264,26 @@ class SimShared(ResourceAdaptor):
         """The failure handler set (None: none, or its manager is gone)."""
         return None if self._handler is None else self._handler()
 
-    def share_with(self, libraries: Sequence[str]) -> None:
+    def share_with(self, libraries: Sequence[str], limit: int | None = None) -> None:
         for library in libraries:
             if library not in ("cupy", "numba", "torch"):
                 raise ConfigurationError(
                     f"cannot share the pool with {library!r}: share_pool knows 'cupy', 'numba', 'torch'"
                 )
+        if limit is not None:
+            if self.limit is not None and self.limit != limit:
+                raise ConfigurationError(
+                    f"other libraries are capped at {self.limit} bytes already: the cap is set once ({limit} asked)"
+                )
+            self.limit = limit
 
     def allocate_for_library(self, nbytes: int) -> Block:
         """Device bytes for another library, through the failure handler (RMM's failure callback);
         into the thread's library pool while one is entered (torch's ``use_mem_pool``)."""
+        if self.limit is not None and sum(self.capped.values()) + nbytes > self.limit:
+            raise OutOfMemoryError(  # the limiting adaptor is above the failure callback: no handler runs
+                f"out of memory: {nbytes} bytes more would exceed the {self.limit}-byte cap on other libraries"
+            )
         while True:
             try:
                 block = self.upstream.allocate(nbytes, _DEVICE, None)
@@ -280,6 +292,8 @@ class SimShared(ResourceAdaptor):
                 handler = self.handler
                 if handler is None or not handler(nbytes):
                     raise
+        if self.limit is not None:
+            self.capped[id(block)] = nbytes
         pool = getattr(self.routed, "pool", None)
         if pool is not None:
             pool.bytes += nbytes
@@ -291,6 +305,7 @@ class SimShared(ResourceAdaptor):
         pool = self.owners.pop(id(block), None)
         if pool is not None:
             pool.bytes -= block.nbytes
+        self.capped.pop(id(block), None)
         self.upstream.deallocate(block)
 
     def library_pool(self, library: str) -> LibraryPool:
