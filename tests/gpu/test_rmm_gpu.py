@@ -6,6 +6,8 @@ aiocubie installs over the device's RMM resource is shared by all of them (one p
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -19,8 +21,12 @@ MiB = 1 << 20
 
 
 @pytest.fixture
-def rmm() -> Any:
-    return pytest.importorskip("rmm", reason='allocator "rmm" needs RMM: pip install "aiocubie[rmm]"')
+def rmm() -> Iterator[Any]:
+    rmm = pytest.importorskip("rmm", reason='allocator "rmm" needs RMM: pip install "aiocubie[rmm]"')
+    yield rmm
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:  # share_pool("cupy") set CuPy's allocator process-wide: give it its own pool back
+        cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
 
 
 class Part:
@@ -46,7 +52,6 @@ async def test_it_wraps_the_installed_resource_and_counts_every_library(rmm: Any
         del theirs
         assert mgr.stats().other_bytes == before.other_bytes
         assert response.arrays["x"].data.ptr != 0
-    cupy.cuda.set_allocator(cupy.cuda.MemoryPool().malloc)
 
 
 def test_blocks_are_ordered_on_the_groups_stream(rmm: Any, device: Any) -> None:
@@ -71,7 +76,6 @@ async def test_a_library_out_of_memory_runs_the_reclaim_hooks(rmm: Any) -> None:
             cupy.empty(2 * total, dtype=np.uint8)
         assert asked == [2 * total]
         assert mgr.stats().recovery.out_of_memory == 1
-    cupy.cuda.set_allocator(cupy.cuda.MemoryPool().malloc)
 
 
 def test_the_hard_cap_inside_the_allocator_refuses_what_is_over_it(rmm: Any, device: Any) -> None:

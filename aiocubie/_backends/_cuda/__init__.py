@@ -1,7 +1,7 @@
 """The CUDA backend on cuda.core, one concept a module: ``_device`` (:class:`CudaDevice`: streams,
 events, copies, activation), ``_resources`` (where blocks come from: ``driver``, ``cupy``,
-``cupy_async``), ``_arrays`` (CuPy arrays over blocks), ``_events``, ``_streams`` and ``_errors``
-(the one error map).
+``cupy_async``), ``_rmm`` (the ``rmm`` resource of the rmm extra, imported only when asked for),
+``_arrays`` (CuPy arrays over blocks), ``_events``, ``_streams`` and ``_errors`` (the one error map).
 
 Importing it imports cuda.core and cuda.bindings, never CuPy (until asked for) and never numba;
 only ``aiocubie._backends`` imports it.
