@@ -375,10 +375,11 @@ class _Walk:
         self.in_done: dict[int, Event] = {}
         self.body_done: dict[int, Event] = {}
         self.out_done: dict[int, Event] = {}
-        # host copies of pageable data on staging threads, by chunk: into the staging buffers
-        # (packs) and out of them into the host arrays (unpacks, in chunk order)
+        # by chunk: host copies of pageable inputs into staging buffers (on staging threads), and
+        # what completes once the outputs are in their host arrays (the copy out, or the host
+        # copies out of the staging buffers after it), in chunk order
         self.packs: dict[int, Staging] = {}
-        self.unpacks: dict[int, Staging] = {}
+        self.landed: dict[int, Event] = {}
 
     async def walk(self) -> AsyncGenerator[Chunk, None]:
         response, device, depth = self.response, self.device, self.depth
@@ -532,20 +533,20 @@ class _Walk:
                 unpack.append((host, target))
             device.copy_strided(source, target, cout, tag=("out", index, label))
         event = self.out_done[index] = device.record_event(cout)
-        if unpack:
-            self.unpacks[index] = stage(unpack, after=event)
+        self.landed[index] = stage(unpack, after=event) if unpack else event
 
     async def _settle(self, *, up_to: int = -1, ready_only: bool = False) -> None:
-        """Wait for the unpacks of staged outputs of chunks up to ``up_to`` (with ``ready_only``:
-        collect those done already), raising what they raised."""
-        unpacks = self.unpacks
-        for index in sorted(unpacks):
-            unpacked = unpacks[index]
-            if index > up_to and not (ready_only and unpacked.query()):
+        """Wait until the outputs of chunks up to ``up_to`` are in their host arrays (with
+        ``ready_only``: collect those that are already), raising what a host copy raised."""
+        landed = self.landed
+        for index in sorted(landed):
+            done = landed[index]
+            if index > up_to and not (ready_only and done.query()):
                 break
-            await self.loop.wait(unpacked)
-            del unpacks[index]
-            unpacked.result()
+            await self.loop.wait(done)
+            del landed[index]
+            if isinstance(done, Staging):
+                done.result()
 
     async def _quiesce(self) -> None:
         """Wait, shielded from cancellation, until every stream and staging copy of the walk is idle."""
@@ -562,5 +563,5 @@ class _Walk:
                     continue
                 await self.loop.wait(event)
             # host copies still under way write the staging buffers and the host arrays
-            for staged in (*self.packs.values(), *self.unpacks.values()):
+            for staged in (*self.packs.values(), *self.landed.values()):
                 await self.loop.wait(staged)
