@@ -363,7 +363,12 @@ class SimDevice(Device):
 def _memory_bounds(data: np.ndarray[Any, Any]) -> tuple[int, int]:
     """The addresses of the whole memory ``data`` views: its first numpy owner's bytes (a
     block, a pinned buffer, a leased pool buffer, a user's array)."""
-    while isinstance(data.base, np.ndarray):
-        data = data.base
+    while True:
+        base = data.base
+        if base is not None and not isinstance(base, np.ndarray):  # as_strided's, a pool lease's owner
+            base = getattr(base, "base", None)
+        if not isinstance(base, np.ndarray):
+            break
+        data = base
     low = int(data.ctypes.data)
     return low, low + int(data.nbytes)
