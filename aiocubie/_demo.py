@@ -49,6 +49,14 @@ SIMULATOR_SECONDS_PER_RUN = 30e-6
 SIMULATOR_BANDWIDTH = 1e6
 #: Share of the budget each of the four components may hold (active mode caps).
 SHARE = 0.2
+#: Runs per batch on the simulator when not given.
+DEFAULT_RUNS = 20_000
+#: On a GPU, when not given: a budget of at most a quarter of the device, and runs per batch
+#: to match (2 Mi runs: 64 MiB an array, about 9 chunks of 7 MiB for the loader), so that chunks
+#: are large enough for the copies, not the per-chunk costs, to set the pace and the overlapped
+#: walk shows (with a 1 MiB budget its chunks were tiny and it lost: 0.98x on an H100).
+GPU_BUDGET = 160 << 20
+GPU_RUNS = 1 << 21
 # numba's CUDA simulator keeps the running kernel in a module global: one launch at a time.
 _SIMULATOR_LAUNCH = threading.Lock()
 
@@ -495,11 +503,24 @@ def _plot(recorder: Recorder, snapshot: Snapshot, path: Path) -> str:
     return f"plot: wrote {path}"
 
 
+def workload_size(backend: str, total: int, runs: int | None, budget: int | None) -> tuple[int, int]:
+    """The runs per batch and the budget of a demo on ``backend`` (a device of ``total`` bytes),
+    where not given: the simulator's small defaults, or on a GPU sized to the device (see
+    :data:`GPU_BUDGET`)."""
+    if backend == "simulator":
+        return DEFAULT_RUNS if runs is None else runs, DEFAULT_BUDGET if budget is None else budget
+    if budget is None:
+        budget = min(GPU_BUDGET, total // 4)
+    if runs is None:  # as many runs as keep the loader's chunks about as many as with the defaults
+        runs = max(DEFAULT_RUNS, GPU_RUNS * budget // GPU_BUDGET)
+    return runs, budget
+
+
 def run_demo(
     backend: str,
     why: str,
     *,
-    runs: int,
+    runs: int | None,
     batches: int,
     budget: int | None,
     progress: bool,
@@ -511,8 +532,8 @@ def run_demo(
     Says first how many chunks the plan walks, and refuses more than :data:`MAX_CHUNKS` unless
     ``force``. With ``plot``, draws memory per group over time there (needs matplotlib).
     """
-    budget = DEFAULT_BUDGET if budget is None else budget
     if backend == "simulator":
+        runs, budget = workload_size(backend, 0, runs, budget)
         engines = Engines(h2d_bandwidth=SIMULATOR_BANDWIDTH, d2h_bandwidth=SIMULATOR_BANDWIDTH)
         device: Any = SimulatorBackend(budget, engines=engines)
         share = SHARE
@@ -520,7 +541,9 @@ def run_demo(
         device = "cuda"
     mgr = MemoryManager(device, mode="active")
     if backend != "simulator":
-        share = SHARE * min(1.0, budget / mgr.memory_info().total)
+        total = mgr.memory_info().total
+        runs, budget = workload_size(backend, total, runs, budget)
+        share = SHARE * min(1.0, budget / total)
     workload = FEATURES * runs * batches * 4
     print(f"backend: {mgr.backend.name} ({why}); device: {mgr.backend.device.device_name}")
     print(
