@@ -533,17 +533,16 @@ def run_demo(
     ``force``. With ``plot``, draws memory per group over time there (needs matplotlib).
     """
     if backend == "simulator":
-        runs, budget = workload_size(backend, 0, runs, budget)
+        size = workload_size(backend, 0, runs, budget)
         engines = Engines(h2d_bandwidth=SIMULATOR_BANDWIDTH, d2h_bandwidth=SIMULATOR_BANDWIDTH)
-        device: Any = SimulatorBackend(budget, engines=engines)
+        mgr = MemoryManager(SimulatorBackend(size[1], engines=engines), mode="active")
         share = SHARE
     else:
-        device = "cuda"
-    mgr = MemoryManager(device, mode="active")
-    if backend != "simulator":
+        mgr = MemoryManager("cuda", mode="active")
         total = mgr.memory_info().total
-        runs, budget = workload_size(backend, total, runs, budget)
-        share = SHARE * min(1.0, budget / total)
+        size = workload_size(backend, total, runs, budget)
+        share = SHARE * min(1.0, size[1] / total)
+    runs, budget = size
     workload = FEATURES * runs * batches * 4
     print(f"backend: {mgr.backend.name} ({why}); device: {mgr.backend.device.device_name}")
     print(
