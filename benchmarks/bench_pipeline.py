@@ -360,7 +360,7 @@ async def run_pageable(
     table.add(
         "pageable, run axis last, 2-D", "x".join(map(str, shape)), chunks, None, s * 1e3, f"/pinned first {s / p:.2f}x"
     )
-    rows.append({"job": "pageable last, 2-D", "aiocubie_s": s})
+    rows.append({"job": "pageable last, 2-D", "hand_s": None, "aiocubie_s": s})
     one, threaded = _host_bandwidth(x[:length], xp[:length], repeats)
     table.add(
         "  (host copy of one chunk, pageable to pinned: the staging threads' limit)",
@@ -370,7 +370,15 @@ async def run_pageable(
         None,
         f"1 thread {one:.1f} GB/s, threaded {threaded:.1f} GB/s",
     )
-    rows.append({"job": "host copy of one chunk", "one_thread_gbs": one, "threaded_gbs": threaded})
+    rows.append(
+        {
+            "job": "host copy of one chunk",
+            "hand_s": None,
+            "aiocubie_s": x[:length].nbytes / threaded / 1e9,
+            "one_thread_gbs": one,
+            "threaded_gbs": threaded,
+        }
+    )
     rows.append({"job": "pageable first, 2-D", "chunks": chunks, "hand_s": h, "aiocubie_s": a, "aiocubie_pinned_s": p})
 
 
