@@ -214,7 +214,7 @@ class DeviceSet:
         RegistrationError
             If ``instance`` is registered on a device of this set already.
         ConfigurationError
-            If ``device`` is not in this set.
+            If ``device`` is not a device number (an int >= 0) or not in this set.
         """
         if self._find(instance) is not None:
             raise RegistrationError(
@@ -222,9 +222,7 @@ class DeviceSet:
                 "unregister it first to move it"
             )
         _check_options(MemoryManager.register, options, "DeviceSet.register", ("instance", "device"))
-        if device is not None and (isinstance(device, bool) or not isinstance(device, int)):
-            raise ConfigurationError(f"device must be a device id (an int) or None, got {shown(device)}")
-        chosen = self.place() if device is None else device
+        chosen = self.place() if device is None else parse_device(device)
         self.manager(chosen).register(instance, **options)
         return chosen
 

@@ -7,13 +7,10 @@ own and never imports numba.cuda or cupy: the device is reached only through the
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
-from functools import partial
-from threading import get_ident
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -22,30 +19,25 @@ import numpy as np
 from ._accounting import DeviceAccount, ReclaimHook
 from ._backends import Advice, Backend, MemoryInfo, create_backend
 from ._budget import LimitMode
-from ._completion import Loop
-from ._errors import (
-    ConfigurationError,
-    ContextResetError,
-    InvalidRequestError,
-    ManagerStateError,
-    RegistrationError,
-    shown,
-    warn,
-)
+from ._entry import RequestEntry
+from ._errors import ManagerStateError
 from ._groups import PendingRequest, StreamGroups
 from ._history import MAX_ENTRIES, History
 from ._hooks import Hooks
+from ._lifecycle import Lifecycle
+from ._limits import Limits
 from ._observe import Observer
-from ._options import Options, Policy, Setup, parse_allocator
-from ._registry import InvalidateHook, Member, ReadyHook, Registry
-from ._requests import ArrayRequest, ArrayResponse, MemoryKind, RequestSet, check_requests
+from ._options import Options, Policy, Setup
+from ._registration import Registration
+from ._registry import InvalidateHook, ReadyHook, Registry
+from ._release import Release
+from ._requests import ArrayRequest, ArrayResponse, MemoryKind
+from ._reset import ContextReset
 from ._serving import Serving
 from ._stats import ManagerStatistics, Snapshot, Telemetry, summary
 from ._transfers import Transfers
 
 __all__ = ["MemoryManager", "PendingRequest", "default_manager"]
-
-log = logging.getLogger("aiocubie")
 
 
 class MemoryManager:
@@ -117,7 +109,7 @@ class MemoryManager:
             max_batch=max_batch,
             free_cache_seconds=free_cache_seconds,
         )
-        self._owns_backend = given is None
+        owns_backend = given is None
         if given is None:
             assert setup.backend is not None
             given = create_backend(
@@ -125,40 +117,32 @@ class MemoryManager:
             )
         self.backend: Backend = given
         self._device = given.device
-        self._telemetry = Telemetry()
-        self._registry = Registry(self._device.create_stream, self._telemetry)
-        self._serving = Serving()  # the loop and task group, while serving
-        self._hooks = Hooks(self._registry, self._serving)
-        self._account = DeviceAccount(
-            self.backend,
+        telemetry = Telemetry()
+        registry = Registry(given.device.create_stream, telemetry)
+        self._serving = serving = Serving()  # the loop and task group, while serving
+        self._hooks = hooks = Hooks(registry, serving)
+        self._account = account = DeviceAccount(
+            given,
             setup.options,
-            lambda: self._groups.changed(),  # released memory: a batch waiting for it checks again
-            self._hooks.reclaim,
-            allocator=None if self._owns_backend else setup.allocator,  # a given backend: a resource beside its own
+            lambda: groups.changed(),  # released memory: a batch waiting for it checks again
+            hooks.reclaim,
+            allocator=None if owns_backend else setup.allocator,  # a given backend: a resource beside its own
         )
-        self._observer = Observer(self._device, self._account, self._registry, self._telemetry)
-        self._transfers = Transfers(self._device, self._serving, self.get_stream)
-        self._groups = StreamGroups(self._registry, self._account, self._serving, self._observer.group_left)
-        self._closed = False  # close() was called: never runs again
-        self._backend_closed = False  # our own backend was closed when the last `async with` ended
+        self._observer = observer = Observer(given.device, account, registry, telemetry)
+        self._groups = groups = StreamGroups(registry, account, serving, observer.group_left)
+        self._registration = registration = Registration(registry, account, groups, observer.member_left)
+        self._transfers = Transfers(given.device, serving, registration.stream_of)
+        self._release = release = Release(registration, account, groups)
+        self._lifecycle = lifecycle = Lifecycle(given, owns_backend, serving, registry, registration, groups, release)
+        self._entry = RequestEntry(registration, account, groups, release, serving, lifecycle.refusal)
+        self._limits = Limits(registry, registration, account, groups)
+        self._reset = ContextReset(registry, account, groups, hooks, release)
         if setup.history:
             self.record_history(dump_on_oom=setup.history if isinstance(setup.history, str) else None)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> MemoryManager:
-        if self._closed:
-            raise ManagerStateError("this manager was closed with close(): make a new MemoryManager")
-        serving = self._serving
-        if serving.task_group is not None:
-            raise ManagerStateError("this manager is already running (or its `async with` has not ended yet)")
-        if self._backend_closed:  # the backend we made was closed at the last exit: new streams
-            self._registry.renew_streams()
-            self._backend_closed = False
-        loop = await serving.enter()
-        # a collected member is reaped on the loop thread at once, not at the next manager call
-        self._registry.on_collected = partial(loop.call_soon_threadsafe_or_drop, self._reap_collected)
-        self._reap()
-        self._groups.start()
+        await self._lifecycle.enter()
         return self
 
     async def __aexit__(
@@ -187,35 +171,14 @@ class MemoryManager:
         shielded). A manager that created its backend closes it, and makes new streams if it is
         entered again. Raises :class:`ManagerStateError` from another thread (nothing changes).
         """
-        loop = self._serving.loop
-        if loop is not None:
-            foreign = loop.foreign()
-            if foreign is not None:
-                raise ManagerStateError(f"aclose() from another thread: {foreign}")
-            self._shut_down()
-        await self._serving.exit()
-
-    def _shut_down(self) -> None:
-        """Fail every open request, free every array, stop every scheduler (sync: no await)."""
-        self._serving.loop = None
-        self._registry.on_collected = None
-        self._groups.close(ManagerStateError("the memory manager was closed before the request was served"))
-        self.free_all()
-        if self._owns_backend:
-            self.backend.close()
-            self._backend_closed = True
+        await self._lifecycle.aclose()
 
     def close(self) -> None:
         """Release the backend's resources (streams, threads) if this manager created it.
 
         The manager cannot be used with ``async with`` again (ManagerStateError).
         """
-        if self._serving.task_group is not None:
-            raise ManagerStateError("close() on a running manager: leave its `async with` first")
-        self._closed = True
-        self.free_all()
-        if self._owns_backend:
-            self.backend.close()
+        self._lifecycle.close()
 
     @property
     def running(self) -> bool:
@@ -277,50 +240,23 @@ class MemoryManager:
         BudgetError
             If ``proportion`` is outside (0, 1] or does not fit the budget.
         """
-        self._reap()
-        registry = self._registry
-        settings: dict[str, Any] = dict(
-            group=stream_group, name=name, invalidate_hook=invalidate_hook, ready_hook=ready_hook
+        self._registration.register(
+            instance,
+            proportion=proportion,
+            group=stream_group,
+            invalidate_hook=invalidate_hook,
+            ready_hook=ready_hook,
+            name=name,
+            owner=owner,
         )
-        registry.check_new(instance, **settings)
-        self._account.join(id(instance), proportion)  # validates: nothing is half-registered
-        member = registry.add(instance, **settings)
-        if owner is not None:
-            member.owner = id(owner)
-        self._groups.scheduler_of(member.group)
 
     def unregister(self, instance: object) -> None:
         """Forget ``instance``: free its arrays, withdraw its queued requests, drop its budget."""
-        self._unregister(self._member(instance).key)
+        self._registration.unregister(instance)
 
     def is_registered(self, instance: object) -> bool:
         """True if ``instance`` is registered."""
-        self._reap()
-        return id(instance) in self._registry.members
-
-    def _unregister(self, key: int) -> None:
-        member = self._registry.remove(key)
-        self._groups.drop(key, RegistrationError(f"{member.name} was unregistered before its request was served"))
-        self._observer.member_left(member, self._account.leave(key))
-        if member.group not in self._registry.groups:
-            self._groups.retire(member.group)
-        self._groups.changed()  # caps changed, and an open batch may no longer wait for this member
-
-    def _reap(self) -> None:
-        for key in self._registry.reap():
-            log.debug("unregistering collected %s", self._registry.name_of(key))
-            self._unregister(key)
-
-    def _reap_collected(self) -> None:
-        # a loop callback (scheduled by the registry's finalizer): must never raise
-        try:
-            self._reap()
-        except Exception:
-            log.exception("unregistering a collected instance failed")
-
-    def _member(self, instance: object) -> Member:
-        self._reap()
-        return self._registry.member(instance)
+        return self._registration.is_registered(instance)
 
     # -- budget ----------------------------------------------------------------------------
     @property
@@ -340,24 +276,20 @@ class MemoryManager:
 
     def set_limit_mode(self, mode: LimitMode | str) -> None:
         """Switch between ``"passive"`` and ``"active"`` (:class:`ConfigurationError` for another name)."""
-        self._configure(mode=mode)
+        self._limits.configure(mode=mode)
 
     def set_policy(self, policy: Policy | str) -> None:
         """Set the active-mode policy: ``"chunk"``, ``"wait"`` or ``"fail"`` (:class:`ConfigurationError` else)."""
-        self._configure(policy=policy)
-
-    def _configure(self, **changes: Any) -> None:
-        self._account.configure(**changes)
-        self._groups.changed()  # a batch waiting for memory is checked again under the new options
+        self._limits.configure(policy=policy)
 
     def proportion(self, instance: object) -> float:
         """Share of VRAM ``instance`` may use."""
-        return self._account.budget.proportion(self._member(instance).key)
+        return self._limits.proportion(instance)
 
     def manual_proportion(self, instance: object) -> float | None:
         """The share of VRAM reserved for ``instance`` (its manual proportion), or None when it
         is in the auto pool (as cubie 0.17's ``manual_proportion``)."""
-        return self._account.budget.manual_proportion(self._member(instance).key)
+        return self._limits.manual_proportion(instance)
 
     def update(
         self, instance: object, updates: Mapping[str, Any] | None = None, *, silent: bool = False, **more: Any
@@ -392,31 +324,7 @@ class MemoryManager:
         BudgetError
             If the proportion is invalid or does not fit the budget.
         """
-        changes = {**(updates or {}), **more}
-        member = self._member(instance)
-        known = {"memory_manager", "stream_group", "mem_proportion"}
-        unknown = sorted(set(changes) - known)
-        if unknown and not silent:
-            raise ConfigurationError(
-                f"update() does not know {', '.join(map(repr, unknown))}: the memory settings are "
-                f"{', '.join(sorted(known))} (pass silent=True to ignore other names)"
-            )
-        manager = changes.get("memory_manager")
-        if manager is not None and manager is not self:
-            raise RegistrationError(
-                f"{member.name} cannot change memory manager: unregister it here and register it with the other"
-            )
-        group = changes.get("stream_group")
-        if group is not None and group != member.group:
-            self.change_stream_group(instance, group)
-        if "mem_proportion" in changes:
-            proportion = changes["mem_proportion"]
-            if proportion is None:
-                if self._account.budget.is_manual(member.key):
-                    self.set_auto_limit_mode(instance)
-            else:
-                self.set_manual_proportion(instance, proportion)
-        return set(changes) & known
+        return self._limits.update(instance, {**(updates or {}), **more}, silent=silent, manager=self)
 
     def cap(self, instance: object) -> int:
         """Bytes ``instance`` may use: proportion x total VRAM.
@@ -424,45 +332,36 @@ class MemoryManager:
         A batch is offered less than its group's caps: less what the members hold (active mode),
         then the headroom and the allocator's granule. Planning errors name the bytes offered.
         """
-        return self._account.budget.cap(self._member(instance).key)
+        return self._limits.cap(instance)
 
     @property
     def manual_pool_proportion(self) -> float:
         """Share of VRAM assigned to manual members."""
-        self._reap()
-        return self._account.budget.manual_pool_proportion
+        return self._limits.pools()[0]
 
     @property
     def auto_pool_proportion(self) -> float:
         """Share of VRAM split among auto members."""
-        self._reap()
-        return self._account.budget.auto_pool_proportion
+        return self._limits.pools()[1]
 
     def set_manual_proportion(self, instance: object, proportion: float) -> None:
         """Give ``instance`` a manual ``proportion`` (moving it out of the auto pool)."""
-        self._account.set_manual(self._member(instance).key, proportion)
-        self._groups.changed()
+        self._limits.set_manual(instance, proportion)
 
     def set_manual_limit_mode(self, instance: object, proportion: float) -> None:
         """Move ``instance`` from the auto pool to the manual pool with ``proportion``.
 
         :class:`BudgetError` if it has a manual proportion already.
         """
-        member = self._member(instance)
-        self._account.move_to_manual(member.key, proportion, member.name)
-        self._groups.changed()
+        self._limits.move_to_manual(instance, proportion)
 
     def set_auto_limit_mode(self, instance: object) -> None:
         """Move ``instance`` from the manual pool to the auto pool."""
-        self._account.set_auto(self._member(instance).key)
-        self._groups.changed()
+        self._limits.set_auto(instance)
 
     def get_available_memory(self, group: str) -> int:
         """Bytes ``group`` may use now (warns above 95% use in active mode)."""
-        self._reap()
-        members = self._registry.group(group).members
-        free = self._account.free_memory(fresh=True)
-        return self._account.available(members, free, group=group, warn=True)
+        return self._limits.available(group)
 
     def memory_info(self) -> MemoryInfo:
         """Free and total device memory, read now (blocks the allocator's pool caches count as free)."""
@@ -476,11 +375,11 @@ class MemoryManager:
     # -- stream groups ---------------------------------------------------------------------
     def get_stream(self, instance: object) -> Any:
         """The stream of ``instance``'s group."""
-        return self._registry.groups[self._member(instance).group].stream
+        return self._registration.stream_of(instance)
 
     def get_stream_group(self, instance: object) -> str:
         """The name of ``instance``'s stream group."""
-        return str(self._member(instance).group)
+        return str(self._registration.member(instance).group)
 
     def change_stream_group(self, instance: object, new_group: str) -> None:
         """Move ``instance`` to ``new_group`` (created if new).
@@ -490,16 +389,16 @@ class MemoryManager:
         the new group from then on (over its cap, that group starts no batch until back under).
         A group left empty is forgotten, its stream and scheduler task released.
         """
-        self._groups.move(self._member(instance), new_group)
+        self._groups.move(self._registration.member(instance), new_group)
 
     def is_grouped(self, instance: object) -> bool:
         """True if ``instance`` shares its stream group with another instance."""
-        return self._groups.is_grouped(self._member(instance))
+        return self._groups.is_grouped(self._registration.member(instance))
 
     @property
     def stream_groups(self) -> dict[str, list[str]]:
         """Group name -> names of its members."""
-        self._reap()  # a collected instance is no member
+        self._registration.reap()  # a collected instance is no member
         return self._groups.names()
 
     def reinit_streams(self) -> None:
@@ -507,8 +406,7 @@ class MemoryManager:
 
         :class:`ManagerStateError` from a reclaim hook (see :meth:`add_reclaim_hook`).
         """
-        self._account.refuse_in_reclaim("reinit_streams()")
-        self._registry.renew_streams()
+        self._reset.reinit_streams()
 
     # -- requests --------------------------------------------------------------------------
     def request(
@@ -545,42 +443,11 @@ class MemoryManager:
         PlanningError, AllocationError, ContextResetError, ManagerStateError
             When awaited, if the batch could not be served.
         """
-        checked = check_requests(requests)
-        return PendingRequest(
-            self._serve, self.release, instance, self._member(instance), checked, _flag("replace", replace)
-        )
-
-    def _serve(
-        self, instance: object, member: Member, requests: RequestSet, replace: bool = False
-    ) -> Awaitable[ArrayResponse]:
-        """What PendingRequest awaits: the request submitted and waited for (no coroutine of its own:
-        one level less on the hot path)."""
-        loop = self._serving.loop
-        if loop is None or loop.thread != get_ident():
-            raise self._not_serving(loop, closed=self._closed)
-        self._reap()
-        if self._registry.members.get(member.key) is not member:  # unregistered since request()
-            member = self._registry.member(instance)
-        if replace:
-            self._replace(member, requests)
-        return self._groups.serve(member, requests, loop)
-
-    @staticmethod
-    def _not_serving(loop: Loop | None, *, closed: bool = False) -> ManagerStateError:
-        if closed:
-            return ManagerStateError("the memory manager was closed with close(): make a new MemoryManager")
-        if loop is None:
-            return ManagerStateError("the memory manager is not running: use `async with MemoryManager() as mgr:`")
-        return ManagerStateError(f"a request awaited from another thread: {loop.foreign()}")
+        return self._entry.request(instance, requests, replace)
 
     def flush(self, group: str | None = None) -> None:
         """Close the batch being collected in ``group`` (all groups if None) now."""
         self._groups.flush(group)
-
-    def _replace(self, member: Member, requests: RequestSet) -> None:
-        """Free ``member``'s arrays of the labels ``requests`` asks for (a replacing request)."""
-        labels, key = requests.arrays.keys(), member.key
-        self._groups.free_where(lambda a: a.key == key and a.label in labels, "a request replacing its labels")
 
     def allocate_all(
         self, instance: object, requests: Mapping[str, ArrayRequest], *, replace: bool = False
@@ -600,12 +467,7 @@ class MemoryManager:
         AllocationError
             If the backend fails (nothing stays allocated).
         """
-        self._account.refuse_in_reclaim("allocate_all()")
-        checked = check_requests(requests)
-        member = self._member(instance)
-        if _flag("replace", replace):
-            self._replace(member, checked)
-        return self._groups.allocate_now(member, checked)
+        return self._entry.allocate_all(instance, requests, replace)
 
     def allocate(self, instance: object, request: ArrayRequest, label: str = "array", *, replace: bool = False) -> Any:
         """Allocate one array for ``instance`` now (see :meth:`allocate_all`)."""
@@ -617,13 +479,7 @@ class MemoryManager:
 
         :class:`InvalidRequestError` for a request that was never awaited (a forgotten ``await``).
         """
-        if isinstance(response, PendingRequest):
-            raise InvalidRequestError(
-                "release() was given a request that was not awaited, not an ArrayResponse: write "
-                "`response = await mgr.request(...)` first (or `async with mgr.request(...) as response:`, "
-                "which releases on exit)"
-            )
-        self._account.release(response)
+        self._release.release(response)
 
     def free(self, label: str, instance: object | None = None) -> None:
         """Free the arrays labelled ``label``: ``instance``'s only, or (None) every instance's.
@@ -636,15 +492,11 @@ class MemoryManager:
         cubie adapter frees labels that may be gone already). To check what is held, read
         ``stats().instances`` (or ``statistics().allocations``).
         """
-        if instance is None:
-            self._groups.free_where(lambda a: a.label == label, f"free({label!r})")
-        else:
-            key = self._member(instance).key
-            self._groups.free_where(lambda a: a.label == label and a.key == key, f"free({label!r}, instance)")
+        self._release.free(label, instance)
 
     def free_all(self) -> None:
         """Free every array the manager handed out (requests in flight fail with ReleasedError)."""
-        self._groups.free_where(lambda a: True, "free_all()")
+        self._release.free_all()
 
     def invalidate_all(self) -> None:
         """Call every invalidate hook once and release every array.
@@ -652,10 +504,7 @@ class MemoryManager:
         Requests in flight fail with :class:`ContextResetError`; queued ones are served later.
         :class:`ManagerStateError` from a reclaim hook (see :meth:`add_reclaim_hook`).
         """
-        self._account.refuse_in_reclaim("invalidate_all()")
-        self._reset("invalidate_all")
-        self.free_all()
-        self._hooks.invalidate()
+        self._reset.invalidate_all()
 
     def set_allocator(self, name: str) -> None:
         """Swap the memory resource (``"default"``, ``"driver"``, ``"cupy"``, ``"cupy_async"``, ``"numba"``).
@@ -666,16 +515,7 @@ class MemoryManager:
         :class:`UnknownAllocatorError` for an unknown or unavailable allocator (nothing is reset);
         :class:`ManagerStateError` from a reclaim hook (see :meth:`add_reclaim_hook`).
         """
-        self._account.set_resource(parse_allocator(name))  # first: an unknown name must not warn of a reset
-        warn(f"set_allocator({name!r}) resets the device context: arrays and compiled kernels from before are invalid")
-        self._reset(f"set_allocator({name!r})")
-        self.reinit_streams()
-        self._hooks.invalidate()
-
-    def _reset(self, cause: str) -> None:
-        self._groups.reset(
-            ContextResetError(f"{cause} reset the device context while this request was in flight; request again")
-        )
+        self._reset.set_allocator(name)
 
     # -- host arrays, copies, streams, managed memory -------------------------------------
     def create_host_array(
@@ -753,13 +593,13 @@ class MemoryManager:
     # -- observability ---------------------------------------------------------------------
     def stats(self) -> Snapshot:
         """Live and peak bytes, requests, batches, chunks and latencies, per group and instance."""
-        self._reap()
+        self._registration.reap()
         return self._observer.stats()
 
     def statistics(self) -> ManagerStatistics:
         """The manager's own state now, read-only: requests by stage per group, members, arrays held,
         the size of its tables (see :class:`ManagerStatistics`). For tests and debugging."""
-        self._reap()
+        self._registration.reap()
         return self._observer.statistics(self.running, *self._groups.statistics())
 
     def memory_summary(self) -> str:
@@ -771,7 +611,7 @@ class MemoryManager:
     def reset_peak_stats(self, *, group: str | None = None, instance: object | None = None) -> None:
         """Peaks start again from what is held now: of ``group``, of ``instance``, or (neither given)
         all of them. :class:`RegistrationError` for an unknown group or instance."""
-        self._observer.reset_peaks(group, None if instance is None else self._member(instance))
+        self._observer.reset_peaks(group, None if instance is None else self._registration.member(instance))
 
     # -- history and recovery ------------------------------------------------------------
     def record_history(
@@ -844,12 +684,6 @@ class MemoryManager:
 
 _default: MemoryManager | None = None
 _default_lock = threading.Lock()
-
-
-def _flag(name: str, value: object) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise InvalidRequestError(f"{name} takes True or False, got {shown(value)}")
-    return bool(value)
 
 
 def default_manager() -> MemoryManager:

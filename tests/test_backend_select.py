@@ -12,6 +12,7 @@ from aiocubie._backends import _select
 
 def test_auto_without_a_gpu_warns_once_and_explicit_simulator_never(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_select, "gpu_status", lambda: (False, "no GPU in this test"))
+    # private, on purpose: the fallback warns once per process; an earlier test may have used it up
     monkeypatch.setattr(_select, "_fallback_warned", False)
     with pytest.warns(
         AiocubieWarning, match=r"no usable GPU \(no GPU in this test\).*8 GiB.*backend='simulator'"

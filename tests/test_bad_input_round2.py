@@ -41,7 +41,7 @@ async def test_device_set_register_refuses_unknown_options_and_float_devices() -
     async with ac.DeviceSet([0, 1], backend=lambda d: ac.SimulatorBackend(device=d, devices=2)) as devices:
         with pytest.raises(ConfigurationError, match="unknown option"):
             devices.register(_Component(), colour="red")
-        with pytest.raises(ConfigurationError, match="device must be a device id"):
+        with pytest.raises(ConfigurationError, match="device must be a device number"):
             devices.register(_Component(), device=1.0)  # type: ignore[arg-type]
         assert devices.register(_Component(), device=1) == 1
 

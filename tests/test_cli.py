@@ -101,6 +101,7 @@ def test_bad_options_exit_2_with_a_message(
 
 def test_cuda_without_a_gpu_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "0")
+    # private, on purpose: the driver probe is faked to play a machine without a GPU (none is public)
     monkeypatch.setattr(_select, "_driver_devices", lambda: (0, "no GPU in this test"))
     with pytest.raises(aiocubie.ConfigurationError, match="backend 'cuda' is not usable here: no GPU in this test"):
         aiocubie.select_backend("cuda")
@@ -111,6 +112,7 @@ def test_cuda_without_a_gpu_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_auto_follows_the_driver_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "0")  # restored afterwards, whatever select_backend sets
     monkeypatch.delitem(sys.modules, "numba.cuda", raising=False)  # as if not imported yet
+    # private, on purpose: the driver probe is faked to play a machine without a driver (none is public)
     monkeypatch.setattr(_select, "_driver_devices", lambda: (0, "no driver here"))
     assert aiocubie.select_backend("auto") == ("simulator", "no driver here")
     assert os.environ["NUMBA_ENABLE_CUDASIM"] == "1"

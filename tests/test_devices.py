@@ -194,7 +194,9 @@ def test_device_set_refuses_a_backend_of_another_device_and_a_bool_device() -> N
         DeviceSet([0, 1], backend=lambda d: SimulatorBackend(total=MiB))
     devices = DeviceSet([0, 1], backend=lambda d: SimulatorBackend(total=MiB, device=d, devices=2))
     try:
-        with pytest.raises(ConfigurationError, match=r"device must be a device id \(an int\) or None, got True"):
+        with pytest.raises(
+            ConfigurationError, match=r"device must be a device number \(an int >= 0, e\.g\. 0\), got True"
+        ):
             devices.register(Component(), device=True)  # True == 1 as a key: refused like DeviceSet([True])
         with pytest.raises(ConfigurationError, match="not in this set"):
             devices.manager(True)

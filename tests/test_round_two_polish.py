@@ -73,6 +73,7 @@ def test_the_gpu_skip_reason_names_the_missing_library(monkeypatch: pytest.Monke
     import aiocubie._backends._select as select
 
     monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)  # numba's simulator, chosen by earlier tests
+    # private, on purpose: the driver probe is faked to play a machine with a GPU (none is public)
     monkeypatch.setattr(select, "_driver_devices", lambda: (1, "1 CUDA device(s)"))
     for name in [name for name in sys.modules if name.startswith(("aiocubie._backends._cuda", "cuda.core"))]:
         monkeypatch.delitem(sys.modules, name)  # imported fresh below (restored after the test)

@@ -13,7 +13,7 @@ import os
 import sys
 
 from .._errors import ConfigurationError, warn
-from .._options import BACKENDS, parse_allocator, parse_backend
+from .._options import BACKENDS, parse_allocator, parse_backend, parse_device
 from ._arrays import parse_array_type
 from ._base import Backend
 from ._sim import DEFAULT_TOTAL, SimulatorBackend
@@ -127,8 +127,7 @@ def create_backend(
     """
     _check_name(name)
     array_type = parse_array_type(array_type)
-    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
-        raise ConfigurationError(f"device must be a device number (an int >= 0, e.g. 0), got {device!r}")
+    device = parse_device(device)
     if allocator is not None:
         parse_allocator(allocator)
     if name == "auto":

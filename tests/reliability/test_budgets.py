@@ -57,21 +57,21 @@ class CapWatch:
         self.mgr = mgr
         self.violations: list[tuple[str, int, int, int]] = []
         self.batches = 0
-        # private, on purpose: it wraps the account's allocate to see each batch the moment it is
-        # allocated (no public hook runs between allocation and resolution), and reads the
-        # group's member keys there (mgr._registry below) to sum what they hold
+        # private, on purpose (the one reach-in of the suite): it wraps the account's allocate to
+        # see each batch the moment it is allocated, as no public hook runs between allocation and
+        # resolution; what the group holds and its cap are read through the public stats()
         account = mgr._account
         original = account.allocate
 
         def allocate(entries: Any, group: str, plan: Any, stream: Any) -> Any:
-            members = mgr._registry.groups[group].members
-            before = account.ledger.held(members)
+            before = mgr.stats().groups[group].live_bytes
             result = original(entries, group, plan, stream)
             self.batches += 1
-            if account.options.active:
-                after, cap = account.ledger.held(members), account.budget.group_cap(members)
-                if after > cap and after > before:
-                    self.violations.append((group, before, after, cap))
+            if mgr.active:
+                after = mgr.stats().groups[group]
+                assert after.cap_bytes is not None  # active mode reports caps
+                if after.live_bytes > after.cap_bytes and after.live_bytes > before:
+                    self.violations.append((group, before, after.live_bytes, after.cap_bytes))
             return result
 
         account.allocate = allocate  # type: ignore[method-assign]

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..._errors import ConfigurationError, shown
+from ..._options import parse_device
 from ..._requests import MAX_NBYTES
 from .._base import Backend
 from ._arrays import SimArrays, SimCupyArray, host_data
@@ -110,8 +111,7 @@ class SimulatorBackend(Backend):
         device: int = 0,
         devices: int | None = None,
     ) -> None:
-        if not count(device, 0):
-            raise ConfigurationError(f"device must be a device number (an int >= 0), got {shown(device)}")
+        device = parse_device(device)
         if devices is None:
             devices = int(device) + 1
         if not count(devices, 1) or device >= devices:

@@ -1,0 +1,102 @@
+"""The request entry: a request checked when it is made, submitted when it is awaited, or allocated now.
+
+Handed the registration, the device account, the stream groups, the release, the serving loop
+and what to raise when the manager does not serve, it checks what a user asks for and hands it
+to the groups. It queues, plans and allocates nothing itself, and never reaches the manager.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from threading import get_ident
+
+import numpy as np
+
+from ._accounting import DeviceAccount
+from ._completion import Loop
+from ._errors import InvalidRequestError, ManagerStateError, shown
+from ._groups import PendingRequest, StreamGroups
+from ._registration import Registration
+from ._registry import Member
+from ._release import Release
+from ._requests import ArrayRequest, ArrayResponse, RequestSet, check_requests
+from ._serving import Serving
+
+__all__ = ["RequestEntry"]
+
+
+class RequestEntry:
+    """Where a user's requests come in.
+
+    Parameters
+    ----------
+    registration : Registration
+        Finds the member of an instance.
+    account : DeviceAccount
+        Refuses an allocation from inside a reclaim hook.
+    groups : StreamGroups
+        Serves a request, or allocates it now.
+    release : Release
+        Frees the arrays a replacing request replaces; a response's arrays.
+    serving : Serving
+        The loop a request is awaited in.
+    refusal : callable
+        ``refusal(loop)``: the ManagerStateError for a request awaited while the manager does not
+        serve in the calling thread (``loop``: the serving loop, or None).
+    """
+
+    def __init__(
+        self,
+        registration: Registration,
+        account: DeviceAccount,
+        groups: StreamGroups,
+        release: Release,
+        serving: Serving,
+        refusal: Callable[[Loop | None], ManagerStateError],
+    ) -> None:
+        self._registration = registration
+        self._account = account
+        self._groups = groups
+        self._release = release
+        self._serving = serving
+        self._refusal = refusal
+
+    def request(self, instance: object, requests: Mapping[str, ArrayRequest], replace: bool) -> PendingRequest:
+        """A request checked now, submitted when awaited (see ``MemoryManager.request``)."""
+        checked = check_requests(requests)
+        return PendingRequest(
+            self._serve,
+            self._release.release,
+            instance,
+            self._registration.member(instance),
+            checked,
+            _flag("replace", replace),
+        )
+
+    def _serve(
+        self, instance: object, member: Member, requests: RequestSet, replace: bool = False
+    ) -> Awaitable[ArrayResponse]:
+        """What PendingRequest awaits: the request submitted and waited for (no coroutine of its own:
+        one level less on the hot path)."""
+        loop = self._serving.loop
+        if loop is None or loop.thread != get_ident():
+            raise self._refusal(loop)
+        member = self._registration.current(instance, member)  # unregistered since request()?
+        if replace:
+            self._release.replace(member, requests)
+        return self._groups.serve(member, requests, loop)
+
+    def allocate_all(self, instance: object, requests: Mapping[str, ArrayRequest], replace: bool) -> ArrayResponse:
+        """Allocate ``requests`` now, unbatched and unchunked (see ``MemoryManager.allocate_all``)."""
+        self._account.refuse_in_reclaim("allocate_all()")
+        checked = check_requests(requests)
+        member = self._registration.member(instance)
+        if _flag("replace", replace):
+            self._release.replace(member, checked)
+        return self._groups.allocate_now(member, checked)
+
+
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidRequestError(f"{name} takes True or False, got {shown(value)}")
+    return bool(value)
