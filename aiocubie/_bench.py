@@ -83,6 +83,9 @@ class _InstantDevice(Device):
     def copy(self, src: Any, dst: Any, stream: Any, *, tag: object = None) -> None:
         np.copyto(dst, src)
 
+    def copy_strided(self, src: Any, dst: Any, stream: Any, *, tag: object = None) -> None:
+        np.copyto(dst, src)
+
     def host_array(self, shape: tuple[int, ...], dtype: np.dtype[Any], kind: MemoryKind) -> np.ndarray[Any, Any]:
         return np.zeros(shape, dtype)
 

@@ -172,14 +172,20 @@ def _parser() -> argparse.ArgumentParser:
         parents=[backend],
         help="a three-stage async pipeline, chunked to fit the memory budget, checked against numpy",
     )
-    demo.add_argument("--runs", type=_positive, default=20_000, help="runs per batch (default 20000)")
+    demo.add_argument(
+        "--runs",
+        type=_positive,
+        default=None,
+        help="runs per batch (default: 20000 on the simulator; on a GPU, sized to the budget: 2 Mi for 160 MiB)",
+    )
     demo.add_argument("--batches", type=_positive, default=3, help="batches through the pipeline (default 3)")
     demo.add_argument(
         "--budget",
         type=_positive,
         default=None,
         metavar="BYTES",
-        help="simulated device memory in bytes (simulator only; default 1 MiB)",
+        help="device memory in bytes the components share (default: 1 MiB simulated; on a GPU, 160 MiB "
+        "or a quarter of the device, if less)",
     )
     demo.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     demo.add_argument("--force", action="store_true", help="run a plan of very many small chunks anyway")

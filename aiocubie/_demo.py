@@ -49,6 +49,14 @@ SIMULATOR_SECONDS_PER_RUN = 30e-6
 SIMULATOR_BANDWIDTH = 1e6
 #: Share of the budget each of the four components may hold (active mode caps).
 SHARE = 0.2
+#: Runs per batch on the simulator when not given.
+DEFAULT_RUNS = 20_000
+#: On a GPU, when not given: a budget of at most a quarter of the device, and runs per batch
+#: to match (2 Mi runs: 64 MiB an array, about 9 chunks of 7 MiB for the loader), so that chunks
+#: are large enough for the copies, not the per-chunk costs, to set the pace and the overlapped
+#: walk shows (with a 1 MiB budget its chunks were tiny and it lost: 0.98x on an H100).
+GPU_BUDGET = 160 << 20
+GPU_RUNS = 1 << 21
 # numba's CUDA simulator keeps the running kernel in a module global: one launch at a time.
 _SIMULATOR_LAUNCH = threading.Lock()
 
@@ -250,10 +258,13 @@ async def _pipeline(
     to_solve, solve_in = anyio.create_memory_object_stream[np.ndarray[Any, Any]](1)
     to_reduce, reduce_in = anyio.create_memory_object_stream[np.ndarray[Any, Any]](1)
 
+    def loaded(batch: int) -> np.ndarray[Any, Any]:  # a loader reads its data into page-locked memory
+        return mgr.create_host_array((FEATURES, runs), np.float32, "pinned", like=_workload(batch, runs))
+
     async def load() -> None:
         async with to_solve:
             for batch in range(batches):
-                features = await loader.process(_workload(batch, runs), scale)
+                features = await loader.process(loaded(batch), scale)
                 out["features"].append(features)
                 await to_solve.send(features)
 
@@ -289,14 +300,16 @@ async def _pipeline(
     out["scale"], out["weights"] = [scale], [weights]
     snapshot = mgr.stats()  # of the pipeline alone, while the stages live (a collected one leaves the stats)
     stages: list[Stage] = [loader, energy, peak, reducer]
-    # The loader's walk of one batch again, serial (depth 1) and overlapped, on the same data.
+    # The loader's walk of one batch again, serial (depth 1) and overlapped, on the same data:
+    # the request and the walk (its busy span), not making the data or the output array.
     loader.advance = lambda runs: None
     seconds = []
+    raw = loaded(0)
     for depth in (1, DEFAULT_DEPTH):
         loader.depth = depth
-        started = time.perf_counter()
-        features = await loader.process(_workload(0, runs), scale)
-        seconds.append(time.perf_counter() - started)
+        features = await loader.process(raw, scale)
+        started, ended = loader.busy[-1]
+        seconds.append(ended - started)
         if not np.array_equal(features, out["features"][0]):
             raise AssertionError(f"the walk of depth {depth} gave other features than the pipeline's")
     out["walk_seconds"] = seconds
@@ -495,11 +508,24 @@ def _plot(recorder: Recorder, snapshot: Snapshot, path: Path) -> str:
     return f"plot: wrote {path}"
 
 
+def workload_size(backend: str, total: int, runs: int | None, budget: int | None) -> tuple[int, int]:
+    """The runs per batch and the budget of a demo on ``backend`` (a device of ``total`` bytes),
+    where not given: the simulator's small defaults, or on a GPU sized to the device (see
+    :data:`GPU_BUDGET`)."""
+    if backend == "simulator":
+        return DEFAULT_RUNS if runs is None else runs, DEFAULT_BUDGET if budget is None else budget
+    if budget is None:
+        budget = min(GPU_BUDGET, total // 4)
+    if runs is None:  # as many runs as keep the loader's chunks about as many as with the defaults
+        runs = max(DEFAULT_RUNS, GPU_RUNS * budget // GPU_BUDGET)
+    return runs, budget
+
+
 def run_demo(
     backend: str,
     why: str,
     *,
-    runs: int,
+    runs: int | None,
     batches: int,
     budget: int | None,
     progress: bool,
@@ -511,16 +537,17 @@ def run_demo(
     Says first how many chunks the plan walks, and refuses more than :data:`MAX_CHUNKS` unless
     ``force``. With ``plot``, draws memory per group over time there (needs matplotlib).
     """
-    budget = DEFAULT_BUDGET if budget is None else budget
     if backend == "simulator":
+        size = workload_size(backend, 0, runs, budget)
         engines = Engines(h2d_bandwidth=SIMULATOR_BANDWIDTH, d2h_bandwidth=SIMULATOR_BANDWIDTH)
-        device: Any = SimulatorBackend(budget, engines=engines)
+        mgr = MemoryManager(SimulatorBackend(size[1], engines=engines), mode="active")
         share = SHARE
     else:
-        device = "cuda"
-    mgr = MemoryManager(device, mode="active")
-    if backend != "simulator":
-        share = SHARE * min(1.0, budget / mgr.memory_info().total)
+        mgr = MemoryManager("cuda", mode="active")
+        total = mgr.memory_info().total
+        size = workload_size(backend, total, runs, budget)
+        share = SHARE * min(1.0, size[1] / total)
+    runs, budget = size
     workload = FEATURES * runs * batches * 4
     print(f"backend: {mgr.backend.name} ({why}); device: {mgr.backend.device.device_name}")
     print(

@@ -2,19 +2,16 @@
 
 It does the index arithmetic of the chunk plan for the user. At depth 1 it copies on the
 response's stream and waits for each copy (the serial walk); deeper, it
-overlaps: copies run on two copy streams, ordered by events against the group's stream, and
-pageable host data is staged through the device's pinned pool. It never launches kernels and
-never lets a copy outlive the buffers it uses.
+overlaps: copies run on two copy streams, ordered by events against the group's stream. A
+chunk's slice of a pinned host array goes straight to its buffer (a 2-D copy when the run axis
+is not the first); pageable host data is packed into and out of the device's pinned pool on
+host threads. It never launches kernels and never lets a copy outlive the buffers it uses.
 """
 
 from __future__ import annotations
 
-import collections
-import concurrent.futures
 import contextlib
 import math
-import os
-import threading
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from types import MappingProxyType
@@ -25,7 +22,7 @@ import anyio.to_thread
 import attrs
 import numpy as np
 
-from ._backends import Device, Event
+from ._backends import Device, Event, Staging, geometry, stage
 from ._completion import Loop
 from ._errors import AiocubieError, InvalidRequestError, ReleasedError, shown, warn
 from ._requests import ArrayRequest, ArrayResponse
@@ -36,11 +33,6 @@ __all__ = ["DEFAULT_DEPTH", "Chunk", "walk_chunks", "walk_requests"]
 #: next chunk's copy in and the last chunk's copy out with this chunk's work whenever inputs
 #: and outputs are different arrays (benchmarks/README.md has the measurements).
 DEFAULT_DEPTH = 2
-
-#: Host staging copies at least this large run on worker threads (numpy releases the GIL), in
-#: slices of at least this size, on at most _COPY_THREADS threads at once.
-_THREADED_COPY = 1 << 20
-_COPY_THREADS = min(16, os.cpu_count() or 1)
 
 
 @attrs.frozen
@@ -222,11 +214,6 @@ def _trim(array: Any, axis: int | None, length: int) -> Any:
     return array[(slice(None),) * axis + (slice(0, length),)]
 
 
-def _contiguous(array: Any) -> bool:
-    flags = array.flags  # numpy's flagsobj and numba's dict both take this key
-    return bool(flags["C_CONTIGUOUS"])
-
-
 def walk_requests(
     requests: Mapping[str, ArrayRequest],
     depth: int = DEFAULT_DEPTH,
@@ -339,42 +326,16 @@ def _copy_streams_of(device: Device, stream: Any) -> tuple[Any, Any]:
     return found
 
 
+def _length(response: ArrayResponse, index: int) -> int:
+    start, stop = response.chunk_bounds(index)
+    return stop - start
+
+
 def _view(buffer: np.ndarray[Any, Any], like: Any) -> np.ndarray[Any, Any]:
     """The first bytes of pool ``buffer`` as a C-contiguous array shaped and typed like ``like``."""
     dtype = np.dtype(like.dtype)
     view: np.ndarray[Any, Any] = buffer[: math.prod(like.shape) * dtype.itemsize].view(dtype).reshape(like.shape)
     return view
-
-
-async def _host_copy(dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> None:
-    """``dst[...] = src``; when large, on worker threads (numpy copies without the GIL: one thread
-    moves about 10 GB/s, 16 about 50 on an H100's host, against 45 GB/s per copy engine)."""
-    if dst.nbytes < _THREADED_COPY or not dst.ndim:
-        np.copyto(dst, src)
-        return
-    await anyio.to_thread.run_sync(_parallel_copy, dst, src)  # one hop to the loop, not one per slice
-
-
-_copiers: concurrent.futures.ThreadPoolExecutor | None = None
-_copiers_lock = threading.Lock()
-
-
-def _parallel_copy(dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> None:
-    """Copy in slices along the first axis: this thread takes one, a shared pool the rest."""
-    global _copiers
-    parts = min(_COPY_THREADS, dst.shape[0], max(1, dst.nbytes // _THREADED_COPY))
-    if parts == 1:
-        np.copyto(dst, src)
-        return
-    with _copiers_lock:
-        if _copiers is None:
-            _copiers = concurrent.futures.ThreadPoolExecutor(_COPY_THREADS - 1, thread_name_prefix="aiocubie-copy")
-        pool = _copiers
-    bounds = [dst.shape[0] * part // parts for part in range(parts + 1)]
-    futures = [pool.submit(np.copyto, dst[lo:hi], src[lo:hi]) for lo, hi in zip(bounds[1:-1], bounds[2:])]
-    np.copyto(dst[: bounds[1]], src[: bounds[1]])
-    for future in futures:
-        future.result()
 
 
 class _Walk:
@@ -414,8 +375,11 @@ class _Walk:
         self.in_done: dict[int, Event] = {}
         self.body_done: dict[int, Event] = {}
         self.out_done: dict[int, Event] = {}
-        # copies out not yet seen done: (chunk, event, [(staged view, host slice)])
-        self.pending: collections.deque[tuple[int, Event, list[tuple[Any, Any]]]] = collections.deque()
+        # by chunk: host copies of pageable inputs into staging buffers (on staging threads), and
+        # what completes once the outputs are in their host arrays (the copy out, or the host
+        # copies out of the staging buffers after it), in chunk order
+        self.packs: dict[int, Staging] = {}
+        self.landed: dict[int, Event] = {}
 
     async def walk(self) -> AsyncGenerator[Chunk, None]:
         response, device, depth = self.response, self.device, self.depth
@@ -510,69 +474,82 @@ class _Walk:
             device.wait_event(cin, self.body_done[index - depth])
             if self.in_place:
                 device.wait_event(cin, self.out_done[index - depth])
-        start, stop = response.chunk_bounds(index)
-        length = stop - start
+        if not index:  # the first chunks of every staging buffer pack at once
+            for first in range(min(depth, response.chunks)):
+                self._pack(first)
+        packed = self.packs.pop(index, None)
+        if packed is not None:
+            await self.loop.wait(packed)
+            packed.result()
+        length = _length(response, index)
         for label in self.chunked_in:
-            axis, full, target, host, direct = self._ends(self.ins, label, index, length)
-            if direct:
-                source: Any = host  # page-locked already: straight to the copy engine
-            else:
-                buffer, used = self._staging(self.slots_in, index, label, full.nbytes)
-                if used:  # its last reader was the copy in of chunk index - depth
-                    await self.loop.wait(self.in_done[index - depth])
-                source = _view(buffer, target)
-                await _host_copy(_trim(source, axis, length), host)
-            device.copy(source, target, cin, tag=("in", index, label))
-        self.in_done[index] = device.record_event(cin)
+            _, target, host, direct = self._ends(self.ins, label, index, length)
+            source = host if direct else _view(self.slots_in[index % depth][label], target)
+            device.copy_strided(source, target, cin, tag=("in", index, label))
+        event = self.in_done[index] = device.record_event(cin)
+        if index + depth < response.chunks:  # its buffers are free again once this copy is done
+            self._pack(index + depth, after=event)
+
+    def _pack(self, index: int, after: Event | None = None) -> None:
+        """Start packing chunk ``index``'s pageable inputs into its staging buffers on host threads."""
+        length = _length(self.response, index)
+        copies = []
+        for label in self.chunked_in:
+            _, target, host, direct = self._ends(self.ins, label, index, length)
+            if not direct:
+                buffer, _ = self._staging(self.slots_in, index, label, self.response.buffer(label, 0).nbytes)
+                copies.append((_view(buffer, target), host))
+        if copies:
+            self.packs[index] = stage(copies, after)
 
     def _ends(
         self, hosts: dict[str, np.ndarray[Any, Any]], label: str, index: int, length: int
-    ) -> tuple[int | None, Any, Any, np.ndarray[Any, Any], bool]:
-        """Both ends of chunk ``index``'s copy of ``label``: its run axis, its full device buffer,
-        the device side to copy (the trimmed buffer when it is contiguous, else the full one), the
-        host slice, and whether the copy can go straight between them (the host side pinned)."""
+    ) -> tuple[int | None, Any, np.ndarray[Any, Any], bool]:
+        """Both ends of chunk ``index``'s copy of ``label``: its run axis, the chunk buffer trimmed
+        to the chunk, the host slice, and whether the copy can go straight between them (the host
+        side pinned, in rows the copy engines can follow)."""
         response = self.response
         axis = response.chunk_axes[label]
-        full = response.buffer(label, index % self.depth)
-        trimmed = _trim(full, axis, length)
-        device = trimmed if trimmed is full or _contiguous(trimmed) else full
+        trimmed = _trim(response.buffer(label, index % self.depth), axis, length)
         host = hosts[label][response.chunk_slices(index, label)]
-        direct = device is trimmed and self.pinned[label] and bool(host.flags.c_contiguous)
-        return axis, full, device, host, direct
+        direct = self.pinned[label] and geometry(host.shape, host.itemsize, host.strides, trimmed.strides) is not None
+        return axis, trimmed, host, direct
 
     async def _copy_out(self, index: int) -> None:
         response, device, depth, cout = self.response, self.device, self.depth, self.cout
         device.wait_event(cout, self.body_done[index])
-        start, stop = response.chunk_bounds(index)
-        length = stop - start
+        length = _length(response, index)
         unpack: list[tuple[Any, Any]] = []
         for label in self.chunked_out:
-            axis, full, source, host, direct = self._ends(self.outs, label, index, length)
+            _, source, host, direct = self._ends(self.outs, label, index, length)
             if direct:
                 target: Any = host
             else:
-                buffer, used = self._staging(self.slots_out, index, label, full.nbytes)
+                nbytes = response.buffer(label, 0).nbytes
+                buffer, used = self._staging(self.slots_out, index, label, nbytes)
                 if used:  # chunk index - depth's data must be in its host array first
                     await self._settle(up_to=index - depth)
                 target = _view(buffer, source)
-                unpack.append((_trim(target, axis, length), host))
-            device.copy(source, target, cout, tag=("out", index, label))
+                unpack.append((host, target))
+            device.copy_strided(source, target, cout, tag=("out", index, label))
         event = self.out_done[index] = device.record_event(cout)
-        self.pending.append((index, event, unpack))
+        self.landed[index] = stage(unpack, after=event) if unpack else event
 
     async def _settle(self, *, up_to: int = -1, ready_only: bool = False) -> None:
-        """Move staged outputs to their host arrays: those of chunks up to ``up_to`` (waiting
-        for their copies), or with ``ready_only`` those whose copies are done already."""
-        pending = self.pending
-        while pending and (pending[0][0] <= up_to or (ready_only and pending[0][1].query())):
-            _, event, unpack = pending[0]
-            await self.loop.wait(event)
-            for staged, host in unpack:
-                await _host_copy(host, staged)
-            pending.popleft()
+        """Wait until the outputs of chunks up to ``up_to`` are in their host arrays (with
+        ``ready_only``: collect those that are already), raising what a host copy raised."""
+        landed = self.landed
+        for index in sorted(landed):
+            done = landed[index]
+            if index > up_to and not (ready_only and done.query()):
+                break
+            await self.loop.wait(done)
+            del landed[index]
+            if isinstance(done, Staging):
+                done.result()
 
     async def _quiesce(self) -> None:
-        """Wait, shielded from cancellation, until every stream of the walk is idle."""
+        """Wait, shielded from cancellation, until every stream and staging copy of the walk is idle."""
         with anyio.CancelScope(shield=True):
             for stream in (self.cin, self.cout, self.stream):
                 try:
@@ -585,3 +562,6 @@ class _Walk:
                         await anyio.to_thread.run_sync(synchronize)
                     continue
                 await self.loop.wait(event)
+            # host copies still under way write the staging buffers and the host arrays
+            for staged in (*self.packs.values(), *self.landed.values()):
+                await self.loop.wait(staged)

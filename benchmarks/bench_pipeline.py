@@ -347,7 +347,54 @@ async def run_pageable(
     a, p, h = _median(aio[1:]), _median(pinned[1:]), (_median(hand[1:]) if hand else None)
     table.add("pageable, run axis first, 2-D", "x".join(map(str, shape)), chunks, h and h * 1e3, a * 1e3, _ratio(a, h))
     table.add("  (aiocubie's pinned walk of the same)", "", chunks, None, p * 1e3, f"pageable/pinned {a / p:.2f}x")
+    # strided pageable data (the run axis last): packed by host threads into contiguous staging
+    shape_of, axis = LAYOUTS["last, 2-D"]
+    shape = shape_of(data // 4)
+    xs, ys = x.reshape(shape), y.reshape(shape)
+    strided = []
+    for _ in range(repeats + 1):
+        ys.fill(np.nan)
+        strided.append((await aio_chunked(mgr, kit, xs, ys, axis, budget, depth=2))[0])
+        _check(xs, ys, "aiocubie pageable strided")
+    s = _median(strided[1:])
+    table.add(
+        "pageable, run axis last, 2-D", "x".join(map(str, shape)), chunks, None, s * 1e3, f"/pinned first {s / p:.2f}x"
+    )
+    rows.append({"job": "pageable last, 2-D", "hand_s": None, "aiocubie_s": s})
+    one, threaded = _host_bandwidth(x[:length], xp[:length], repeats)
+    table.add(
+        "  (host copy of one chunk, pageable to pinned: the staging threads' limit)",
+        f"{x[:length].nbytes / MIB:.1f} MiB",
+        1,
+        None,
+        None,
+        f"1 thread {one:.1f} GB/s, threaded {threaded:.1f} GB/s",
+    )
+    rows.append(
+        {
+            "job": "host copy of one chunk",
+            "hand_s": None,
+            "aiocubie_s": x[:length].nbytes / threaded / 1e9,
+            "one_thread_gbs": one,
+            "threaded_gbs": threaded,
+        }
+    )
     rows.append({"job": "pageable first, 2-D", "chunks": chunks, "hand_s": h, "aiocubie_s": a, "aiocubie_pinned_s": p})
+
+
+def _host_bandwidth(src: np.ndarray[Any, Any], dst: np.ndarray[Any, Any], repeats: int) -> tuple[float, float]:
+    """GB/s of copying ``src`` into ``dst`` on the host: one thread (numpy), and aiocubie's staging copy."""
+    from aiocubie._backends._staging import host_copy
+
+    rates = []
+    for copy in (np.copyto, host_copy):
+        times = []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            copy(dst, src)
+            times.append(time.perf_counter() - start)
+        rates.append(src.nbytes / _median(times[1:]) / 1e9)
+    return rates[0], rates[1]
 
 
 async def run_stream(

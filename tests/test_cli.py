@@ -203,3 +203,17 @@ def test_history_refuses_an_output_it_cannot_draw_before_reading(tmp_path: Path)
     for out in ("x.txt", "myplot"):
         result = _run("history", str(tmp_path / "missing.json"), "--out", str(tmp_path / out))
         assert result.returncode == 1 and "name a file ending in .html" in result.stderr, result.stderr
+
+
+def test_the_demo_sizes_its_workload_to_the_device() -> None:
+    # on a GPU the budget and the runs grow with the device (chunks large enough for the
+    # overlapped walk to win); the simulator keeps its small sizes; what is given is kept
+    pytest.importorskip("numba")
+    aiocubie.select_backend("simulator")  # before numba.cuda is imported: its CUDA simulator
+    from aiocubie._demo import DEFAULT_BUDGET, DEFAULT_RUNS, GPU_BUDGET, GPU_RUNS, workload_size
+
+    assert workload_size("simulator", 0, None, None) == (DEFAULT_RUNS, DEFAULT_BUDGET)
+    assert workload_size("cuda", 80 << 30, None, None) == (GPU_RUNS, GPU_BUDGET)
+    assert workload_size("cuda", 256 << 20, None, None) == (GPU_RUNS * 64 // 160, 64 << 20)  # a quarter of it
+    assert workload_size("cuda", 80 << 30, 1000, 1 << 20) == (1000, 1 << 20)
+    assert workload_size("cuda", 80 << 30, None, 1 << 20) == (DEFAULT_RUNS, 1 << 20)

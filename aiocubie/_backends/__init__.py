@@ -20,8 +20,9 @@ from ._device import ALLOCATORS, Advice, Device, Event, MemoryInfo
 from ._resource import Block, FailureHandler, LibraryPool, MemoryResource, ResourceAdaptor
 from ._select import BACKENDS, create_backend, device_count, gpu_status, select_backend
 from ._sim import Engines, Faults, SimDevice, SimStream, SimulatorBackend, TimelineEntry
-from ._staging import PinnedPool
+from ._staging import PinnedPool, Staging, stage
 from ._stream import StreamLike
+from ._strided import Geometry, geometry
 
 __all__ = [
     "ALLOCATORS",
@@ -36,6 +37,7 @@ __all__ = [
     "Event",
     "FailureHandler",
     "Faults",
+    "Geometry",
     "LibraryPool",
     "MemoryInfo",
     "MemoryResource",
@@ -44,14 +46,17 @@ __all__ = [
     "ResourceAdaptor",
     "SimDevice",
     "SimulatorBackend",
+    "Staging",
     "StreamLike",
     "TimelineEntry",
     "create_backend",
     "current_cupy_stream",
     "device_count",
+    "geometry",
     "gpu_status",
     "parse_array_type",
     "select_backend",
+    "stage",
 ]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 import contextlib
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 import numpy as np
@@ -18,8 +18,10 @@ import numpy as np
 from .._options import ALLOCATORS, parse_allocator
 from .._requests import MemoryKind
 from ._resource import MemoryResource
-from ._staging import PinnedPool
 from ._stream import StreamLike
+
+if TYPE_CHECKING:  # _staging's threads wait on this module's events: it imports this one
+    from ._staging import PinnedPool
 
 __all__ = ["ALLOCATORS", "Advice", "Device", "Event", "MemoryInfo"]
 
@@ -128,6 +130,8 @@ class Device(abc.ABC):
     @property
     def pinned_pool(self) -> PinnedPool:
         """The device's pool of page-locked staging buffers (made on first use)."""
+        from ._staging import PinnedPool
+
         pool: PinnedPool | None = self.__dict__.get("_pinned_pool")
         if pool is None:
             pool = self.__dict__["_pinned_pool"] = PinnedPool(self._allocate_pinned)
@@ -175,6 +179,24 @@ class Device(abc.ABC):
         ------
         BackendError
             On mismatched shapes or dtypes, non-contiguous arrays, or a failed copy.
+        """
+
+    @abc.abstractmethod
+    def copy_strided(self, src: Any, dst: Any, stream: StreamLike, *, tag: object = None) -> None:
+        """Queue a copy between two views of one shape and dtype that need not be contiguous, on ``stream``.
+
+        The copy engines move them without repacking: rows of contiguous bytes, as one 1-D,
+        2-D or 3-D copy (:func:`~aiocubie._backends._strided.geometry` says which), or one
+        2-D copy a slice where the slices of a side are not whole rows apart. A chunk's slice
+        of a host array whose run axis is not the first, into or out of a chunk buffer
+        trimmed to the chunk's length, is one 2-D copy. ``tag`` as for :meth:`copy`.
+
+        Raises
+        ------
+        BackendError
+            On mismatched shapes or dtypes; views that are not rows of contiguous elements
+            on both sides (reversed, broadcast, more than three levels: copy those through a
+            contiguous array); ``src`` and ``dst`` overlapping in memory; a failed copy.
         """
 
     @abc.abstractmethod

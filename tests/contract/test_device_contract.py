@@ -191,3 +191,112 @@ def test_managed_prefetch_and_advice(contract: Contract) -> None:
             device.prefetch(plain, 0, stream)
         contract.free(plain)
     contract.free(array)
+
+
+# -- strided copies (issue 21): a chunk's slice of a host array, to and from a trimmed chunk buffer --
+
+#: (full host shape, run axis): the run axis first, in the middle, last; 2-D and 3-D
+LAYOUTS = [((13, 6), 0), ((6, 13), 1), ((13, 4, 5), 0), ((4, 13, 5), 1), ((4, 5, 13), 2)]
+
+
+def _chunk(shape: tuple[int, ...], axis: int, start: int, stop: int) -> tuple[slice, ...]:
+    return (slice(None),) * axis + (slice(start, stop),)
+
+
+@pytest.mark.parametrize("host_kind", HOST_SIDE, ids=lambda k: k.value)
+@pytest.mark.parametrize("device_kind", DEVICE_SIDE, ids=lambda k: k.value)
+@pytest.mark.parametrize(("shape", "axis"), LAYOUTS, ids=lambda v: str(v))
+def test_strided_chunks_round_trip(
+    contract: Contract, device_kind: MemoryKind, host_kind: MemoryKind, shape: tuple[int, ...], axis: int
+) -> None:
+    # every chunk of 5 runs (the last one 3) goes host slice -> buffer of 5 trimmed -> another
+    # buffer -> host slice of another array, each copy strided on both sides where the layout is
+    device = contract.device
+    stream = device.create_stream()
+    dtype = np.dtype(np.float32)
+    src = device.host_array(shape, dtype, host_kind)
+    src[...] = rng.standard_normal(shape)
+    dst = device.host_array(shape, dtype, host_kind)
+    dst[...] = np.nan
+    length = 5
+    buffer_shape = tuple(length if a == axis else n for a, n in enumerate(shape))
+    first = contract.alloc(buffer_shape, dtype, device_kind, stream)
+    second = contract.alloc(buffer_shape, dtype, device_kind, stream)
+    for start in range(0, shape[axis], length):
+        stop = min(start + length, shape[axis])
+        part = _chunk(shape, axis, start, stop)
+        trimmed = _chunk(shape, axis, 0, stop - start)
+        device.copy_strided(src[part], first[trimmed], stream, tag=("in", start))
+        device.copy_strided(first[trimmed], second[trimmed], stream)  # device to device
+        device.copy_strided(second[trimmed], dst[part], stream, tag=("out", start))
+        contract.sync(stream)  # the buffers are reused by the next chunk
+    assert dst.tobytes() == src.tobytes()
+    contract.free(first)
+    contract.free(second)
+
+
+@pytest.mark.parametrize("host_kind", HOST_SIDE, ids=lambda k: k.value)
+def test_strided_copies_of_three_levels_and_transposed_views(contract: Contract, host_kind: MemoryKind) -> None:
+    device = contract.device
+    stream = device.create_stream()
+    dtype = np.dtype(np.int32)
+    host = device.host_array((6, 7, 8), dtype, host_kind)
+    host[...] = np.arange(host.size, dtype=dtype).reshape(host.shape)
+    dev = contract.alloc((6, 7, 8), dtype, MemoryKind.DEVICE, stream)
+    device.zero(dev, stream)
+    view = (slice(1, 5), slice(2, 6), slice(1, 7))  # a 3-D copy: slices whole rows apart on both sides
+    device.copy_strided(host[view], dev[view], stream)
+    back = device.host_array((4, 4, 6), dtype, host_kind)
+    device.copy_strided(dev[view], back, stream)
+    expected = np.zeros((6, 7, 8), dtype)
+    expected[view] = host[view]
+    contract.sync(stream)
+    assert back.tobytes() == host[view].tobytes()
+    assert to_numpy(dev).tobytes() == expected.tobytes()
+    # a transposed host view (rows of one slice interleave with the next's): a 2-D copy a slice
+    transposed = host.transpose(1, 0, 2)
+    square = contract.alloc((7, 6, 8), dtype, MemoryKind.DEVICE, stream)
+    device.copy_strided(transposed, square, stream)
+    contract.sync(stream)
+    assert to_numpy(square).tobytes() == np.ascontiguousarray(transposed).tobytes()
+    contract.free(dev)
+    contract.free(square)
+
+
+def test_strided_copies_refuse_what_the_copy_engines_cannot_do(contract: Contract) -> None:
+    device = contract.device
+    stream = device.create_stream()
+    dev = contract.alloc((4, 6), np.float32, MemoryKind.DEVICE, stream)
+    host = np.zeros((4, 6), np.float32)
+    with pytest.raises(BackendError, match="shapes and dtypes"):
+        device.copy_strided(host[:, :3], dev[:, :4], stream)
+    with pytest.raises(BackendError, match="shapes and dtypes"):
+        device.copy_strided(host.astype(np.float64), dev, stream)
+    with pytest.raises(BackendError, match="reversed, broadcast"):
+        device.copy_strided(host[::-1], dev, stream)
+    with pytest.raises(BackendError, match="reversed, broadcast"):
+        device.copy_strided(np.broadcast_to(np.zeros(6, np.float32), (4, 6)), dev, stream)
+    with pytest.raises(BackendError, match="overlap"):
+        device.copy_strided(dev[:, :4], dev[:, 2:], stream)  # a GPU would read what it writes
+    with pytest.raises(BackendError, match="overlap"):
+        device.copy_strided(host[1:3], host[2:4], stream)
+    device.copy_strided(dev[:2], dev[2:], stream)  # two halves of one buffer: apart, fine
+    device.copy_strided(host[:0], dev[:0], stream)  # nothing to copy
+    contract.sync(stream)
+    contract.free(dev)
+
+
+def test_the_simulator_refuses_a_strided_copy_outside_its_memory(contract: Contract) -> None:
+    if contract.backend.name != "simulator":
+        pytest.skip("on a GPU this would corrupt memory: the simulator is where it must fail")
+    device = contract.device
+    stream = device.create_stream()
+    dev = contract.alloc((4, 6), np.float32, MemoryKind.DEVICE, stream)
+    host = np.zeros(24, np.float32)
+    past = np.lib.stride_tricks.as_strided(host[12:], shape=(4, 6), strides=(24, 4))  # 12 floats too far
+    with pytest.raises(BackendError, match="outside its"):
+        device.copy_strided(past, dev, stream)
+    with pytest.raises(BackendError, match="outside its"):
+        device.copy_strided(dev, past, stream)
+    contract.sync(stream)
+    contract.free(dev)

@@ -18,7 +18,7 @@ from .._arrays import ArrayMaker
 from .._resource import Block
 from ._streams import import_cupy
 
-__all__ = ["CupyArrays", "c_strides", "device_pointer", "host_array", "pointer_and_contiguity"]
+__all__ = ["CupyArrays", "c_strides", "device_pointer", "host_array", "pointer_and_contiguity", "pointer_and_strides"]
 
 _HOST_KINDS = (MemoryKind.HOST, MemoryKind.PINNED)
 
@@ -109,3 +109,22 @@ def pointer_and_contiguity(array: Any) -> tuple[int, bool]:
         return int(interface["data"][0]), True
     itemsize = np.dtype(interface["typestr"]).itemsize
     return int(interface["data"][0]), tuple(strides) == c_strides(tuple(interface["shape"]), itemsize)
+
+
+def pointer_and_strides(array: Any) -> tuple[int, tuple[int, ...]]:
+    """The address of any array's first element (a host address for numpy) and its byte strides."""
+    if isinstance(array, np.ndarray):
+        return int(array.ctypes.data), tuple(array.strides)
+    data = getattr(array, "data", None)
+    ptr = getattr(data, "ptr", None)
+    strides = getattr(array, "strides", None)
+    if isinstance(ptr, int) and strides is not None:  # CuPy: no interface dict to build
+        return ptr, tuple(strides)
+    interface = getattr(array, "__cuda_array_interface__", None)
+    if interface is None:
+        raise BackendError(f"cannot copy a {type(array).__name__}: not an array this backend knows")
+    shape = tuple(interface["shape"])
+    found = interface.get("strides")
+    return int(interface["data"][0]), tuple(found) if found is not None else c_strides(
+        shape, np.dtype(interface["typestr"]).itemsize
+    )

@@ -28,7 +28,8 @@ from ..._errors import AllocationError, BackendError, ConfigurationError, Invali
 from ..._requests import MemoryKind
 from .._device import Advice, Device, MemoryInfo
 from .._resource import Block, MemoryResource
-from ._arrays import device_pointer, host_array, pointer_and_contiguity
+from .._strided import Geometry, geometry, refusal
+from ._arrays import device_pointer, host_array, pointer_and_contiguity, pointer_and_strides
 from ._errors import check, map_exceptions, translate
 from ._events import EVENT_OPTIONS, CudaEvent, StreamWaiter
 from ._resources import CupyAsyncResource, CupyResource, DriverResource, HostAllocation
@@ -48,6 +49,11 @@ _SUCCESS = binding.CUresult.CUDA_SUCCESS
 # numba's default for copies) stays ordered with the groups' streams.
 _STREAM_OPTIONS = StreamOptions(nonblocking=False)
 _HOST_ALLOC_PINNED = binding.CU_MEMHOSTALLOC_PORTABLE
+# A numpy side of a strided copy is host memory (pinned or not: the driver knows which);
+# any other side is an address of the unified space (device, managed, mapped).
+_HOST_SIDE = binding.CUmemorytype.CU_MEMORYTYPE_HOST
+_UNIFIED_SIDE = binding.CUmemorytype.CU_MEMORYTYPE_UNIFIED
+_MAX_PITCH = binding.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_PITCH
 
 
 def driver_device_count() -> tuple[int, str]:
@@ -323,6 +329,55 @@ class CudaDevice(Device):
             raise BackendError("copies need C-contiguous arrays")
         check(binding.cuMemcpyAsync(dst_ptr, src_ptr, nbytes, stream_handle(stream)), lambda: f"copying {nbytes} bytes")
 
+    def copy_strided(self, src: Any, dst: Any, stream: Any, *, tag: object = None) -> None:
+        """Queue one ``cuMemcpy2DAsync`` (or ``3D``; a ``cuMemcpyAsync`` for one block) on ``stream``.
+
+        Views whose slices are not whole rows apart go as one 2-D copy a slice; pitches above
+        the device's maximum as one copy a row.
+        """
+        if getattr(src, "shape", None) != getattr(dst, "shape", None) or src.dtype != dst.dtype:
+            raise BackendError(
+                f"cannot copy {getattr(src, 'shape', '?')} {getattr(src, 'dtype', '?')} into "
+                f"{getattr(dst, 'shape', '?')} {getattr(dst, 'dtype', '?')}: shapes and dtypes must match"
+            )
+        (src_ptr, src_strides), (dst_ptr, dst_strides) = pointer_and_strides(src), pointer_and_strides(dst)
+        found = geometry(src.shape, src.dtype.itemsize, src_strides, dst_strides)
+        if found is None:
+            raise BackendError(refusal(src.shape))
+        if not found.nbytes:
+            return
+        if src_ptr < dst_ptr + found.extent("dst") and dst_ptr < src_ptr + found.extent("src"):
+            raise BackendError(
+                f"a strided copy's source and target overlap ({found.extent('src')} bytes at {src_ptr:#x}, "
+                f"{found.extent('dst')} at {dst_ptr:#x}): the copy engines would read what they write"
+            )
+        handle = stream_handle(stream)
+        what = lambda: f"copying {found.nbytes} bytes as {found}"  # noqa: E731 - only on failure
+        if found.height == 1 and found.depth == 1:
+            check(binding.cuMemcpyAsync(dst_ptr, src_ptr, found.width, handle), what)
+            return
+        if max(found.src_pitch, found.dst_pitch) > self._max_pitch():
+            for z in range(found.depth):
+                for y in range(found.height):
+                    at_src = src_ptr + z * found.src_slice + y * found.src_pitch
+                    at_dst = dst_ptr + z * found.dst_slice + y * found.dst_pitch
+                    check(binding.cuMemcpyAsync(at_dst, at_src, found.width, handle), what)
+            return
+        src_host, dst_host = isinstance(src, np.ndarray), isinstance(dst, np.ndarray)
+        if found.depth > 1 and found.is_3d("src") and found.is_3d("dst"):
+            check(binding.cuMemcpy3DAsync(_copy_3d(found, src_ptr, src_host, dst_ptr, dst_host), handle), what)
+            return
+        for z in range(found.depth):
+            params = _copy_2d(found, src_ptr + z * found.src_slice, src_host, dst_ptr + z * found.dst_slice, dst_host)
+            check(binding.cuMemcpy2DAsync(params, handle), what)
+
+    def _max_pitch(self) -> int:
+        pitch: int | None = self.__dict__.get("_pitch")
+        if pitch is None:
+            err, value = binding.cuDeviceGetAttribute(_MAX_PITCH, self.device_id)
+            pitch = self.__dict__["_pitch"] = int(value) if err == _SUCCESS else (1 << 31) - 1
+        return pitch
+
     def zero(self, array: Any, stream: Any) -> None:
         """Queue a memset on ``stream`` for device-side arrays; fill host arrays now.
 
@@ -388,6 +443,36 @@ class CudaDevice(Device):
     def close(self) -> None:
         self.reset()
         self._spare_events.clear()
+
+
+def _copy_2d(found: Geometry, src: int, src_host: bool, dst: int, dst_host: bool) -> Any:
+    """The ``CUDA_MEMCPY2D`` of one slice of ``found``, from address ``src`` to ``dst``."""
+    params = binding.CUDA_MEMCPY2D()
+    _sides(params, src, src_host, dst, dst_host)
+    params.srcPitch, params.dstPitch = found.src_pitch, found.dst_pitch
+    params.WidthInBytes, params.Height = found.width, found.height
+    return params
+
+
+def _copy_3d(found: Geometry, src: int, src_host: bool, dst: int, dst_host: bool) -> Any:
+    """The ``CUDA_MEMCPY3D`` of all of ``found``: slices are whole rows apart on both sides."""
+    params = binding.CUDA_MEMCPY3D()
+    _sides(params, src, src_host, dst, dst_host)
+    params.srcPitch, params.dstPitch = found.src_pitch, found.dst_pitch
+    params.srcHeight, params.dstHeight = found.src_slice // found.src_pitch, found.dst_slice // found.dst_pitch
+    params.WidthInBytes, params.Height, params.Depth = found.width, found.height, found.depth
+    return params
+
+
+def _sides(params: Any, src: int, src_host: bool, dst: int, dst_host: bool) -> None:
+    if src_host:
+        params.srcMemoryType, params.srcHost = _HOST_SIDE, src
+    else:
+        params.srcMemoryType, params.srcDevice = _UNIFIED_SIDE, src
+    if dst_host:
+        params.dstMemoryType, params.dstHost = _HOST_SIDE, dst
+    else:
+        params.dstMemoryType, params.dstDevice = _UNIFIED_SIDE, dst
 
 
 def _location(device: int | None) -> Any:

@@ -18,11 +18,13 @@ from typing import Any
 
 import attrs
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from ..._errors import BackendError, ConfigurationError, InvalidRequestError, UnknownAllocatorError, shown
 from ..._requests import MemoryKind, check_device
 from .._device import Advice, Device, Event, MemoryInfo
 from .._resource import MemoryResource
+from .._strided import geometry, refusal
 from ._arrays import host_data
 from ._faults import Faults, count, real
 from ._memory import SimFaults, SimMemory, SimPool, SimShared, SimState, check_live, host_memory
@@ -242,6 +244,52 @@ class SimDevice(Device):
         stream.enqueue(run)
 
     def copy(self, src: Any, dst: Any, stream: SimStream, *, tag: object = None) -> None:  # type: ignore[override]
+        source, target = src, dst
+        src, dst = self._ends(src, dst)
+        if not (src.flags.c_contiguous and dst.flags.c_contiguous):  # as on a GPU: one block each
+            raise BackendError(
+                f"cannot copy between a {'non-' * (not src.flags.c_contiguous)}contiguous source and a "
+                f"{'non-' * (not dst.flags.c_contiguous)}contiguous target of shape {dst.shape}: "
+                "copy through np.ascontiguousarray (walk_chunks does), or use copy_strided"
+            )
+        if self.faults.check("copy"):
+            raise BackendError(f"injected fault: copying {src.nbytes} bytes on {stream}")
+        self._queue_copy(source, target, stream, src.nbytes, lambda: np.copyto(dst, src), tag)
+
+    def copy_strided(self, src: Any, dst: Any, stream: SimStream, *, tag: object = None) -> None:  # type: ignore[override]
+        """As on a GPU: the copy moves exactly the rows of its geometry, read from and written to
+        raw memory; a geometry that would step outside either array's memory, or sides that
+        overlap, fail here instead of corrupting it."""
+        source, target = src, dst
+        src, dst = self._ends(src, dst)
+        found = geometry(src.shape, src.itemsize, src.strides, dst.strides)
+        if found is None:
+            raise BackendError(refusal(src.shape))
+        if not found.nbytes:
+            return
+        at = {}
+        for data, side in ((src, "src"), (dst, "dst")):
+            at[side] = start = data.ctypes.data
+            low, high = _memory_bounds(data)
+            if not low <= start <= start + found.extent(side) <= high:
+                raise BackendError(
+                    f"a strided copy's {side} ({found}) would reach outside its {high - low} bytes of memory"
+                )
+        if at["src"] < at["dst"] + found.extent("dst") and at["dst"] < at["src"] + found.extent("src"):
+            raise BackendError(
+                f"a strided copy's source and target overlap ({found.extent('src')} bytes at {at['src']:#x}, "
+                f"{found.extent('dst')} at {at['dst']:#x}): the copy engines would read what they write"
+            )
+        if self.faults.check("copy"):
+            raise BackendError(f"injected fault: copying {found.nbytes} bytes on {stream}")
+        rows = (found.depth, found.height, found.width // src.itemsize)
+        from_rows = as_strided(src, rows, (found.src_slice, found.src_pitch, src.itemsize))
+        to_rows = as_strided(dst, rows, (found.dst_slice, found.dst_pitch, dst.itemsize))
+        self._queue_copy(source, target, stream, found.nbytes, lambda: np.copyto(to_rows, from_rows), tag)
+
+    @staticmethod
+    def _ends(src: Any, dst: Any) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """The numpy memory of both ends of a copy, checked: same shape and dtype, live, writable target."""
         if getattr(src, "shape", None) != getattr(dst, "shape", None) or getattr(src, "dtype", None) != getattr(
             dst, "dtype", None
         ):
@@ -249,7 +297,6 @@ class SimDevice(Device):
                 f"cannot copy {getattr(src, 'shape', '?')} {getattr(src, 'dtype', '?')} into "
                 f"{getattr(dst, 'shape', '?')} {getattr(dst, 'dtype', '?')}: shapes and dtypes must match"
             )
-        source, target = src, dst
         try:
             src, dst = host_data(src), host_data(dst)
         except TypeError as exc:
@@ -258,22 +305,20 @@ class SimDevice(Device):
         check_live(dst)
         if not dst.flags.writeable:
             raise BackendError(f"cannot copy into a read-only {dst.shape} array: pass a writable one")
-        if not (src.flags.c_contiguous and dst.flags.c_contiguous):  # as on a GPU: one block each
-            raise BackendError(
-                f"cannot copy between a {'non-' * (not src.flags.c_contiguous)}contiguous source and a "
-                f"{'non-' * (not dst.flags.c_contiguous)}contiguous target of shape {dst.shape}: "
-                "copy through np.ascontiguousarray (walk_chunks does)"
-            )
-        if self.faults.check("copy"):
-            raise BackendError(f"injected fault: copying {src.nbytes} bytes on {stream}")
+        return src, dst
+
+    def _queue_copy(
+        self, source: Any, target: Any, stream: SimStream, nbytes: int, move: Callable[[], None], tag: object
+    ) -> None:
+        """Queue ``move`` on ``stream``, on the copy engine of its direction (host arrays are numpy's)."""
         src_host, dst_host = isinstance(source, np.ndarray), isinstance(target, np.ndarray)
         direction = "h2d" if src_host and not dst_host else "d2h" if dst_host and not src_host else None
+        if direction is None:  # device to device or host to host: the stream's own engine
+            stream.enqueue(move)
+            return
         engines = self.engines
         bandwidth = engines.h2d_bandwidth if direction == "h2d" else engines.d2h_bandwidth
-        cost = engines.copy_latency + src.nbytes / bandwidth if direction else 0.0
-        if direction is None:  # device to device or host to host: the stream's own engine
-            stream.enqueue(lambda: np.copyto(dst, src))
-            return
+        cost = engines.copy_latency + nbytes / bandwidth
         lock, timeline = self._copy_engines[direction], self.timeline
 
         def run() -> None:
@@ -281,7 +326,7 @@ class SimDevice(Device):
                 start = time.perf_counter()
                 if cost:
                     time.sleep(cost)
-                np.copyto(dst, src)
+                move()
                 end = time.perf_counter()
             timeline.append(TimelineEntry(direction, "copy", start, end, tag))
 
@@ -317,3 +362,17 @@ class SimDevice(Device):
         for stream in list(self._streams):
             stream.close()
         self._streams.clear()
+
+
+def _memory_bounds(data: np.ndarray[Any, Any]) -> tuple[int, int]:
+    """The addresses of the whole memory ``data`` views: its first numpy owner's bytes (a
+    block, a pinned buffer, a leased pool buffer, a user's array)."""
+    while True:
+        base = data.base
+        if base is not None and not isinstance(base, np.ndarray):  # as_strided's, a pool lease's owner
+            base = getattr(base, "base", None)
+        if not isinstance(base, np.ndarray):
+            break
+        data = base
+    low = int(data.ctypes.data)
+    return low, low + int(data.nbytes)
