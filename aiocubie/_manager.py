@@ -512,7 +512,7 @@ class MemoryManager:
 
     # -- requests --------------------------------------------------------------------------
     def request(
-        self, instance: object, requests: Mapping[str, ArrayRequest], *, replace: bool = False
+        self, instance: object, requests: Mapping[str, ArrayRequest], *, replace: bool = False, ordered: bool = False
     ) -> PendingRequest:
         """Ask for arrays: ``await`` the result, or ``async with`` it to free them on exit.
 
@@ -530,6 +530,12 @@ class MemoryManager:
             :meth:`free` ``(label, instance)`` frees them), so the batch is planned with their
             memory back, and each label then names one array. Off (the default), earlier
             arrays of a label are kept until released.
+        ordered : bool
+            Resolve as soon as the arrays are allocated, ordered on the group's stream, instead
+            of when the device reaches the allocation's event (the default): the request does not
+            wait behind earlier work on that stream. Work queued on ``response.stream`` runs after
+            the allocation; work on another stream must wait for ``response.ready`` first
+            (:func:`walk_chunks` does). Ready hooks are still called when the event completes.
 
         Returns
         -------
@@ -547,11 +553,17 @@ class MemoryManager:
         """
         checked = check_requests(requests)
         return PendingRequest(
-            self._serve, self.release, instance, self._member(instance), checked, _flag("replace", replace)
+            self._serve,
+            self.release,
+            instance,
+            self._member(instance),
+            checked,
+            _flag("replace", replace),
+            _flag("ordered", ordered),
         )
 
     def _serve(
-        self, instance: object, member: Member, requests: RequestSet, replace: bool = False
+        self, instance: object, member: Member, requests: RequestSet, replace: bool = False, ordered: bool = False
     ) -> Awaitable[ArrayResponse]:
         """What PendingRequest awaits: the request submitted and waited for (no coroutine of its own:
         one level less on the hot path)."""
@@ -563,7 +575,7 @@ class MemoryManager:
             member = self._registry.member(instance)
         if replace:
             self._replace(member, requests)
-        return self._groups.serve(member, requests, loop)
+        return self._groups.serve(member, requests, loop, ordered)
 
     @staticmethod
     def _not_serving(loop: Loop | None, *, closed: bool = False) -> ManagerStateError:

@@ -521,16 +521,23 @@ class GroupScheduler:
             batch, responses = [t for t, _ in kept], [r for _, r in kept]
         now = time.perf_counter()
         chunks = plan.chunks
+        waiting = False  # a ticket resolves on the event (not stream-ordered)
         for ticket, response in zip(batch, responses):
             ticket.allocate(response)
             waited = now - ticket.enqueued
             for counters in ticket.counters:
                 counters.queue_wait.append(waited)
+            if ticket.ordered:  # usable by work queued on the stream from now on
+                ticket.ready()
+            else:
+                waiting = True
         counted = batch[0].counters if len(batch) == 1 else {id(c): c for t in batch for c in t.counters}.values()
         for counters in counted:
             counters.batches += 1
             counters.chunks += chunks
         try:
+            if not waiting and not self.group.hooks:  # nothing to resolve or call on the event
+                return True
             if not self._inflight and event.query():  # done already, nothing before it: resolve now
                 self._finish(batch, plan, stream, now)
                 return True

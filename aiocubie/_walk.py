@@ -93,14 +93,20 @@ async def walk_chunks(
     slice of the host array. Unchunkable inputs are copied once before the first chunk and
     unchunkable outputs once after the last.
 
-    At depth 1 (the serial walk) copies run on the response's stream and are awaited, so the
-    body may even read the device arrays from the host. At depth ``d > 1`` the walk
-    overlaps: chunk ``i`` uses chunk buffer ``i % d`` of each array, the inputs of the next
-    ``d - 1`` chunks copy in and the outputs of earlier chunks copy out on copy streams while
-    the body's work for chunk ``i`` runs. The body must then queue its work on
-    ``chunk.stream`` (the group's stream) and not wait for it: the walk orders the copies
-    after it with events. Pinned host arrays are copied directly; pageable ones pass through
-    page-locked buffers of the device's pinned pool.
+    At depth 1 (the serial walk) copies are awaited, so the body may even read the device
+    arrays from the host. At depth ``d > 1`` the walk overlaps: chunk ``i`` uses chunk
+    buffer ``i % d`` of each array, the inputs of the next ``d - 1`` chunks copy in and the
+    outputs of earlier chunks copy out on copy streams while the body's work for chunk ``i``
+    runs. The body must then queue its work on ``chunk.stream`` (the group's stream) and not
+    wait for it: the walk orders the copies after it with events, and the host waits only
+    where it must (an output landed, or a buffer ``d`` chunks back free again). Pinned host
+    arrays are copied directly; pageable ones pass through page-locked buffers of the
+    device's pinned pool.
+
+    A batch of one chunk is copied on the group's stream itself, in order with the body's
+    work: a loader that walks batch after batch with ``depth=2`` (or more) queues each
+    batch's copy in, work and copy out behind the last one's, and waits only for its outputs
+    (see "A batch stream" in the README).
 
     Parameters
     ----------
@@ -113,6 +119,7 @@ async def walk_chunks(
     depth : int, optional
         Chunk buffers to rotate through (1: serial). Default: as many as every chunked input
         and output has in ``response`` (see :func:`walk_requests`), capped at the chunk count.
+        Asked for explicitly above 1, the walk overlaps even a batch of one chunk.
 
     Yields
     ------
@@ -169,9 +176,10 @@ async def walk_chunks(
         )
     ins = _check(response, {} if inputs is None else inputs, "inputs")
     outs = _check(response, {} if outputs is None else outputs, "outputs")
-    depth = _depth(response, ins, outs, depth)
+    rotation = _depth(response, ins, outs, depth)
+    overlap = rotation > 1 or (depth is not None and depth > 1)  # asked to overlap, even one chunk
     # closed with this generator, so that its cleanup runs when this one is closed
-    async with contextlib.aclosing(_Walk(response, ins, outs, depth).walk()) as chunks:
+    async with contextlib.aclosing(_Walk(response, ins, outs, rotation, overlap).walk()) as chunks:
         async for chunk in chunks:
             yield chunk
 
@@ -395,12 +403,14 @@ class _Walk:
         ins: dict[str, np.ndarray[Any, Any]],
         outs: dict[str, np.ndarray[Any, Any]],
         depth: int,
+        overlap: bool,
     ) -> None:
-        self.response, self.depth = response, depth
+        self.response, self.depth, self.overlap = response, depth, overlap
         self.device = device = response.device
         self.ins, self.outs = ins, outs
-        self.stream = response.stream
-        self.cin, self.cout = _copy_streams_of(device, self.stream)
+        self.stream = stream = response.stream
+        # one chunk: nothing of the walk's own to overlap; its copies queue on the group's stream
+        self.cin, self.cout = (stream, stream) if response.chunks == 1 else _copy_streams_of(device, stream)
         axes = response.chunk_axes
         self.chunked_in = [label for label in ins if axes[label] is not None]
         self.chunked_out = [label for label in outs if axes[label] is not None]
@@ -424,6 +434,9 @@ class _Walk:
         finished = False
         try:
             self._check_live()
+            ready = response.ready  # the allocation: a copy stream waits for it (an ordered request)
+            if ready is not None and self.cin is not self.stream and not ready.query():
+                device.wait_event(self.cin, ready)
             if whole_in:
                 await self._copy_whole(
                     [np.ascontiguousarray(self.ins[label]) for label in whole_in],
@@ -435,9 +448,10 @@ class _Walk:
                 while issued < min(response.chunks, index + depth):
                     await self._copy_in(issued)
                     issued += 1
-                if depth == 1:  # serial: the data is on the device when the body runs
+                if not self.overlap:  # serial: the data is on the device when the body runs
                     await self.loop.wait(self.in_done[index])
-                device.wait_event(self.stream, self.in_done[index])
+                if self.cin is not self.stream:
+                    device.wait_event(self.stream, self.in_done[index])
                 if index >= depth:
                     if self.chunked_out:
                         device.wait_event(self.stream, self.out_done[index - depth])
@@ -448,9 +462,10 @@ class _Walk:
                 await self._settle(ready_only=True)
                 yield self._chunk(index)
                 self._check_live()
-                self.body_done[index] = device.record_event(self.stream)
+                if self.cout is not self.stream:
+                    self.body_done[index] = device.record_event(self.stream)
                 await self._copy_out(index)
-                if depth == 1:
+                if not self.overlap:
                     await self._settle(up_to=index)
                 for events in (self.in_done, self.body_done, self.out_done):
                     events.pop(index - depth - 1, None)
@@ -523,7 +538,8 @@ class _Walk:
                 source = _view(buffer, target)
                 await _host_copy(_trim(source, axis, length), host)
             device.copy(source, target, cin, tag=("in", index, label))
-        self.in_done[index] = device.record_event(cin)
+        if cin is not self.stream or not self.overlap:  # else nothing waits for it
+            self.in_done[index] = device.record_event(cin)
 
     def _ends(
         self, hosts: dict[str, np.ndarray[Any, Any]], label: str, index: int, length: int
@@ -542,7 +558,8 @@ class _Walk:
 
     async def _copy_out(self, index: int) -> None:
         response, device, depth, cout = self.response, self.device, self.depth, self.cout
-        device.wait_event(cout, self.body_done[index])
+        if cout is not self.stream:
+            device.wait_event(cout, self.body_done[index])
         start, stop = response.chunk_bounds(index)
         length = stop - start
         unpack: list[tuple[Any, Any]] = []

@@ -253,22 +253,36 @@ async def aio_chunked(
 
 
 async def aio_stream(
-    mgr: MemoryManager, kit: Any, xs: list[Any], ys: list[Any], budget: int, tasks: int, groups: int
+    mgr: MemoryManager,
+    kit: Any,
+    xs: list[Any],
+    ys: list[Any],
+    budget: int,
+    tasks: int,
+    groups: int,
+    *,
+    depth: int = 2,
+    ordered: bool = True,
 ) -> float:
-    """Seconds for ``len(xs)`` batches, ``tasks`` tasks each walking its share one batch at a time."""
+    """Seconds for ``len(xs)`` batches, ``tasks`` tasks each walking its share one batch at a time.
+
+    The loader the README shows: requests built once; each batch requested ``ordered`` (ready
+    once allocated, in stream order) and walked at ``depth`` 2, so the host waits only for
+    its outputs (``depth=1, ordered=False``: the serial walk of a request awaited on its event).
+    """
     owners = [_Owner() for _ in range(tasks)]
     total = mgr.memory_info().total
     for i, owner in enumerate(owners):
         mgr.register(owner, proportion=budget / total / tasks, stream_group=f"g{i % groups}")
     requests = walk_requests(
-        {"x": ArrayRequest.like(xs[0], chunk_axis=0), "y": ArrayRequest.like(ys[0], chunk_axis=0)}, 1
+        {"x": ArrayRequest.like(xs[0], chunk_axis=0), "y": ArrayRequest.like(ys[0], chunk_axis=0)}, depth
     )
 
     async def worker(i: int) -> None:
         owner = owners[i]
         for b in range(i, len(xs), tasks):
-            async with mgr.request(owner, requests) as response:
-                async for chunk in walk_chunks(response, inputs={"x": xs[b]}, outputs={"y": ys[b]}, depth=1):
+            async with mgr.request(owner, requests, ordered=ordered) as response:
+                async for chunk in walk_chunks(response, inputs={"x": xs[b]}, outputs={"y": ys[b]}, depth=depth):
                     kit.kernel(chunk.stream, chunk.device["x"], chunk.device["y"])
 
     try:
