@@ -9,12 +9,13 @@ It owns no budget, ledger or stream (the registry makes those) and never reaches
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Generator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ._accounting import DeviceAccount
-from ._completion import Loop
+from ._completion import SPIN, Loop
 from ._errors import AiocubieError, InsufficientMemoryError, ManagerStateError, ReleasedError
 from ._ledger import Allocation
 from ._planner import plan_chunks
@@ -179,11 +180,17 @@ class StreamGroups:
         group.counters.requests += 1
         member.counters.requests += 1
         # queued (or served, when it closes a batch at once) in the order requests are awaited
-        self.schedulers[member.group].submit(ticket)
+        scheduler = self.schedulers[member.group]
+        scheduler.submit(ticket)
         try:
             if ticket.done:
                 await loop.checkpoint()  # awaiting a request is a checkpoint, even one served at once
             else:
+                if scheduler.polls(ticket):  # its event may be reached soon: poll it a while
+                    deadline = time.perf_counter() + SPIN
+                    while not ticket.done and time.perf_counter() < deadline:
+                        await loop.checkpoint()
+                        scheduler.poll()
                 await ticket.wait(loop.signal)
         except BaseException:
             self._cancel(ticket)

@@ -24,6 +24,7 @@ import anyio
 import attrs
 
 from ._accounting import DeviceAccount
+from ._backends import Event
 from ._completion import Loop, Signal
 from ._errors import (
     AiocubieError,
@@ -59,6 +60,7 @@ class _Flight:
     plan: ChunkPlan
     stream: Any
     recorded: float
+    event: Event
     done: bool = False  # the device reached the event
 
 
@@ -541,7 +543,7 @@ class GroupScheduler:
             if not self._inflight and event.query():  # done already, nothing before it: resolve now
                 self._finish(batch, plan, stream, now)
                 return True
-            flight = _Flight(batch, plan, stream, now)
+            flight = _Flight(batch, plan, stream, now, event)
             self._inflight.append(flight)
             if event.query():
                 self._completed(flight)
@@ -557,6 +559,22 @@ class GroupScheduler:
                 self._account.release(ticket.response)
             raise
         return True
+
+    def poll(self) -> None:
+        """Resolve the batches in flight whose events are done now (a waiting task polls)."""
+        reached = None
+        for flight in self._inflight:  # events of one stream complete in order
+            if not flight.event.query():
+                break
+            reached = flight
+        if reached is not None:
+            self._completed(reached)
+
+    def polls(self, ticket: Ticket) -> bool:
+        """True if ``ticket`` waits in flight on an event worth polling (a GPU's)."""
+        return ticket.state is State.ALLOCATED and any(
+            flight.event.pollable for flight in self._inflight if ticket in flight.tickets
+        )
 
     def _completed(self, flight: _Flight) -> None:
         """The device reached ``flight``'s event: resolve every completed batch at the head.

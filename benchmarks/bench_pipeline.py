@@ -82,10 +82,10 @@ class SimKit:
     name = "simulator"
     scale = 32  # data 8 MiB instead of 256
 
-    def manager(self, budget: int) -> MemoryManager:
+    def manager(self, budget: int, **options: Any) -> MemoryManager:
         from aiocubie import SimulatorBackend
 
-        return MemoryManager(SimulatorBackend(1 << 30), mode="active", headroom=0.0)
+        return MemoryManager(SimulatorBackend(1 << 30), mode="active", headroom=0.0, **options)
 
     def pinned(self, mgr: MemoryManager, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
         return mgr.create_host_array(shape, np.float32, kind="pinned")
@@ -116,8 +116,8 @@ class CudaKit:
             "aiocubie_bench_burn",
         )
 
-    def manager(self, budget: int) -> MemoryManager:
-        return MemoryManager("cuda", mode="active", headroom=0.0)
+    def manager(self, budget: int, **options: Any) -> MemoryManager:
+        return MemoryManager("cuda", mode="active", headroom=0.0, **options)
 
     def pinned(self, mgr: MemoryManager | None, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
         return self.cpx.empty_pinned(shape, np.float32)
@@ -377,18 +377,26 @@ async def run_stream(
     budget = 4 * batch * 4  # each batch (x and y) fits, four at once too
     if gpu:
         kit.calibrate(batch)
-    cases = [
-        ("one at a time", 1, 1, False),
-        ("4 tasks, one group", 4, 1, True),
-        ("4 tasks, a group each", 4, 4, True),
+    # label, tasks, groups, hand-written baseline queued, aiocubie's loader (see aio_stream), batch window
+    serial = {"depth": 1, "ordered": False}
+    cases: list[tuple[str, int, int, bool, dict[str, Any], float | None]] = [
+        ("one at a time", 1, 1, False, {}, None),
+        ("one at a time, serial walk of an awaited request", 1, 1, False, serial, None),
+        ("4 tasks, one group", 4, 1, True, {}, None),
+        ("4 tasks, one group, batch_window=0", 4, 1, True, {}, 0.0),
+        ("4 tasks, a group each", 4, 4, True, {}, None),
+        ("4 tasks, a group each, serial walks of awaited requests", 4, 4, True, serial, None),
     ]
-    for label, tasks, groups, queued in cases:
+    for label, tasks, groups, queued, loader, window in cases:
         aio, cpu, hand = [], [], []
+        manager = kit.manager(budget, batch_window=window) if window is not None else None
+        if manager is not None:
+            await manager.__aenter__()
         for _ in range(repeats + 1):
             for y in ys:
                 y.fill(np.nan)
             cpu0 = time.process_time()
-            aio.append(await aio_stream(mgr, kit, xs, ys, budget, tasks, groups))
+            aio.append(await aio_stream(manager or mgr, kit, xs, ys, budget, tasks, groups, **loader))
             cpu.append(time.process_time() - cpu0)
             for x, y in zip(xs, ys):
                 _check(x, y, f"aiocubie stream {label}")
@@ -398,6 +406,8 @@ async def run_stream(
                 hand.append(kit.hand_stream(xs, ys, queued=queued))
                 for x, y in zip(xs, ys):
                     _check(x, y, f"hand-written stream {label}")
+        if manager is not None:
+            await manager.aclose()
         a, h = _median(aio[1:]), (_median(hand[1:]) if hand else None)
         host_us = _median(cpu[1:]) / batches * 1e6
         base = "queued, an event a batch" if queued else "synchronize after each"

@@ -200,3 +200,26 @@ async def test_a_wait_polls_a_pollable_event_and_is_cancellable_while_it_polls(
     with anyio.fail_after(5):
         await loop.wait(event, spin=10.0)  # done long before the spin would end
     assert event.query()
+
+
+@pytest.mark.anyio
+async def test_a_request_on_a_pollable_event_polls_it_then_sleeps_until_it_completes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(SimEvent, "pollable", True)
+    sim = SimulatorBackend(1 << 24)
+    async with MemoryManager(sim) as mgr:
+        owner = object()
+        mgr.register(owner)
+        gate = _gate(sim, mgr.get_stream(owner))
+        with anyio.move_on_after(0.05) as scope:  # polls, then sleeps on the callback: cancelled
+            await mgr.request(owner, _requests())
+        assert scope.cancelled_caught
+        gate.set()
+        with anyio.fail_after(5):
+            responses = [await mgr.request(owner, _requests()) for _ in range(20)]  # polled or woken
+        assert all(r.ready.query() for r in responses)
+        assert mgr.stats().groups["default"].cancellations == 1
+        for response in responses:
+            mgr.release(response)
+    assert sim.used == 0
