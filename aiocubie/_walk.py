@@ -85,6 +85,7 @@ async def walk_chunks(
     inputs: Mapping[str, np.ndarray[Any, Any]] | None = None,
     outputs: Mapping[str, np.ndarray[Any, Any]] | None = None,
     depth: int | None = None,
+    overlap: bool | None = None,
 ) -> AsyncIterator[Chunk]:
     """Yield the chunks of ``response`` with their data in place.
 
@@ -104,9 +105,9 @@ async def walk_chunks(
     device's pinned pool.
 
     A batch of one chunk is copied on the group's stream itself, in order with the body's
-    work: a loader that walks batch after batch with ``depth=2`` (or more) queues each
-    batch's copy in, work and copy out behind the last one's, and waits only for its outputs
-    (see "A batch stream" in the README).
+    work. Walked with ``overlap=True`` it is not awaited before the body: a loader that walks
+    batch after batch so queues each batch's copy in, work and copy out behind the last
+    one's, and waits only for its outputs (see "A batch stream" in the README).
 
     Parameters
     ----------
@@ -119,7 +120,12 @@ async def walk_chunks(
     depth : int, optional
         Chunk buffers to rotate through (1: serial). Default: as many as every chunked input
         and output has in ``response`` (see :func:`walk_requests`), capped at the chunk count.
-        Asked for explicitly above 1, the walk overlaps even a batch of one chunk.
+    overlap : bool, optional
+        Whether the body queues its work on ``chunk.stream`` without reading the device
+        arrays on the host, so the walk need not wait for a chunk's copy in (the overlapped
+        walk's contract). Default: at a depth above 1. True overlaps at any depth, a batch of
+        one chunk too (the host then waits only for outputs, and at depth 1 for the last
+        chunk's work before its buffers take the next chunk); False is the serial walk.
 
     Yields
     ------
@@ -133,7 +139,8 @@ async def walk_chunks(
         ``outputs`` is not a mapping, a label is not in ``response.arrays``, a host array's
         shape or dtype does not match the full array requested, or an output is not a
         writable numpy array.
-        Also if ``depth`` is more than a chunked input or output has buffers.
+        Also if ``depth`` is more than a chunked input or output has buffers, or ``overlap``
+        is not a bool or None.
     BackendError
         If a copy fails (all copies in flight are waited for first).
     ReleasedError
@@ -177,7 +184,10 @@ async def walk_chunks(
     ins = _check(response, {} if inputs is None else inputs, "inputs")
     outs = _check(response, {} if outputs is None else outputs, "outputs")
     rotation = _depth(response, ins, outs, depth)
-    overlap = rotation > 1 or (depth is not None and depth > 1)  # asked to overlap, even one chunk
+    if overlap is None:
+        overlap = rotation > 1
+    elif not isinstance(overlap, bool):
+        raise InvalidRequestError(f"overlap must be True, False or None (by depth), got {shown(overlap)}")
     # closed with this generator, so that its cleanup runs when this one is closed
     async with contextlib.aclosing(_Walk(response, ins, outs, rotation, overlap).walk()) as chunks:
         async for chunk in chunks:

@@ -267,8 +267,9 @@ async def aio_stream(
     """Seconds for ``len(xs)`` batches, ``tasks`` tasks each walking its share one batch at a time.
 
     The loader the README shows: requests built once; each batch requested ``ordered`` (ready
-    once allocated, in stream order) and walked at ``depth`` 2, so the host waits only for
-    its outputs (``depth=1, ordered=False``: the serial walk of a request awaited on its event).
+    once allocated, in stream order) and walked overlapped at ``depth`` 2, so the host waits
+    only for its outputs (``depth=1, ordered=False``: the serial walk of a request awaited on
+    its event).
     """
     owners = [_Owner() for _ in range(tasks)]
     total = mgr.memory_info().total
@@ -282,7 +283,9 @@ async def aio_stream(
         owner = owners[i]
         for b in range(i, len(xs), tasks):
             async with mgr.request(owner, requests, ordered=ordered) as response:
-                async for chunk in walk_chunks(response, inputs={"x": xs[b]}, outputs={"y": ys[b]}, depth=depth):
+                async for chunk in walk_chunks(
+                    response, inputs={"x": xs[b]}, outputs={"y": ys[b]}, depth=depth, overlap=depth > 1
+                ):
                     kit.kernel(chunk.stream, chunk.device["x"], chunk.device["y"])
 
     try:

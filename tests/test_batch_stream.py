@@ -66,7 +66,7 @@ async def test_an_ordered_request_resolves_before_its_event_and_the_hook_waits_f
 
 
 @pytest.mark.anyio
-async def test_a_one_chunk_walk_asked_to_overlap_queues_behind_the_stream_and_waits_for_its_outputs() -> None:
+async def test_a_one_chunk_walk_with_overlap_queues_behind_the_stream_and_waits_for_its_outputs() -> None:
     sim = SimulatorBackend(1 << 24)
     x = np.arange(np.prod(SHAPE), dtype=np.float32).reshape(SHAPE)
     y = np.zeros_like(x)
@@ -78,7 +78,7 @@ async def test_a_one_chunk_walk_asked_to_overlap_queues_behind_the_stream_and_wa
         with anyio.fail_after(10):
             async with mgr.request(owner, _requests(), ordered=True) as response:
                 assert response.chunks == 1
-                async for chunk in walk_chunks(response, inputs={"x": x}, outputs={"y": y}, depth=2):
+                async for chunk in walk_chunks(response, inputs={"x": x}, outputs={"y": y}, overlap=True):
                     # reached with the stream still held: the walk did not wait for the copy in
                     entered.append(gate.is_set())
                     assert chunk.stream is response.stream
@@ -90,7 +90,8 @@ async def test_a_one_chunk_walk_asked_to_overlap_queues_behind_the_stream_and_wa
 
 
 @pytest.mark.anyio
-async def test_the_serial_walk_of_one_chunk_still_waits_for_its_copy_in() -> None:
+@pytest.mark.parametrize("depth", [1, 2])
+async def test_the_walk_of_one_chunk_without_overlap_still_waits_for_its_copy_in(depth: int) -> None:
     sim = SimulatorBackend(1 << 24)
     x = np.ones(SHAPE, np.float32)
     y = np.zeros_like(x)
@@ -100,8 +101,8 @@ async def test_the_serial_walk_of_one_chunk_still_waits_for_its_copy_in() -> Non
         entered = anyio.Event()
 
         async def walk() -> None:
-            async with mgr.request(owner, _requests(1), ordered=True) as response:
-                async for chunk in walk_chunks(response, inputs={"x": x}, outputs={"y": y}):
+            async with mgr.request(owner, _requests(depth), ordered=True) as response:
+                async for chunk in walk_chunks(response, inputs={"x": x}, outputs={"y": y}, depth=depth):
                     entered.set()
                     np.testing.assert_array_equal(host_data(chunk.device["x"]), x)  # on the device already
                     _kernel(sim, chunk)
@@ -129,7 +130,7 @@ async def _loader(
     async def worker(i: int) -> None:
         for b in range(i, len(xs), k):
             async with mgr.request(owners[i], requests, ordered=True) as response:
-                async for chunk in walk_chunks(response, inputs={"x": xs[b]}, outputs={"y": ys[b]}, depth=2):
+                async for chunk in walk_chunks(response, inputs={"x": xs[b]}, outputs={"y": ys[b]}, overlap=True):
                     _kernel(sim, chunk)
 
     async with anyio.create_task_group() as tg:
@@ -223,3 +224,38 @@ async def test_a_request_on_a_pollable_event_polls_it_then_sleeps_until_it_compl
         for response in responses:
             mgr.release(response)
     assert sim.used == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("in_place", [False, True])
+async def test_a_chunked_walk_with_overlap_at_depth_1_gets_every_output(in_place: bool) -> None:
+    sim = SimulatorBackend(1 << 24, latency=1e-4)
+    runs = 40
+    x = np.arange(runs * 16, dtype=np.float32).reshape(runs, 16)
+    y = x.copy() if in_place else np.zeros_like(x)
+    requests = {"x": ArrayRequest.like(x)} if in_place else {"x": ArrayRequest.like(x), "y": ArrayRequest.like(y)}
+    async with MemoryManager(sim, mode="active", headroom=0.0) as mgr:
+        owner = object()
+        mgr.register(owner, proportion=(x.nbytes // 4) / sim.total)  # 4 chunks or more
+        async with mgr.request(owner, requests) as response:
+            assert response.chunks > 2
+            outputs = {"x": y} if in_place else {"y": y}
+            async for chunk in walk_chunks(response, inputs={"x": y if in_place else x}, outputs=outputs, overlap=True):
+                dx = host_data(chunk.device["x"])
+                dy = dx if in_place else host_data(chunk.device["y"])
+                sim.launch(chunk.stream, lambda dx=dx, dy=dy: np.multiply(dx, 2, out=dy))
+    np.testing.assert_array_equal(y, 2 * x)
+    assert sim.used == 0
+
+
+@pytest.mark.anyio
+async def test_overlap_must_be_a_bool_or_none() -> None:
+    from aiocubie import InvalidRequestError
+
+    async with MemoryManager(SimulatorBackend(1 << 20)) as mgr:
+        owner = object()
+        mgr.register(owner)
+        async with mgr.request(owner, _requests()) as response:
+            with pytest.raises(InvalidRequestError, match="overlap must be True, False or None"):
+                async for _ in walk_chunks(response, overlap="yes"):  # type: ignore[arg-type]
+                    pass
