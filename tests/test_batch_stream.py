@@ -8,7 +8,11 @@ no assertion depends on timing.
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -259,3 +263,15 @@ async def test_overlap_must_be_a_bool_or_none() -> None:
             with pytest.raises(InvalidRequestError, match="overlap must be True, False or None"):
                 async for _ in walk_chunks(response, overlap="yes"):  # type: ignore[arg-type]
                     pass
+
+
+def test_the_readme_batch_stream_snippet_runs_as_written(tmp_path: Path) -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme[readme.index("**A batch stream.**") :]
+    start = section.index("```python\n") + len("```python\n")
+    (tmp_path / "snippet.py").write_text(section[start : section.index("\n```", start)])
+    result = subprocess.run(
+        [sys.executable, str(tmp_path / "snippet.py")], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"32 batches, 4 in flight, y == 2x: True", result.stdout), result.stdout
