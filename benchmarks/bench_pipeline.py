@@ -263,13 +263,14 @@ async def aio_stream(
     *,
     depth: int = 2,
     ordered: bool = True,
+    keep: bool = False,
 ) -> float:
     """Seconds for ``len(xs)`` batches, ``tasks`` tasks each walking its share one batch at a time.
 
     The loader the README shows: requests built once; each batch requested ``ordered`` (ready
     once allocated, in stream order) and walked overlapped at ``depth`` 2, so the host waits
     only for its outputs (``depth=1, ordered=False``: the serial walk of a request awaited on
-    its event).
+    its event). ``keep``: each task requests once and walks every batch through the same buffers.
     """
     owners = [_Owner() for _ in range(tasks)]
     total = mgr.memory_info().total
@@ -279,14 +280,22 @@ async def aio_stream(
         {"x": ArrayRequest.like(xs[0], chunk_axis=0), "y": ArrayRequest.like(ys[0], chunk_axis=0)}, depth
     )
 
+    async def walk(response: Any, b: int) -> None:
+        async for chunk in walk_chunks(
+            response, inputs={"x": xs[b]}, outputs={"y": ys[b]}, depth=depth, overlap=depth > 1
+        ):
+            kit.kernel(chunk.stream, chunk.device["x"], chunk.device["y"])
+
     async def worker(i: int) -> None:
         owner = owners[i]
+        if keep:
+            async with mgr.request(owner, requests, ordered=ordered) as response:
+                for b in range(i, len(xs), tasks):
+                    await walk(response, b)
+            return
         for b in range(i, len(xs), tasks):
             async with mgr.request(owner, requests, ordered=ordered) as response:
-                async for chunk in walk_chunks(
-                    response, inputs={"x": xs[b]}, outputs={"y": ys[b]}, depth=depth, overlap=depth > 1
-                ):
-                    kit.kernel(chunk.stream, chunk.device["x"], chunk.device["y"])
+                await walk(response, b)
 
     try:
         start = time.perf_counter()
@@ -389,6 +398,8 @@ async def run_stream(
         ("4 tasks, one group, batch_window=0", 4, 1, True, {}, 0.0),
         ("4 tasks, a group each", 4, 4, True, {}, None),
         ("4 tasks, a group each, serial walks of awaited requests", 4, 4, True, serial, None),
+        ("one at a time, one response kept (its buffers reused)", 1, 1, False, {"keep": True}, None),
+        ("4 tasks, a group each, a response kept each", 4, 4, True, {"keep": True}, None),
     ]
     for label, tasks, groups, queued, loader, window in cases:
         aio, cpu, hand = [], [], []

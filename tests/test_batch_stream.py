@@ -275,3 +275,21 @@ def test_the_readme_batch_stream_snippet_runs_as_written(tmp_path: Path) -> None
     )
     assert result.returncode == 0, result.stderr
     assert re.search(r"32 batches, 4 in flight, y == 2x: True", result.stdout), result.stdout
+
+
+@pytest.mark.anyio
+async def test_a_loader_may_keep_its_response_and_walk_batch_after_batch_through_its_buffers() -> None:
+    sim = SimulatorBackend(1 << 24, latency=1e-4)
+    xs = [np.full(SHAPE, b, np.float32) for b in range(12)]
+    ys = [np.zeros(SHAPE, np.float32) for _ in xs]
+    async with MemoryManager(sim) as mgr:
+        owner = object()
+        mgr.register(owner)
+        async with mgr.request(owner, _requests(), ordered=True) as response:
+            for x, y in zip(xs, ys):  # each walk returns once its outputs landed: the buffers are free again
+                async for chunk in walk_chunks(response, inputs={"x": x}, outputs={"y": y}, overlap=True):
+                    _kernel(sim, chunk)
+        assert mgr.stats().groups["default"].requests == 1
+    for x, y in zip(xs, ys):
+        np.testing.assert_array_equal(y, 2 * x)
+    assert sim.used == 0
