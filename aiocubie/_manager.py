@@ -535,7 +535,8 @@ class MemoryManager:
             of when the device reaches the allocation's event (the default): the request does not
             wait behind earlier work on that stream. Work queued on ``response.stream`` runs after
             the allocation; work on another stream must wait for ``response.ready`` first
-            (:func:`walk_chunks` does). Ready hooks are still called when the event completes.
+            (:func:`walk_chunks` does). Ready hooks are still called when the event completes
+            (README, "A batch stream").
 
         Returns
         -------
@@ -551,16 +552,8 @@ class MemoryManager:
         PlanningError, AllocationError, ContextResetError, ManagerStateError
             When awaited, if the batch could not be served.
         """
-        checked = check_requests(requests)
-        return PendingRequest(
-            self._serve,
-            self.release,
-            instance,
-            self._member(instance),
-            checked,
-            _flag("replace", replace),
-            _flag("ordered", ordered),
-        )
+        checked, flags = check_requests(requests), (_flag("replace", replace), _flag("ordered", ordered))
+        return PendingRequest(self._serve, self.release, instance, self._member(instance), checked, *flags)
 
     def _serve(
         self, instance: object, member: Member, requests: RequestSet, replace: bool = False, ordered: bool = False

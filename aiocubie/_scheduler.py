@@ -7,7 +7,8 @@ request, when every member of the group has asked, or on :meth:`GroupScheduler.f
 request that can close a batch at once (nothing queued or being planned ahead of it, and
 every member asked or no window) is served in the caller's task: no task switch. Each batch
 gets one chunk plan, is allocated on the group's stream (all or nothing), and its requests
-resolve when the event recorded after the allocation completes, in stream order.
+resolve when the event recorded after the allocation completes, in stream order (ordered
+requests at once: work on the stream runs after the allocation; the ready hooks still wait).
 """
 
 from __future__ import annotations

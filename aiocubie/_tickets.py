@@ -1,7 +1,7 @@
 """A request's way through its group: the ticket, which alone writes its own state.
 
 PENDING (queued, or in a batch being planned) -> ALLOCATED (arrays exist, the device has not
-reached the batch's event) -> READY. FAILED and CANCELLED end it from PENDING or ALLOCATED;
+reached the batch's event) -> READY; an ordered ticket is READY as soon as it is allocated. FAILED and CANCELLED end it from PENDING or ALLOCATED;
 CANCELLED also ends READY (the awaiting task was cancelled at its last checkpoint). Each
 transition says what its caller must release, so no one else touches a ticket's fields.
 No device calls, no scheduling: this module only keeps one request's state.

@@ -404,7 +404,8 @@ class _Walk:
     the body of chunk ``i - depth`` (the last user of set ``k``) and, for arrays that are both
     input and output, for that chunk's copy out; the body of chunk ``i`` (on the group's
     stream) waits for its copy in and for the copy out of chunk ``i - depth``; its copy out
-    (on the out-stream) waits for its body. Staging buffers rotate the same way.
+    (on the out-stream) waits for its body. Staging buffers rotate the same way. A walk of one
+    chunk copies on the group's stream itself: stream order does what the events would.
     """
 
     def __init__(
