@@ -232,22 +232,30 @@ async def test_a_request_on_a_pollable_event_polls_it_then_sleeps_until_it_compl
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("in_place", [False, True])
-async def test_a_chunked_walk_with_overlap_at_depth_1_gets_every_output(in_place: bool) -> None:
+@pytest.mark.parametrize("ordered", [False, True])
+async def test_a_chunked_walk_with_overlap_at_depth_1_gets_every_output(in_place: bool, ordered: bool) -> None:
     sim = SimulatorBackend(1 << 24, latency=1e-4)
     runs = 40
     x = np.arange(runs * 16, dtype=np.float32).reshape(runs, 16)
     y = x.copy() if in_place else np.zeros_like(x)
-    requests = {"x": ArrayRequest.like(x)} if in_place else {"x": ArrayRequest.like(x), "y": ArrayRequest.like(y)}
+    # x zeroed on the group's stream: a copy in that did not wait for the allocation would be zeroed over
+    requests = {"x": ArrayRequest.like(x, zero=True)}
+    if not in_place:
+        requests["y"] = ArrayRequest.like(y)
     async with MemoryManager(sim, mode="active", headroom=0.0) as mgr:
         owner = object()
         mgr.register(owner, proportion=(x.nbytes // 4) / sim.total)  # 4 chunks or more
-        async with mgr.request(owner, requests) as response:
+        # the allocation held back: an ordered response's copy streams must wait for it
+        gate = _gate(sim, mgr.get_stream(owner)) if ordered else threading.Event()
+        async with mgr.request(owner, requests, ordered=ordered) as response:
+            assert response.ready.query() is not ordered
             assert response.chunks > 2
             outputs = {"x": y} if in_place else {"y": y}
             async for chunk in walk_chunks(response, inputs={"x": y if in_place else x}, outputs=outputs, overlap=True):
                 dx = host_data(chunk.device["x"])
                 dy = dx if in_place else host_data(chunk.device["y"])
                 sim.launch(chunk.stream, lambda dx=dx, dy=dy: np.multiply(dx, 2, out=dy))
+                gate.set()  # after chunk 0's copy in was queued
     np.testing.assert_array_equal(y, 2 * x)
     assert sim.used == 0
 
