@@ -535,8 +535,8 @@ class MemoryManager:
             of when the device reaches the allocation's event (the default): the request does not
             wait behind earlier work on that stream. Work queued on ``response.stream`` runs after
             the allocation; work on another stream must wait for ``response.ready`` first
-            (:func:`walk_chunks` does). Ready hooks are still called when the event completes
-            (README, "A batch stream").
+            (:func:`walk_chunks` does). Ready hooks are still called when the event completes,
+            by which time the requester may have released the arrays (README, "A batch stream").
 
         Returns
         -------
