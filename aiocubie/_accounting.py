@@ -386,7 +386,7 @@ class DeviceAccount:
         except OutOfMemoryError as exc:
             batch, totals, event = self._recover(entries, group, plan, stream, exc)
         responses = [
-            self.respond(requests, allocs, plan, stream, vram)
+            self.respond(requests, allocs, plan, stream, vram, event)
             for (_, requests), allocs, vram in zip(entries, batch, totals)
         ]
         if history is not None:
@@ -543,9 +543,16 @@ class DeviceAccount:
         )
 
     def respond(
-        self, requests: RequestSet, allocations: list[Allocation], plan: ChunkPlan, stream: Any, vram: int = 0
+        self,
+        requests: RequestSet,
+        allocations: list[Allocation],
+        plan: ChunkPlan,
+        stream: Any,
+        vram: int = 0,
+        ready: Event | None = None,
     ) -> ArrayResponse:
-        """The response for ``allocations`` (``vram`` bytes together), entered in the ledger."""
+        """The response for ``allocations`` (``vram`` bytes together, usable once the device
+        reaches ``ready``), entered in the ledger."""
         arrays: dict[str, Any] = {}
         buffers: dict[str, tuple[Any, ...]] = {}
         for a in allocations:
@@ -563,6 +570,7 @@ class DeviceAccount:
             stream=stream,
             buffers=buffers,
             device=self.device,
+            ready=ready,
         )
         if allocations:
             self.ledger.add(response, allocations, vram)

@@ -1,15 +1,17 @@
 """The completion bridge: a backend :class:`Event` -> an awaitable, on asyncio (uvloop) or trio.
 
 Backends call back from any thread when the device reaches an event; the bridge hands the
-wake-up to the loop thread with the loop's own thread-safe call. It never blocks the loop and
-never polls. :class:`Loop` looks the running loop's native primitives up once, so the request
-path pays for no backend detection. It imports no device library.
+wake-up to the loop thread with the loop's own thread-safe call. An event about to complete is
+first polled for a short while between loop iterations (:data:`SPIN`), which spares the thread
+hop; it never blocks the loop. :class:`Loop` looks the running loop's native primitives up once,
+so the request path pays for no backend detection. It imports no device library.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import types
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any
@@ -18,7 +20,13 @@ import anyio.lowlevel
 
 from ._backends import Event
 
-__all__ = ["Loop", "Signal", "thread_safe_caller", "wait_event"]
+__all__ = ["SPIN", "Loop", "Signal", "thread_safe_caller", "wait_event"]
+
+#: Seconds :meth:`Loop.wait` polls a pollable event between loop iterations before it hands the wait to
+#: the backend's callback thread. A wake-up through that thread and the loop's self-pipe costs
+#: tens of microseconds of latency and host time a wait; a batch's copies and kernel often end
+#: sooner. Other tasks run between polls (each poll is a checkpoint), so the loop never blocks.
+SPIN = 200e-6
 
 
 class Signal:
@@ -121,14 +129,25 @@ class Loop:
         except RuntimeError:
             pass
 
-    async def wait(self, event: Event) -> None:
+    async def wait(self, event: Event, spin: float = SPIN) -> None:
         """Wait until ``event`` completes, without blocking the loop.
 
-        Cancellation is safe at any point: a late callback sets a signal nobody waits on.
+        A :attr:`~aiocubie._backends.Event.pollable` event is polled between loop iterations
+        for up to ``spin`` seconds (other tasks run meanwhile), then waited for through the
+        backend's callback. Cancellation is safe at any point: a late callback sets a signal
+        nobody waits on.
         """
         if event.query():  # already done: skip the cross-thread hop
             await self.checkpoint()
             return
+        if spin > 0 and event.pollable:
+            deadline = time.perf_counter() + spin
+            while True:
+                await self.checkpoint()
+                if event.query():
+                    return
+                if time.perf_counter() >= deadline:
+                    break
         signal = self.signal()
         event.add_done_callback(lambda: self.call_soon_threadsafe_or_drop(signal.set))
         await signal

@@ -61,20 +61,17 @@ class RequestEntry:
         self._serving = serving
         self._refusal = refusal
 
-    def request(self, instance: object, requests: Mapping[str, ArrayRequest], replace: bool) -> PendingRequest:
+    def request(
+        self, instance: object, requests: Mapping[str, ArrayRequest], replace: bool, ordered: bool
+    ) -> PendingRequest:
         """A request checked now, submitted when awaited (see ``MemoryManager.request``)."""
-        checked = check_requests(requests)
+        checked, flags = check_requests(requests), (_flag("replace", replace), _flag("ordered", ordered))
         return PendingRequest(
-            self._serve,
-            self._release.release,
-            instance,
-            self._registration.member(instance),
-            checked,
-            _flag("replace", replace),
+            self._serve, self._release.release, instance, self._registration.member(instance), checked, *flags
         )
 
     def _serve(
-        self, instance: object, member: Member, requests: RequestSet, replace: bool = False
+        self, instance: object, member: Member, requests: RequestSet, replace: bool = False, ordered: bool = False
     ) -> Awaitable[ArrayResponse]:
         """What PendingRequest awaits: the request submitted and waited for (no coroutine of its own:
         one level less on the hot path)."""
@@ -84,7 +81,7 @@ class RequestEntry:
         member = self._registration.current(instance, member)  # unregistered since request()?
         if replace:
             self._release.replace(member, requests)
-        return self._groups.serve(member, requests, loop)
+        return self._groups.serve(member, requests, loop, ordered)
 
     def allocate_all(self, instance: object, requests: Mapping[str, ArrayRequest], replace: bool) -> ArrayResponse:
         """Allocate ``requests`` now, unbatched and unchunked (see ``MemoryManager.allocate_all``)."""

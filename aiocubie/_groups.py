@@ -9,12 +9,13 @@ It owns no budget, ledger or stream (the registry makes those) and never reaches
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Generator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ._accounting import DeviceAccount
-from ._completion import Loop
+from ._completion import SPIN, Loop
 from ._errors import AiocubieError, InsufficientMemoryError, ManagerStateError, ReleasedError
 from ._ledger import Allocation
 from ._planner import plan_chunks
@@ -35,16 +36,27 @@ class PendingRequest:
     the awaiting task withdraws a queued request and frees an allocated one.
     """
 
-    __slots__ = ("_awaited", "_instance", "_member", "_release", "_replace", "_requests", "_response", "_serve")
+    __slots__ = (
+        "_awaited",
+        "_instance",
+        "_member",
+        "_ordered",
+        "_release",
+        "_replace",
+        "_requests",
+        "_response",
+        "_serve",
+    )
 
     def __init__(
         self,
-        serve: Callable[[object, Member, RequestSet, bool], Awaitable[ArrayResponse]],
+        serve: Callable[[object, Member, RequestSet, bool, bool], Awaitable[ArrayResponse]],
         release: Callable[[ArrayResponse], None],
         instance: object,
         member: Member,
         requests: RequestSet,
         replace: bool = False,
+        ordered: bool = False,
     ) -> None:
         self._serve = serve  # submits the request when it is awaited, and waits for it
         self._release = release
@@ -52,6 +64,7 @@ class PendingRequest:
         self._member = member
         self._requests = requests
         self._replace = replace  # free the instance's arrays of these labels first
+        self._ordered = ordered  # ready once allocated, in stream order
         self._response: ArrayResponse | None = None
         self._awaited = False
 
@@ -59,7 +72,7 @@ class PendingRequest:
         if self._awaited:
             raise ManagerStateError("a request can be awaited only once: call mgr.request() again")
         self._awaited = True
-        return self._serve(self._instance, self._member, self._requests, self._replace).__await__()
+        return self._serve(self._instance, self._member, self._requests, self._replace, self._ordered).__await__()
 
     async def __aenter__(self) -> ArrayResponse:
         self._response = await self
@@ -155,21 +168,29 @@ class StreamGroups:
         return groups, sum(1 for s in self._draining if s.pending())
 
     # -- requests ------------------------------------------------------------------------------
-    async def serve(self, member: Member, requests: RequestSet, loop: Loop) -> ArrayResponse:
+    async def serve(self, member: Member, requests: RequestSet, loop: Loop, ordered: bool = False) -> ArrayResponse:
         """Submit ``member``'s request to its group's scheduler and wait for it (in ``loop``'s thread).
 
-        Cancelled while it waits, the request is withdrawn (queued) or its arrays freed (allocated).
+        ``ordered``: ready once allocated, ordered on the group's stream, rather than once the
+        device reaches the allocation's event. Cancelled while it waits, the request is
+        withdrawn (queued) or its arrays freed (allocated).
         """
         group = self._registry.groups[member.group]
-        ticket = Ticket(member.key, requests, (group.counters, member.counters))
+        ticket = Ticket(member.key, requests, (group.counters, member.counters), ordered=ordered)
         group.counters.requests += 1
         member.counters.requests += 1
         # queued (or served, when it closes a batch at once) in the order requests are awaited
-        self.schedulers[member.group].submit(ticket)
+        scheduler = self.schedulers[member.group]
+        scheduler.submit(ticket)
         try:
             if ticket.done:
                 await loop.checkpoint()  # awaiting a request is a checkpoint, even one served at once
             else:
+                if scheduler.polls(ticket):  # its event may be reached soon: poll it a while
+                    deadline = time.perf_counter() + SPIN
+                    while not ticket.done and time.perf_counter() < deadline:
+                        await loop.checkpoint()
+                        scheduler.poll()
                 await ticket.wait(loop.signal)
         except BaseException:
             self._cancel(ticket)

@@ -412,7 +412,7 @@ class MemoryManager:
 
     # -- requests --------------------------------------------------------------------------
     def request(
-        self, instance: object, requests: Mapping[str, ArrayRequest], *, replace: bool = False
+        self, instance: object, requests: Mapping[str, ArrayRequest], *, replace: bool = False, ordered: bool = False
     ) -> PendingRequest:
         """Ask for arrays: ``await`` the result, or ``async with`` it to free them on exit.
 
@@ -430,6 +430,13 @@ class MemoryManager:
             :meth:`free` ``(label, instance)`` frees them), so the batch is planned with their
             memory back, and each label then names one array. Off (the default), earlier
             arrays of a label are kept until released.
+        ordered : bool
+            Resolve as soon as the arrays are allocated, ordered on the group's stream, instead
+            of when the device reaches the allocation's event (the default): the request does not
+            wait behind earlier work on that stream. Work queued on ``response.stream`` runs after
+            the allocation; work on another stream must wait for ``response.ready`` first
+            (:func:`walk_chunks` does). Ready hooks are still called when the event completes,
+            by which time the requester may have released the arrays (README, "A batch stream").
 
         Returns
         -------
@@ -445,7 +452,7 @@ class MemoryManager:
         PlanningError, AllocationError, ContextResetError, ManagerStateError
             When awaited, if the batch could not be served.
         """
-        return self._entry.request(instance, requests, replace)
+        return self._entry.request(instance, requests, replace, ordered)
 
     def flush(self, group: str | None = None) -> None:
         """Close the batch being collected in ``group`` (all groups if None) now."""

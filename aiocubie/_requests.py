@@ -469,6 +469,11 @@ class ArrayResponse:
     device : Device or None
         The device the arrays are on (what :func:`walk_chunks` copies with); None for a
         response built by hand.
+    ready : Event or None
+        The event recorded on ``stream`` after the arrays were allocated (and zeroed). Work
+        queued on ``stream`` runs after it; work on another stream must wait for it first
+        (``device.wait_event(other, response.ready)``) when the request was ``ordered``
+        (see ``MemoryManager.request``). None for a response built by hand.
     """
 
     arrays: dict[str, Any]
@@ -480,6 +485,7 @@ class ArrayResponse:
     stream: Any
     buffers: dict[str, tuple[Any, ...]] = attrs.field(factory=dict)
     device: Any = attrs.field(default=None, repr=False)
+    ready: Any = attrs.field(default=None, repr=False, eq=False)
     _released: set[str] = attrs.field(factory=set, init=False, repr=False)  # labels freed; the ledger writes it
 
     @property

@@ -7,7 +7,8 @@ request, when every member of the group has asked, or on :meth:`GroupScheduler.f
 request that can close a batch at once (nothing queued or being planned ahead of it, and
 every member asked or no window) is served in the caller's task: no task switch. Each batch
 gets one chunk plan, is allocated on the group's stream (all or nothing), and its requests
-resolve when the event recorded after the allocation completes, in stream order.
+resolve when the event recorded after the allocation completes, in stream order (ordered
+requests at once: work on the stream runs after the allocation; the ready hooks still wait).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import anyio
 import attrs
 
 from ._accounting import DeviceAccount
+from ._backends import Event
 from ._completion import Loop, Signal
 from ._errors import (
     AiocubieError,
@@ -59,6 +61,7 @@ class _Flight:
     plan: ChunkPlan
     stream: Any
     recorded: float
+    event: Event
     done: bool = False  # the device reached the event
 
 
@@ -521,20 +524,27 @@ class GroupScheduler:
             batch, responses = [t for t, _ in kept], [r for _, r in kept]
         now = time.perf_counter()
         chunks = plan.chunks
+        waiting = False  # a ticket resolves on the event (not stream-ordered)
         for ticket, response in zip(batch, responses):
             ticket.allocate(response)
             waited = now - ticket.enqueued
             for counters in ticket.counters:
                 counters.queue_wait.append(waited)
+            if ticket.ordered:  # usable by work queued on the stream from now on
+                ticket.ready()
+            else:
+                waiting = True
         counted = batch[0].counters if len(batch) == 1 else {id(c): c for t in batch for c in t.counters}.values()
         for counters in counted:
             counters.batches += 1
             counters.chunks += chunks
         try:
+            if not waiting and not self.group.hooks:  # nothing to resolve or call on the event
+                return True
             if not self._inflight and event.query():  # done already, nothing before it: resolve now
                 self._finish(batch, plan, stream, now)
                 return True
-            flight = _Flight(batch, plan, stream, now)
+            flight = _Flight(batch, plan, stream, now, event)
             self._inflight.append(flight)
             if event.query():
                 self._completed(flight)
@@ -550,6 +560,22 @@ class GroupScheduler:
                 self._account.release(ticket.response)
             raise
         return True
+
+    def poll(self) -> None:
+        """Resolve the batches in flight whose events are done now (a waiting task polls)."""
+        reached = None
+        for flight in self._inflight:  # events of one stream complete in order
+            if not flight.event.query():
+                break
+            reached = flight
+        if reached is not None:
+            self._completed(reached)
+
+    def polls(self, ticket: Ticket) -> bool:
+        """True if ``ticket`` waits in flight on an event worth polling (a GPU's)."""
+        return ticket.state is State.ALLOCATED and any(
+            flight.event.pollable for flight in self._inflight if ticket in flight.tickets
+        )
 
     def _completed(self, flight: _Flight) -> None:
         """The device reached ``flight``'s event: resolve every completed batch at the head.

@@ -1,7 +1,7 @@
 """A request's way through its group: the ticket, which alone writes its own state.
 
 PENDING (queued, or in a batch being planned) -> ALLOCATED (arrays exist, the device has not
-reached the batch's event) -> READY. FAILED and CANCELLED end it from PENDING or ALLOCATED;
+reached the batch's event) -> READY; an ordered ticket is READY as soon as it is allocated. FAILED and CANCELLED end it from PENDING or ALLOCATED;
 CANCELLED also ends READY (the awaiting task was cancelled at its last checkpoint). Each
 transition says what its caller must release, so no one else touches a ticket's fields.
 No device calls, no scheduling: this module only keeps one request's state.
@@ -47,12 +47,29 @@ class Ticket:
     counters : tuple of Counters
         The group's and the member's counters, looked up once (and again by :meth:`regroup`
         when the member moves to another group with the ticket).
+    ordered : bool
+        Ready as soon as its arrays are allocated (stream-ordered: work on the group's stream
+        runs after the allocation), not when the device reaches the batch's event.
     """
 
-    __slots__ = ("_signal", "counters", "enqueued", "error", "key", "leftover", "requests", "response", "state")
+    __slots__ = (
+        "_signal",
+        "counters",
+        "enqueued",
+        "error",
+        "key",
+        "leftover",
+        "ordered",
+        "requests",
+        "response",
+        "state",
+    )
 
-    def __init__(self, key: int, requests: RequestSet, counters: tuple[Counters, ...]) -> None:
+    def __init__(
+        self, key: int, requests: RequestSet, counters: tuple[Counters, ...], *, ordered: bool = False
+    ) -> None:
         self.key = key
+        self.ordered = ordered
         self.requests = requests
         self.counters = counters
         self.enqueued = time.perf_counter()

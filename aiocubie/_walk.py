@@ -77,6 +77,7 @@ async def walk_chunks(
     inputs: Mapping[str, np.ndarray[Any, Any]] | None = None,
     outputs: Mapping[str, np.ndarray[Any, Any]] | None = None,
     depth: int | None = None,
+    overlap: bool | None = None,
 ) -> AsyncIterator[Chunk]:
     """Yield the chunks of ``response`` with their data in place.
 
@@ -85,14 +86,20 @@ async def walk_chunks(
     slice of the host array. Unchunkable inputs are copied once before the first chunk and
     unchunkable outputs once after the last.
 
-    At depth 1 (the serial walk) copies run on the response's stream and are awaited, so the
-    body may even read the device arrays from the host. At depth ``d > 1`` the walk
-    overlaps: chunk ``i`` uses chunk buffer ``i % d`` of each array, the inputs of the next
-    ``d - 1`` chunks copy in and the outputs of earlier chunks copy out on copy streams while
-    the body's work for chunk ``i`` runs. The body must then queue its work on
-    ``chunk.stream`` (the group's stream) and not wait for it: the walk orders the copies
-    after it with events. Pinned host arrays are copied directly; pageable ones pass through
-    page-locked buffers of the device's pinned pool.
+    At depth 1 (the serial walk) copies are awaited, so the body may even read the device
+    arrays from the host. At depth ``d > 1`` the walk overlaps: chunk ``i`` uses chunk
+    buffer ``i % d`` of each array, the inputs of the next ``d - 1`` chunks copy in and the
+    outputs of earlier chunks copy out on copy streams while the body's work for chunk ``i``
+    runs. The body must then queue its work on ``chunk.stream`` (the group's stream) and not
+    wait for it: the walk orders the copies after it with events, and the host waits only
+    where it must (an output landed, or a buffer ``d`` chunks back free again). Pinned host
+    arrays are copied directly; pageable ones pass through page-locked buffers of the
+    device's pinned pool.
+
+    A batch of one chunk is copied on the group's stream itself, in order with the body's
+    work. Walked with ``overlap=True`` it is not awaited before the body: a loader that walks
+    batch after batch so queues each batch's copy in, work and copy out behind the last
+    one's, and waits only for its outputs (see "A batch stream" in the README).
 
     Parameters
     ----------
@@ -105,6 +112,12 @@ async def walk_chunks(
     depth : int, optional
         Chunk buffers to rotate through (1: serial). Default: as many as every chunked input
         and output has in ``response`` (see :func:`walk_requests`), capped at the chunk count.
+    overlap : bool, optional
+        Whether the body queues its work on ``chunk.stream`` without reading the device
+        arrays on the host, so the walk need not wait for a chunk's copy in (the overlapped
+        walk's contract). Default: at a depth above 1. True overlaps at any depth, a batch of
+        one chunk too (the host then waits only for outputs, and at depth 1 for the last
+        chunk's work before its buffers take the next chunk); False is the serial walk.
 
     Yields
     ------
@@ -118,7 +131,8 @@ async def walk_chunks(
         ``outputs`` is not a mapping, a label is not in ``response.arrays``, a host array's
         shape or dtype does not match the full array requested, or an output is not a
         writable numpy array.
-        Also if ``depth`` is more than a chunked input or output has buffers.
+        Also if ``depth`` is more than a chunked input or output has buffers, or ``overlap``
+        is not a bool or None.
     BackendError
         If a copy fails (all copies in flight are waited for first).
     ReleasedError
@@ -161,9 +175,13 @@ async def walk_chunks(
         )
     ins = _check(response, {} if inputs is None else inputs, "inputs")
     outs = _check(response, {} if outputs is None else outputs, "outputs")
-    depth = _depth(response, ins, outs, depth)
+    rotation = _depth(response, ins, outs, depth)
+    if overlap is None:
+        overlap = rotation > 1
+    elif not isinstance(overlap, bool):
+        raise InvalidRequestError(f"overlap must be True, False or None (by depth), got {shown(overlap)}")
     # closed with this generator, so that its cleanup runs when this one is closed
-    async with contextlib.aclosing(_Walk(response, ins, outs, depth).walk()) as chunks:
+    async with contextlib.aclosing(_Walk(response, ins, outs, rotation, overlap).walk()) as chunks:
         async for chunk in chunks:
             yield chunk
 
@@ -347,7 +365,8 @@ class _Walk:
     the body of chunk ``i - depth`` (the last user of set ``k``) and, for arrays that are both
     input and output, for that chunk's copy out; the body of chunk ``i`` (on the group's
     stream) waits for its copy in and for the copy out of chunk ``i - depth``; its copy out
-    (on the out-stream) waits for its body. Staging buffers rotate the same way.
+    (on the out-stream) waits for its body. Staging buffers rotate the same way. A walk of one
+    chunk copies on the group's stream itself: stream order does what the events would.
     """
 
     def __init__(
@@ -356,12 +375,14 @@ class _Walk:
         ins: dict[str, np.ndarray[Any, Any]],
         outs: dict[str, np.ndarray[Any, Any]],
         depth: int,
+        overlap: bool,
     ) -> None:
-        self.response, self.depth = response, depth
+        self.response, self.depth, self.overlap = response, depth, overlap
         self.device = device = response.device
         self.ins, self.outs = ins, outs
-        self.stream = response.stream
-        self.cin, self.cout = _copy_streams_of(device, self.stream)
+        self.stream = stream = response.stream
+        # one chunk: nothing of the walk's own to overlap; its copies queue on the group's stream
+        self.cin, self.cout = (stream, stream) if response.chunks == 1 else _copy_streams_of(device, stream)
         axes = response.chunk_axes
         self.chunked_in = [label for label in ins if axes[label] is not None]
         self.chunked_out = [label for label in outs if axes[label] is not None]
@@ -388,6 +409,9 @@ class _Walk:
         finished = False
         try:
             self._check_live()
+            ready = response.ready  # the allocation: a copy stream waits for it (an ordered request)
+            if ready is not None and self.cin is not self.stream and not ready.query():
+                device.wait_event(self.cin, ready)
             if whole_in:
                 await self._copy_whole(
                     [np.ascontiguousarray(self.ins[label]) for label in whole_in],
@@ -399,9 +423,10 @@ class _Walk:
                 while issued < min(response.chunks, index + depth):
                     await self._copy_in(issued)
                     issued += 1
-                if depth == 1:  # serial: the data is on the device when the body runs
+                if not self.overlap:  # serial: the data is on the device when the body runs
                     await self.loop.wait(self.in_done[index])
-                device.wait_event(self.stream, self.in_done[index])
+                if self.cin is not self.stream:
+                    device.wait_event(self.stream, self.in_done[index])
                 if index >= depth:
                     if self.chunked_out:
                         device.wait_event(self.stream, self.out_done[index - depth])
@@ -412,9 +437,10 @@ class _Walk:
                 await self._settle(ready_only=True)
                 yield self._chunk(index)
                 self._check_live()
-                self.body_done[index] = device.record_event(self.stream)
+                if self.cout is not self.stream:
+                    self.body_done[index] = device.record_event(self.stream)
                 await self._copy_out(index)
-                if depth == 1:
+                if not self.overlap:
                     await self._settle(up_to=index)
                 for events in (self.in_done, self.body_done, self.out_done):
                     events.pop(index - depth - 1, None)
@@ -486,6 +512,8 @@ class _Walk:
             _, target, host, direct = self._ends(self.ins, label, index, length)
             source = host if direct else _view(self.slots_in[index % depth][label], target)
             device.copy_strided(source, target, cin, tag=("in", index, label))
+        if cin is self.stream and self.overlap:  # one chunk on the group's stream: nothing waits for its copy in
+            return
         event = self.in_done[index] = device.record_event(cin)
         if index + depth < response.chunks:  # its buffers are free again once this copy is done
             self._pack(index + depth, after=event)
@@ -517,7 +545,8 @@ class _Walk:
 
     async def _copy_out(self, index: int) -> None:
         response, device, depth, cout = self.response, self.device, self.depth, self.cout
-        device.wait_event(cout, self.body_done[index])
+        if cout is not self.stream:
+            device.wait_event(cout, self.body_done[index])
         length = _length(response, index)
         unpack: list[tuple[Any, Any]] = []
         for label in self.chunked_out:

@@ -82,10 +82,10 @@ class SimKit:
     name = "simulator"
     scale = 32  # data 8 MiB instead of 256
 
-    def manager(self, budget: int) -> MemoryManager:
+    def manager(self, budget: int, **options: Any) -> MemoryManager:
         from aiocubie import SimulatorBackend
 
-        return MemoryManager(SimulatorBackend(1 << 30), mode="active", headroom=0.0)
+        return MemoryManager(SimulatorBackend(1 << 30), mode="active", headroom=0.0, **options)
 
     def pinned(self, mgr: MemoryManager, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
         return mgr.create_host_array(shape, np.float32, kind="pinned")
@@ -116,8 +116,8 @@ class CudaKit:
             "aiocubie_bench_burn",
         )
 
-    def manager(self, budget: int) -> MemoryManager:
-        return MemoryManager("cuda", mode="active", headroom=0.0)
+    def manager(self, budget: int, **options: Any) -> MemoryManager:
+        return MemoryManager("cuda", mode="active", headroom=0.0, **options)
 
     def pinned(self, mgr: MemoryManager | None, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
         return self.cpx.empty_pinned(shape, np.float32)
@@ -253,23 +253,49 @@ async def aio_chunked(
 
 
 async def aio_stream(
-    mgr: MemoryManager, kit: Any, xs: list[Any], ys: list[Any], budget: int, tasks: int, groups: int
+    mgr: MemoryManager,
+    kit: Any,
+    xs: list[Any],
+    ys: list[Any],
+    budget: int,
+    tasks: int,
+    groups: int,
+    *,
+    depth: int = 2,
+    ordered: bool = True,
+    keep: bool = False,
 ) -> float:
-    """Seconds for ``len(xs)`` batches, ``tasks`` tasks each walking its share one batch at a time."""
+    """Seconds for ``len(xs)`` batches, ``tasks`` tasks each walking its share one batch at a time.
+
+    The loader the README shows: requests built once; each batch requested ``ordered`` (ready
+    once allocated, in stream order) and walked overlapped at ``depth`` 2, so the host waits
+    only for its outputs (``depth=1, ordered=False``: the serial walk of a request awaited on
+    its event). ``keep``: each task requests once and walks every batch through the same buffers.
+    """
     owners = [_Owner() for _ in range(tasks)]
     total = mgr.memory_info().total
     for i, owner in enumerate(owners):
         mgr.register(owner, proportion=budget / total / tasks, stream_group=f"g{i % groups}")
     requests = walk_requests(
-        {"x": ArrayRequest.like(xs[0], chunk_axis=0), "y": ArrayRequest.like(ys[0], chunk_axis=0)}, 1
+        {"x": ArrayRequest.like(xs[0], chunk_axis=0), "y": ArrayRequest.like(ys[0], chunk_axis=0)}, depth
     )
+
+    async def walk(response: Any, b: int) -> None:
+        async for chunk in walk_chunks(
+            response, inputs={"x": xs[b]}, outputs={"y": ys[b]}, depth=depth, overlap=depth > 1
+        ):
+            kit.kernel(chunk.stream, chunk.device["x"], chunk.device["y"])
 
     async def worker(i: int) -> None:
         owner = owners[i]
+        if keep:
+            async with mgr.request(owner, requests, ordered=ordered) as response:
+                for b in range(i, len(xs), tasks):
+                    await walk(response, b)
+            return
         for b in range(i, len(xs), tasks):
-            async with mgr.request(owner, requests) as response:
-                async for chunk in walk_chunks(response, inputs={"x": xs[b]}, outputs={"y": ys[b]}, depth=1):
-                    kit.kernel(chunk.stream, chunk.device["x"], chunk.device["y"])
+            async with mgr.request(owner, requests, ordered=ordered) as response:
+                await walk(response, b)
 
     try:
         start = time.perf_counter()
@@ -410,18 +436,28 @@ async def run_stream(
     budget = 4 * batch * 4  # each batch (x and y) fits, four at once too
     if gpu:
         kit.calibrate(batch)
-    cases = [
-        ("one at a time", 1, 1, False),
-        ("4 tasks, one group", 4, 1, True),
-        ("4 tasks, a group each", 4, 4, True),
+    # label, tasks, groups, hand-written baseline queued, aiocubie's loader (see aio_stream), batch window
+    serial = {"depth": 1, "ordered": False}
+    cases: list[tuple[str, int, int, bool, dict[str, Any], float | None]] = [
+        ("one at a time", 1, 1, False, {}, None),
+        ("one at a time, serial walk of an awaited request", 1, 1, False, serial, None),
+        ("4 tasks, one group", 4, 1, True, {}, None),
+        ("4 tasks, one group, batch_window=0", 4, 1, True, {}, 0.0),
+        ("4 tasks, a group each", 4, 4, True, {}, None),
+        ("4 tasks, a group each, serial walks of awaited requests", 4, 4, True, serial, None),
+        ("one at a time, one response kept (its buffers reused)", 1, 1, False, {"keep": True}, None),
+        ("4 tasks, a group each, a response kept each", 4, 4, True, {"keep": True}, None),
     ]
-    for label, tasks, groups, queued in cases:
+    for label, tasks, groups, queued, loader, window in cases:
         aio, cpu, hand = [], [], []
+        manager = kit.manager(budget, batch_window=window) if window is not None else None
+        if manager is not None:
+            await manager.__aenter__()
         for _ in range(repeats + 1):
             for y in ys:
                 y.fill(np.nan)
             cpu0 = time.process_time()
-            aio.append(await aio_stream(mgr, kit, xs, ys, budget, tasks, groups))
+            aio.append(await aio_stream(manager or mgr, kit, xs, ys, budget, tasks, groups, **loader))
             cpu.append(time.process_time() - cpu0)
             for x, y in zip(xs, ys):
                 _check(x, y, f"aiocubie stream {label}")
@@ -431,6 +467,8 @@ async def run_stream(
                 hand.append(kit.hand_stream(xs, ys, queued=queued))
                 for x, y in zip(xs, ys):
                     _check(x, y, f"hand-written stream {label}")
+        if manager is not None:
+            await manager.aclose()
         a, h = _median(aio[1:]), (_median(hand[1:]) if hand else None)
         host_us = _median(cpu[1:]) / batches * 1e6
         base = "queued, an event a batch" if queued else "synchronize after each"

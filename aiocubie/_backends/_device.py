@@ -42,7 +42,18 @@ class MemoryInfo:
 
 
 class Event(abc.ABC):
-    """A point in a stream: done once all work queued on the stream before it is done."""
+    """A point in a stream: done once all work queued on the stream before it is done.
+
+    Attributes
+    ----------
+    pollable : bool
+        True where the device reaches the event without this process's threads (a GPU) and
+        :meth:`query` is cheap: a wait polls it a short while before asking for a callback.
+        False for the simulator, whose streams are Python threads that polling would starve
+        of the GIL.
+    """
+
+    pollable: bool = False
 
     @abc.abstractmethod
     def query(self) -> bool:

@@ -85,6 +85,8 @@ class CudaEvent(Event):
 
     __slots__ = ("_spares", "_waiter", "event", "stream")
 
+    pollable = True  # the GPU completes it; cuEventQuery costs about a microsecond
+
     def __init__(
         self, event: CoreEvent, stream: Any, waiter: Callable[[Any], StreamWaiter], spares: list[CoreEvent]
     ) -> None:

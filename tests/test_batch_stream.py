@@ -1,0 +1,303 @@
+"""A batch stream (issue 21): ordered requests, one-chunk walks that wait only for their outputs,
+k batches in flight, and waits that poll a pollable event before the thread bridge.
+
+Runs on the simulator under asyncio and trio. Where a test needs the device to be behind the
+host, it holds the group's stream on a gate (a kernel that waits for a ``threading.Event``), so
+no assertion depends on timing.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+from aiocubie import ArrayRequest, BackendError, MemoryManager, SimulatorBackend, walk_chunks, walk_requests
+from aiocubie._backends._sim import host_data
+from aiocubie._backends._sim._streams import SimEvent
+from aiocubie._completion import Loop
+
+SHAPE = (8, 16)
+
+
+def _requests(depth: int = 2) -> dict[str, ArrayRequest]:
+    return walk_requests({"x": ArrayRequest(SHAPE, np.float32), "y": ArrayRequest(SHAPE, np.float32)}, depth)
+
+
+def _kernel(sim: SimulatorBackend, chunk: Any) -> None:
+    dx, dy = host_data(chunk.device["x"]), host_data(chunk.device["y"])
+    sim.launch(chunk.stream, lambda: np.multiply(dx, 2, out=dy))
+
+
+def _gate(sim: SimulatorBackend, stream: Any) -> threading.Event:
+    """Hold ``stream`` until the returned event is set."""
+    gate = threading.Event()
+    sim.launch(stream, lambda: gate.wait(10))
+    return gate
+
+
+@pytest.mark.anyio
+async def test_an_ordered_request_resolves_before_its_event_and_the_hook_waits_for_it() -> None:
+    sim = SimulatorBackend(1 << 24)
+    called: list[Any] = []
+    async with MemoryManager(sim) as mgr:
+        owner = object()
+        mgr.register(owner, ready_hook=called.append)
+        gate = _gate(sim, mgr.get_stream(owner))
+        try:
+            # the default: the request resolves when the device reaches the allocation
+            with anyio.move_on_after(0.2) as scope:
+                await mgr.request(owner, _requests())
+            assert scope.cancelled_caught
+            response = await mgr.request(owner, _requests(), ordered=True)
+            assert response.ready is not None and not response.ready.query()  # the device has not got there
+            assert called == []  # the ready hook still waits for the event
+        finally:
+            gate.set()
+        await anyio.to_thread.run_sync(response.ready.synchronize)
+        with anyio.fail_after(5):  # called once the event completes (after the cancelled one's batch)
+            while not any(c is response for c in called):
+                await anyio.sleep(0.01)
+        mgr.release(response)
+    assert sim.used == 0
+
+
+@pytest.mark.anyio
+async def test_a_one_chunk_walk_with_overlap_queues_behind_the_stream_and_waits_for_its_outputs() -> None:
+    sim = SimulatorBackend(1 << 24)
+    x = np.arange(np.prod(SHAPE), dtype=np.float32).reshape(SHAPE)
+    y = np.zeros_like(x)
+    async with MemoryManager(sim) as mgr:
+        owner = object()
+        mgr.register(owner)
+        gate = _gate(sim, mgr.get_stream(owner))
+        entered = []
+        with anyio.fail_after(10):
+            async with mgr.request(owner, _requests(), ordered=True) as response:
+                assert response.chunks == 1
+                async for chunk in walk_chunks(response, inputs={"x": x}, outputs={"y": y}, overlap=True):
+                    # reached with the stream still held: the walk did not wait for the copy in
+                    entered.append(gate.is_set())
+                    assert chunk.stream is response.stream
+                    _kernel(sim, chunk)
+                    gate.set()
+                np.testing.assert_array_equal(y, 2 * x)  # the walk waited for the outputs
+        assert entered == [False]
+    assert sim.used == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("depth", [1, 2])
+async def test_the_walk_of_one_chunk_without_overlap_still_waits_for_its_copy_in(depth: int) -> None:
+    sim = SimulatorBackend(1 << 24)
+    x = np.ones(SHAPE, np.float32)
+    y = np.zeros_like(x)
+    async with MemoryManager(sim) as mgr:
+        owner = object()
+        mgr.register(owner)
+        entered = anyio.Event()
+
+        async def walk() -> None:
+            async with mgr.request(owner, _requests(depth), ordered=True) as response:
+                async for chunk in walk_chunks(response, inputs={"x": x}, outputs={"y": y}, depth=depth):
+                    entered.set()
+                    np.testing.assert_array_equal(host_data(chunk.device["x"]), x)  # on the device already
+                    _kernel(sim, chunk)
+
+        gate = _gate(sim, mgr.get_stream(owner))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(walk)
+            with anyio.move_on_after(0.2):
+                await entered.wait()
+            assert not entered.is_set()
+            gate.set()
+        np.testing.assert_array_equal(y, 2 * x)
+    assert sim.used == 0
+
+
+async def _loader(
+    mgr: MemoryManager, sim: SimulatorBackend, xs: list[np.ndarray], ys: list[np.ndarray], k: int, groups: int
+) -> None:
+    """The README's loader: k tasks, each request -> walk -> release, batch after batch."""
+    requests = _requests()
+    owners = [object() for _ in range(k)]
+    for i, owner in enumerate(owners):
+        mgr.register(owner, stream_group=f"g{i % groups}")
+
+    async def worker(i: int) -> None:
+        for b in range(i, len(xs), k):
+            async with mgr.request(owners[i], requests, ordered=True) as response:
+                async for chunk in walk_chunks(response, inputs={"x": xs[b]}, outputs={"y": ys[b]}, overlap=True):
+                    _kernel(sim, chunk)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(k):
+            tg.start_soon(worker, i)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("k, groups", [(1, 1), (4, 1), (4, 4)])
+async def test_a_loader_with_k_batches_in_flight_gets_every_output(k: int, groups: int) -> None:
+    sim = SimulatorBackend(1 << 24, latency=1e-4)
+    xs = [np.full(SHAPE, b, np.float32) for b in range(24)]
+    ys = [np.full(SHAPE, np.nan, np.float32) for _ in xs]
+    async with MemoryManager(sim) as mgr:
+        await _loader(mgr, sim, xs, ys, k, groups)
+        assert mgr.stats().groups  # served through the groups' schedulers
+    for x, y in zip(xs, ys):
+        np.testing.assert_array_equal(y, 2 * x)
+    assert sim.used == 0
+
+
+@pytest.mark.anyio
+async def test_a_loader_cancelled_mid_stream_frees_everything_it_held() -> None:
+    sim = SimulatorBackend(1 << 24, latency=2e-3)
+    xs = [np.full(SHAPE, b, np.float32) for b in range(200)]
+    ys = [np.zeros(SHAPE, np.float32) for _ in xs]
+    async with MemoryManager(sim) as mgr:
+        with anyio.move_on_after(0.1) as scope:
+            await _loader(mgr, sim, xs, ys, 4, 1)
+        assert scope.cancelled_caught
+        assert mgr.stats().live_bytes == 0
+        assert mgr.backend.device.pinned_pool.in_use == 0
+    assert sim.used == 0
+    done = [b for b, (x, y) in enumerate(zip(xs, ys)) if np.array_equal(y, 2 * x)]
+    assert 0 < len(done) < len(xs)
+
+
+@pytest.mark.anyio
+async def test_a_copy_fault_mid_stream_fails_that_batch_and_frees_everything() -> None:
+    sim = SimulatorBackend(1 << 24)
+    xs = [np.full(SHAPE, b, np.float32) for b in range(16)]
+    ys = [np.zeros(SHAPE, np.float32) for _ in xs]
+    async with MemoryManager(sim) as mgr:
+        sim.faults.inject("copy", after=9)
+        with pytest.raises(BaseExceptionGroup) as raised:
+            await _loader(mgr, sim, xs, ys, 4, 1)
+        assert raised.group_contains(BackendError, match="injected fault")
+        assert mgr.stats().live_bytes == 0
+    assert sim.used == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("pollable", [False, True])
+async def test_a_wait_polls_a_pollable_event_and_is_cancellable_while_it_polls(
+    monkeypatch: pytest.MonkeyPatch, pollable: bool
+) -> None:
+    monkeypatch.setattr(SimEvent, "pollable", pollable)
+    sim = SimulatorBackend(1 << 20)
+    device = sim.device
+    stream = device.create_stream()
+    loop = Loop()
+    gate = _gate(sim, stream)
+    event = device.record_event(stream)
+    with anyio.move_on_after(0.05) as scope:  # polls (pollable), then waits on the callback
+        await loop.wait(event, spin=0.01)
+    assert scope.cancelled_caught and not event.query()
+    gate.set()
+    with anyio.fail_after(5):
+        await loop.wait(event, spin=10.0)  # done long before the spin would end
+    assert event.query()
+
+
+@pytest.mark.anyio
+async def test_a_request_on_a_pollable_event_polls_it_then_sleeps_until_it_completes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(SimEvent, "pollable", True)
+    sim = SimulatorBackend(1 << 24)
+    async with MemoryManager(sim) as mgr:
+        owner = object()
+        mgr.register(owner)
+        gate = _gate(sim, mgr.get_stream(owner))
+        with anyio.move_on_after(0.05) as scope:  # polls, then sleeps on the callback: cancelled
+            await mgr.request(owner, _requests())
+        assert scope.cancelled_caught
+        gate.set()
+        with anyio.fail_after(5):
+            responses = [await mgr.request(owner, _requests()) for _ in range(20)]  # polled or woken
+        assert all(r.ready.query() for r in responses)
+        assert mgr.stats().groups["default"].cancellations == 1
+        for response in responses:
+            mgr.release(response)
+    assert sim.used == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("ordered", [False, True])
+async def test_a_chunked_walk_with_overlap_at_depth_1_gets_every_output(in_place: bool, ordered: bool) -> None:
+    sim = SimulatorBackend(1 << 24, latency=1e-4)
+    runs = 40
+    x = np.arange(runs * 16, dtype=np.float32).reshape(runs, 16)
+    y = x.copy() if in_place else np.zeros_like(x)
+    # x zeroed on the group's stream: a copy in that did not wait for the allocation would be zeroed over
+    requests = {"x": ArrayRequest.like(x, zero=True)}
+    if not in_place:
+        requests["y"] = ArrayRequest.like(y)
+    async with MemoryManager(sim, mode="active", headroom=0.0) as mgr:
+        owner = object()
+        mgr.register(owner, proportion=(x.nbytes // 4) / sim.total)  # 4 chunks or more
+        # the allocation held back: an ordered response's copy streams must wait for it
+        gate = _gate(sim, mgr.get_stream(owner)) if ordered else threading.Event()
+        async with mgr.request(owner, requests, ordered=ordered) as response:
+            assert response.ready.query() is not ordered
+            assert response.chunks > 2
+            outputs = {"x": y} if in_place else {"y": y}
+            async for chunk in walk_chunks(response, inputs={"x": y if in_place else x}, outputs=outputs, overlap=True):
+                dx = host_data(chunk.device["x"])
+                dy = dx if in_place else host_data(chunk.device["y"])
+                sim.launch(chunk.stream, lambda dx=dx, dy=dy: np.multiply(dx, 2, out=dy))
+                gate.set()  # after chunk 0's copy in was queued
+    np.testing.assert_array_equal(y, 2 * x)
+    assert sim.used == 0
+
+
+@pytest.mark.anyio
+async def test_overlap_must_be_a_bool_or_none() -> None:
+    from aiocubie import InvalidRequestError
+
+    async with MemoryManager(SimulatorBackend(1 << 20)) as mgr:
+        owner = object()
+        mgr.register(owner)
+        async with mgr.request(owner, _requests()) as response:
+            with pytest.raises(InvalidRequestError, match="overlap must be True, False or None"):
+                async for _ in walk_chunks(response, overlap="yes"):  # type: ignore[arg-type]
+                    pass
+
+
+def test_the_readme_batch_stream_snippet_runs_as_written(tmp_path: Path) -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme[readme.index("**A batch stream.**") :]
+    start = section.index("```python\n") + len("```python\n")
+    (tmp_path / "snippet.py").write_text(section[start : section.index("\n```", start)])
+    result = subprocess.run(
+        [sys.executable, str(tmp_path / "snippet.py")], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"32 batches, 4 in flight, y == 2x: True", result.stdout), result.stdout
+
+
+@pytest.mark.anyio
+async def test_a_loader_may_keep_its_response_and_walk_batch_after_batch_through_its_buffers() -> None:
+    sim = SimulatorBackend(1 << 24, latency=1e-4)
+    xs = [np.full(SHAPE, b, np.float32) for b in range(12)]
+    ys = [np.zeros(SHAPE, np.float32) for _ in xs]
+    async with MemoryManager(sim) as mgr:
+        owner = object()
+        mgr.register(owner)
+        async with mgr.request(owner, _requests(), ordered=True) as response:
+            for x, y in zip(xs, ys):  # each walk returns once its outputs landed: the buffers are free again
+                async for chunk in walk_chunks(response, inputs={"x": x}, outputs={"y": y}, overlap=True):
+                    _kernel(sim, chunk)
+        assert mgr.stats().groups["default"].requests == 1
+    for x, y in zip(xs, ys):
+        np.testing.assert_array_equal(y, 2 * x)
+    assert sim.used == 0
