@@ -20,7 +20,7 @@ import anyio.lowlevel
 
 from ._backends import Event
 
-__all__ = ["SPIN", "Loop", "Signal", "thread_safe_caller", "wait_event"]
+__all__ = ["SPIN", "Loop", "Signal", "running_loop", "thread_safe_caller", "wait_event"]
 
 #: Seconds :meth:`Loop.wait` polls a pollable event between loop iterations before it hands the wait to
 #: the backend's callback thread. A wake-up through that thread and the loop's self-pipe costs
@@ -151,6 +151,26 @@ class Loop:
         signal = self.signal()
         event.add_done_callback(lambda: self.call_soon_threadsafe_or_drop(signal.set))
         await signal
+
+
+#: The Loop last made in each thread, handed out again while its asyncio loop runs (see running_loop).
+_made = threading.local()
+
+
+def running_loop() -> Loop:
+    """The :class:`Loop` of the event loop running in this thread.
+
+    On asyncio one is made per event loop and thread and handed out again (a walk a batch would
+    otherwise look the loop's primitives up on every walk); on trio a new one is made each call.
+    """
+    try:
+        native = asyncio.get_running_loop()
+    except RuntimeError:  # trio (or no loop at all: Loop() says so)
+        return Loop()
+    loop: Loop | None = getattr(_made, "loop", None)
+    if loop is None or loop._loop is not native:
+        loop = _made.loop = Loop()
+    return loop
 
 
 @types.coroutine

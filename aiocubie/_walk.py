@@ -23,7 +23,7 @@ import attrs
 import numpy as np
 
 from ._backends import Device, Event, Staging, geometry, stage
-from ._completion import Loop
+from ._completion import Loop, running_loop
 from ._errors import AiocubieError, InvalidRequestError, ReleasedError, shown, warn
 from ._requests import ArrayRequest, ArrayResponse
 
@@ -180,6 +180,22 @@ async def walk_chunks(
         overlap = rotation > 1
     elif not isinstance(overlap, bool):
         raise InvalidRequestError(f"overlap must be True, False or None (by depth), got {shown(overlap)}")
+    if response.chunks == 1 and _straight(response, ins, outs):
+        # a batch stream's walk, walked here (one generator less a batch)
+        one = _OneChunk(response, ins, outs)
+        finished = False
+        try:
+            one.copy_in()
+            if not overlap:  # serial: the data is on the device when the body runs
+                await one.done()
+            yield one.chunk()
+            one.copy_out()
+            await one.done()
+            finished = True
+        finally:
+            if not finished:
+                await _idle(one.device, one.loop, one.stream)
+        return
     # closed with this generator, so that its cleanup runs when this one is closed
     async with contextlib.aclosing(_Walk(response, ins, outs, rotation, overlap).walk()) as chunks:
         async for chunk in chunks:
@@ -311,12 +327,14 @@ def _depth(
     depth: int | None,
 ) -> int:
     """The depth a walk runs at: what was asked (or what the buffers allow), at most the chunks."""
+    if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 1):
+        raise InvalidRequestError(f"depth must be a positive integer (1: serial), got {depth!r}")
+    if response.chunks <= 1:
+        return 1
     chunked = [label for label in (*ins, *outs) if response.chunk_axes[label] is not None]
     if depth is None:
         depth = min((response.buffer_count(label) for label in chunked), default=1)
-    elif isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-        raise InvalidRequestError(f"depth must be a positive integer (1: serial), got {depth!r}")
-    depth = min(depth, max(response.chunks, 1))
+    depth = min(depth, response.chunks)
     short = [label for label in chunked if response.buffer_count(label) < depth]
     if depth > 1 and short:
         raise InvalidRequestError(
@@ -388,7 +406,7 @@ class _Walk:
         self.chunked_out = [label for label in outs if axes[label] is not None]
         self.in_place = bool(set(self.chunked_in) & set(self.chunked_out))
         self.pinned = {label: device.is_pinned(array) for label, array in {**ins, **outs}.items()}
-        self.loop = Loop()
+        self.loop = running_loop()
         self.pool = device.pinned_pool
         self.staging: list[np.ndarray[Any, Any]] = []  # pool buffers this walk holds
         self.slots_in: list[dict[str, np.ndarray[Any, Any]]] = [{} for _ in range(depth)]
@@ -408,7 +426,7 @@ class _Walk:
         whole_in = [label for label in self.ins if axes[label] is None]
         finished = False
         try:
-            self._check_live()
+            _check_live(self.response)
             ready = response.ready  # the allocation: a copy stream waits for it (an ordered request)
             if ready is not None and self.cin is not self.stream and not ready.query():
                 device.wait_event(self.cin, ready)
@@ -419,7 +437,7 @@ class _Walk:
                 )
             issued = 0
             for index in range(response.chunks):
-                self._check_live()
+                _check_live(self.response)
                 while issued < min(response.chunks, index + depth):
                     await self._copy_in(issued)
                     issued += 1
@@ -436,7 +454,7 @@ class _Walk:
                     await self.loop.checkpoint()
                 await self._settle(ready_only=True)
                 yield self._chunk(index)
-                self._check_live()
+                _check_live(self.response)
                 if self.cout is not self.stream:
                     self.body_done[index] = device.record_event(self.stream)
                 await self._copy_out(index)
@@ -458,15 +476,6 @@ class _Walk:
             for buffer in self.staging:
                 self.pool.release(buffer)
             self.staging.clear()
-
-    def _check_live(self) -> None:
-        released = self.response.released
-        if released:
-            raise ReleasedError(
-                f"walk_chunks: the response's arrays {sorted(released)} were released (mgr.release, free, "
-                "free_all, the end of its `async with`, or a context reset): walk inside the `async with "
-                "mgr.request(...)` block, or before releasing the response"
-            )
 
     async def _copy_whole(self, sources: list[Any], targets: list[Any]) -> None:
         """Copy the unchunked arrays on the group's stream and wait until they are done."""
@@ -581,16 +590,93 @@ class _Walk:
         """Wait, shielded from cancellation, until every stream and staging copy of the walk is idle."""
         with anyio.CancelScope(shield=True):
             for stream in (self.cin, self.cout, self.stream):
-                try:
-                    event = self.device.record_event(stream)
-                except AiocubieError:  # cannot record (a closed stream): wait for it on a thread
-                    # the staging buffers go back to the pool after this: copies queued
-                    # before the error still read and write them (issue 22, item 3)
-                    synchronize = getattr(stream, "synchronize", None) or getattr(stream, "sync", None)
-                    if synchronize is not None:
-                        await anyio.to_thread.run_sync(synchronize)
-                    continue
-                await self.loop.wait(event)
+                await _idle(self.device, self.loop, stream)
             # host copies still under way write the staging buffers and the host arrays
             for staged in (*self.packs.values(), *self.landed.values()):
                 await self.loop.wait(staged)
+
+
+def _check_live(response: ArrayResponse) -> None:
+    released = response.released
+    if released:
+        raise ReleasedError(
+            f"walk_chunks: the response's arrays {sorted(released)} were released (mgr.release, free, "
+            "free_all, the end of its `async with`, or a context reset): walk inside the `async with "
+            "mgr.request(...)` block, or before releasing the response"
+        )
+
+
+async def _idle(device: Device, loop: Loop, stream: Any) -> None:
+    """Wait, shielded from cancellation, until ``stream`` has done what a walk queued on it."""
+    with anyio.CancelScope(shield=True):
+        try:
+            event = device.record_event(stream)
+        except AiocubieError:  # cannot record (a closed stream): wait for it on a thread
+            # the staging buffers go back to the pool after this: copies queued
+            # before the error still read and write them (issue 22, item 3)
+            synchronize = getattr(stream, "synchronize", None) or getattr(stream, "sync", None)
+            if synchronize is not None:
+                await anyio.to_thread.run_sync(synchronize)
+            return
+        await loop.wait(event)
+
+
+def _straight(
+    response: ArrayResponse, ins: dict[str, np.ndarray[Any, Any]], outs: dict[str, np.ndarray[Any, Any]]
+) -> bool:
+    """Whether every host array of a one-chunk walk goes straight to or from its device array:
+    pinned, of the device array's shape, in rows the copy engines can follow."""
+    device, arrays = response.device, response.arrays
+    for hosts in (ins, outs):
+        for label, host in hosts.items():
+            target = arrays[label]
+            if (
+                host.shape != target.shape
+                or not device.is_pinned(host)
+                or geometry(host.shape, host.itemsize, host.strides, target.strides) is None
+            ):
+                return False
+    return True
+
+
+class _OneChunk:
+    """The walk of a one-chunk batch whose host arrays all go straight (see :func:`_straight`).
+
+    Every copy is queued on the group's stream, in order with the body's work, so stream order
+    does what the rotation's copy streams, events and staging buffers do for longer walks; the
+    host waits only where the walk must (the copy in of a serial walk, the outputs landed).
+    """
+
+    def __init__(
+        self, response: ArrayResponse, ins: dict[str, np.ndarray[Any, Any]], outs: dict[str, np.ndarray[Any, Any]]
+    ) -> None:
+        self.response, self.ins, self.outs = response, ins, outs
+        self.device, self.stream = response.device, response.stream
+        self.loop = running_loop()
+
+    def copy_in(self) -> None:
+        _check_live(self.response)
+        arrays, device, stream = self.response.arrays, self.device, self.stream
+        for label, host in self.ins.items():
+            device.copy_strided(host, arrays[label], stream, tag=("in", 0, label))
+
+    def chunk(self) -> Chunk:
+        response = self.response
+        return Chunk(
+            0,
+            0,
+            response.runs,
+            MappingProxyType(dict(response.arrays)),
+            MappingProxyType({**self.ins, **self.outs}),
+            self.stream,
+        )
+
+    def copy_out(self) -> None:
+        _check_live(self.response)
+        arrays, device, stream = self.response.arrays, self.device, self.stream
+        for label, host in self.outs.items():
+            device.copy_strided(arrays[label], host, stream, tag=("out", 0, label))
+
+    async def done(self) -> None:
+        """Wait until what is queued on the group's stream so far is done."""
+        await self.loop.wait(self.device.record_event(self.stream))

@@ -3,11 +3,13 @@ k batches in flight, and waits that poll a pollable event before the thread brid
 
 Runs on the simulator under asyncio and trio. Where a test needs the device to be behind the
 host, it holds the group's stream on a gate (a kernel that waits for a ``threading.Event``), so
-no assertion depends on timing.
+no assertion depends on timing. Walks run with pageable and with pinned host arrays: a one-chunk
+walk of pinned arrays copies straight on the group's stream, one of pageable arrays stages them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import sys
@@ -19,7 +21,16 @@ import anyio
 import numpy as np
 import pytest
 
-from aiocubie import ArrayRequest, BackendError, MemoryManager, SimulatorBackend, walk_chunks, walk_requests
+from aiocubie import (
+    ArrayRequest,
+    BackendError,
+    Engines,
+    MemoryManager,
+    ReleasedError,
+    SimulatorBackend,
+    walk_chunks,
+    walk_requests,
+)
 from aiocubie._backends._sim import host_data
 from aiocubie._backends._sim._streams import SimEvent
 from aiocubie._completion import Loop
@@ -34,6 +45,19 @@ def _requests(depth: int = 2) -> dict[str, ArrayRequest]:
 def _kernel(sim: SimulatorBackend, chunk: Any) -> None:
     dx, dy = host_data(chunk.device["x"]), host_data(chunk.device["y"])
     sim.launch(chunk.stream, lambda: np.multiply(dx, 2, out=dy))
+
+
+def _host(mgr: MemoryManager, arrays: list[np.ndarray], pinned: bool) -> list[np.ndarray]:
+    """``arrays`` as they are, or copied into pinned host arrays of the manager's device."""
+    return [mgr.create_host_array(a.shape, a.dtype, "pinned", like=a) for a in arrays] if pinned else arrays
+
+
+def _idle(sim: SimulatorBackend) -> bool:
+    # at most the item that completed the walk's last event may still be counting itself done
+    return all(s.pending <= 1 for s in sim.device.streams)
+
+
+HOSTS = pytest.mark.parametrize("pinned", [False, True], ids=["pageable", "pinned"])
 
 
 def _gate(sim: SimulatorBackend, stream: Any) -> threading.Event:
@@ -70,11 +94,13 @@ async def test_an_ordered_request_resolves_before_its_event_and_the_hook_waits_f
 
 
 @pytest.mark.anyio
-async def test_a_one_chunk_walk_with_overlap_queues_behind_the_stream_and_waits_for_its_outputs() -> None:
+@HOSTS
+async def test_a_one_chunk_walk_with_overlap_queues_behind_the_stream_and_waits_for_its_outputs(pinned: bool) -> None:
     sim = SimulatorBackend(1 << 24)
-    x = np.arange(np.prod(SHAPE), dtype=np.float32).reshape(SHAPE)
-    y = np.zeros_like(x)
     async with MemoryManager(sim) as mgr:
+        x, y = _host(
+            mgr, [np.arange(np.prod(SHAPE), dtype=np.float32).reshape(SHAPE), np.zeros(SHAPE, np.float32)], pinned
+        )
         owner = object()
         mgr.register(owner)
         gate = _gate(sim, mgr.get_stream(owner))
@@ -94,12 +120,12 @@ async def test_a_one_chunk_walk_with_overlap_queues_behind_the_stream_and_waits_
 
 
 @pytest.mark.anyio
+@HOSTS
 @pytest.mark.parametrize("depth", [1, 2])
-async def test_the_walk_of_one_chunk_without_overlap_still_waits_for_its_copy_in(depth: int) -> None:
+async def test_the_walk_of_one_chunk_without_overlap_still_waits_for_its_copy_in(depth: int, pinned: bool) -> None:
     sim = SimulatorBackend(1 << 24)
-    x = np.ones(SHAPE, np.float32)
-    y = np.zeros_like(x)
     async with MemoryManager(sim) as mgr:
+        x, y = _host(mgr, [np.ones(SHAPE, np.float32), np.zeros(SHAPE, np.float32)], pinned)
         owner = object()
         mgr.register(owner)
         entered = anyio.Event()
@@ -143,41 +169,45 @@ async def _loader(
 
 
 @pytest.mark.anyio
+@HOSTS
 @pytest.mark.parametrize("k, groups", [(1, 1), (4, 1), (4, 4)])
-async def test_a_loader_with_k_batches_in_flight_gets_every_output(k: int, groups: int) -> None:
+async def test_a_loader_with_k_batches_in_flight_gets_every_output(k: int, groups: int, pinned: bool) -> None:
     sim = SimulatorBackend(1 << 24, latency=1e-4)
-    xs = [np.full(SHAPE, b, np.float32) for b in range(24)]
-    ys = [np.full(SHAPE, np.nan, np.float32) for _ in xs]
     async with MemoryManager(sim) as mgr:
+        xs = _host(mgr, [np.full(SHAPE, b, np.float32) for b in range(24)], pinned)
+        ys = _host(mgr, [np.full(SHAPE, np.nan, np.float32) for _ in xs], pinned)
         await _loader(mgr, sim, xs, ys, k, groups)
         assert mgr.stats().groups  # served through the groups' schedulers
-    for x, y in zip(xs, ys):
-        np.testing.assert_array_equal(y, 2 * x)
+        for x, y in zip(xs, ys):
+            np.testing.assert_array_equal(y, 2 * x)
     assert sim.used == 0
 
 
 @pytest.mark.anyio
-async def test_a_loader_cancelled_mid_stream_frees_everything_it_held() -> None:
+@HOSTS
+async def test_a_loader_cancelled_mid_stream_frees_everything_it_held(pinned: bool) -> None:
     sim = SimulatorBackend(1 << 24, latency=2e-3)
-    xs = [np.full(SHAPE, b, np.float32) for b in range(200)]
-    ys = [np.zeros(SHAPE, np.float32) for _ in xs]
     async with MemoryManager(sim) as mgr:
+        xs = _host(mgr, [np.full(SHAPE, b, np.float32) for b in range(200)], pinned)
+        ys = _host(mgr, [np.zeros(SHAPE, np.float32) for _ in xs], pinned)
         with anyio.move_on_after(0.1) as scope:
             await _loader(mgr, sim, xs, ys, 4, 1)
         assert scope.cancelled_caught
+        assert _idle(sim)  # the walks cancelled waited for the copies they queued
         assert mgr.stats().live_bytes == 0
         assert mgr.backend.device.pinned_pool.in_use == 0
+        done = [b for b, (x, y) in enumerate(zip(xs, ys)) if np.array_equal(y, 2 * x)]
     assert sim.used == 0
-    done = [b for b, (x, y) in enumerate(zip(xs, ys)) if np.array_equal(y, 2 * x)]
     assert 0 < len(done) < len(xs)
 
 
 @pytest.mark.anyio
-async def test_a_copy_fault_mid_stream_fails_that_batch_and_frees_everything() -> None:
+@HOSTS
+async def test_a_copy_fault_mid_stream_fails_that_batch_and_frees_everything(pinned: bool) -> None:
     sim = SimulatorBackend(1 << 24)
-    xs = [np.full(SHAPE, b, np.float32) for b in range(16)]
-    ys = [np.zeros(SHAPE, np.float32) for _ in xs]
     async with MemoryManager(sim) as mgr:
+        xs = _host(mgr, [np.full(SHAPE, b, np.float32) for b in range(16)], pinned)
+        ys = _host(mgr, [np.zeros(SHAPE, np.float32) for _ in xs], pinned)
         sim.faults.inject("copy", after=9)
         with pytest.raises(BaseExceptionGroup) as raised:
             await _loader(mgr, sim, xs, ys, 4, 1)
@@ -286,11 +316,12 @@ def test_the_readme_batch_stream_snippet_runs_as_written(tmp_path: Path) -> None
 
 
 @pytest.mark.anyio
-async def test_a_loader_may_keep_its_response_and_walk_batch_after_batch_through_its_buffers() -> None:
+@HOSTS
+async def test_a_loader_may_keep_its_response_and_walk_batch_after_batch_through_its_buffers(pinned: bool) -> None:
     sim = SimulatorBackend(1 << 24, latency=1e-4)
-    xs = [np.full(SHAPE, b, np.float32) for b in range(12)]
-    ys = [np.zeros(SHAPE, np.float32) for _ in xs]
     async with MemoryManager(sim) as mgr:
+        xs = _host(mgr, [np.full(SHAPE, b, np.float32) for b in range(12)], pinned)
+        ys = _host(mgr, [np.zeros(SHAPE, np.float32) for _ in xs], pinned)
         owner = object()
         mgr.register(owner)
         async with mgr.request(owner, _requests(), ordered=True) as response:
@@ -298,6 +329,104 @@ async def test_a_loader_may_keep_its_response_and_walk_batch_after_batch_through
                 async for chunk in walk_chunks(response, inputs={"x": x}, outputs={"y": y}, overlap=True):
                     _kernel(sim, chunk)
         assert mgr.stats().groups["default"].requests == 1
-    for x, y in zip(xs, ys):
-        np.testing.assert_array_equal(y, 2 * x)
+        for x, y in zip(xs, ys):
+            np.testing.assert_array_equal(y, 2 * x)
+    assert sim.used == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("axis", [0, 1, -1])
+async def test_a_one_chunk_walk_of_pinned_arrays_copies_every_layout_and_its_whole_arrays(axis: int) -> None:
+    shape = {0: (12, 3, 5), 1: (3, 12, 5), -1: (3, 5, 12)}[axis]
+    rng = np.random.default_rng(axis + 1)
+    data = {"x": rng.standard_normal(shape).astype(np.float32), "p": np.arange(1, 5, dtype=np.float32)}
+    requests = walk_requests(
+        {
+            "x": ArrayRequest(shape, np.float32, chunk_axis=axis),
+            "y": ArrayRequest(shape, np.float32, chunk_axis=axis),
+            "p": ArrayRequest((4,), np.float32, unchunkable=True),
+            "total": ArrayRequest((1,), np.float32, unchunkable=True),
+        }
+    )
+    sim = SimulatorBackend(1 << 24)
+    async with MemoryManager(sim) as mgr:
+        owner = object()
+        mgr.register(owner)
+        x, p = _host(mgr, [data["x"], data["p"]], True)
+        y, total = _host(mgr, [np.zeros(shape, np.float32), np.zeros(1, np.float32)], True)
+        async with mgr.request(owner, requests, ordered=True) as response:
+            assert response.chunks == 1
+            async for chunk in walk_chunks(response, inputs={"x": x, "p": p}, outputs={"y": y, "total": total}):
+                d = chunk.device
+                assert (chunk.start, chunk.stop, chunk.length) == (0, shape[axis], shape[axis])
+                assert chunk.host["x"].shape == shape and chunk.host["total"].shape == (1,)
+                d["y"][...] = d["x"] * 3 + d["p"].sum()
+                d["total"][0] = d["p"].sum()
+        np.testing.assert_array_equal(y, data["x"] * 3 + data["p"].sum())
+        assert total[0] == data["p"].sum()
+        assert mgr.stats().pinned.peak_in_use == 0  # straight: nothing staged
+    assert sim.used == 0
+
+
+@pytest.mark.anyio
+@HOSTS
+@pytest.mark.parametrize("how", ["break", "raise", "cancel", "release"])
+async def test_leaving_a_one_chunk_walk_early_waits_for_what_it_queued(how: str, pinned: bool) -> None:
+    shape = (256, 256)  # 256 KiB a copy at 20 MB/s: the copies are still running when the body leaves
+    sim = SimulatorBackend(1 << 24, engines=Engines(h2d_bandwidth=2e7, d2h_bandwidth=2e7))
+    async with MemoryManager(sim) as mgr:
+        owner = object()
+        mgr.register(owner)
+        x, y = _host(mgr, [np.ones(shape, np.float32), np.zeros(shape, np.float32)], pinned)
+        requests = walk_requests({"x": ArrayRequest.like(x), "y": ArrayRequest.like(y)})
+        with anyio.CancelScope() as scope:
+            async with mgr.request(owner, requests, ordered=True) as response:
+                assert response.chunks == 1
+                walk = walk_chunks(response, inputs={"x": x}, outputs={"y": y}, overlap=True)
+                try:
+                    async with contextlib.aclosing(walk):
+                        async for chunk in walk:
+                            _kernel(sim, chunk)  # queued behind the copy in, still running
+                            if how == "break":
+                                break
+                            if how == "raise":
+                                raise KeyError("body failed")
+                            if how == "cancel":
+                                scope.cancel()
+                                await anyio.sleep(0)
+                            mgr.release(response)  # the copy out would read freed memory
+                except KeyError:
+                    assert how == "raise"
+                except ReleasedError as exc:
+                    assert how == "release" and "walk_chunks" in str(exc)
+                assert _idle(sim)  # the copies it queued are done before the arrays are freed
+        assert scope.cancelled_caught is (how == "cancel")
+        assert _idle(sim)
+        if how != "release":
+            assert not y.any()  # no copy out after a body that did not finish
+        assert mgr.stats().live_bytes == 0 and mgr.backend.device.pinned_pool.in_use == 0
+    assert sim.used == 0
+
+
+@pytest.mark.anyio
+@HOSTS
+@pytest.mark.parametrize("at", [0, 1, 2, 3])
+async def test_a_copy_fault_in_a_one_chunk_walk_is_a_backend_error_and_leaks_nothing(at: int, pinned: bool) -> None:
+    sim = SimulatorBackend(1 << 24)
+    async with MemoryManager(sim) as mgr:
+        owner = object()
+        mgr.register(owner)
+        x, z, y = _host(
+            mgr, [np.ones(SHAPE, np.float32), np.ones(SHAPE, np.float32), np.zeros(SHAPE, np.float32)], pinned
+        )
+        requests = {"x": ArrayRequest.like(x), "z": ArrayRequest.like(z), "y": ArrayRequest.like(y)}
+        async with mgr.request(owner, requests, ordered=True) as response:
+            sim.faults.inject("copy", after=at)
+            with pytest.raises(BackendError, match="injected fault"):  # 2 copies in, 2 out
+                async for chunk in walk_chunks(
+                    response, inputs={"x": x, "z": z}, outputs={"y": y, "z": z}, overlap=True
+                ):
+                    chunk.device["y"][...] = chunk.device["x"] + chunk.device["z"]
+            assert _idle(sim)
+        assert mgr.stats().live_bytes == 0 and mgr.backend.device.pinned_pool.in_use == 0
     assert sim.used == 0

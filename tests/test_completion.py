@@ -14,7 +14,7 @@ import pytest
 
 from aiocubie import Event, SimulatorBackend
 from aiocubie._backends._sim import SimEvent
-from aiocubie._completion import thread_safe_caller, wait_event
+from aiocubie._completion import running_loop, thread_safe_caller, wait_event
 
 HANG_GUARD = 10  # seconds: only a hung test takes this long
 
@@ -148,3 +148,28 @@ async def test_thread_safe_caller_runs_in_the_loop() -> None:
         await done.wait()
     worker.join()
     assert ran_on == [threading.current_thread()]
+
+
+@pytest.mark.anyio
+async def test_the_running_loop_is_looked_up_once_per_asyncio_loop(sim: SimulatorBackend, anyio_backend: str) -> None:
+    loop = running_loop()
+    assert (running_loop() is loop) is (anyio_backend == "asyncio")  # trio: made each call
+    event, gate = gated_event(sim)
+    gate.set()
+    with anyio.fail_after(HANG_GUARD):
+        await loop.wait(event)
+
+
+def test_a_new_asyncio_loop_in_the_thread_gets_its_own(sim: SimulatorBackend) -> None:
+    async def main() -> tuple[object, object]:
+        event, gate = gated_event(sim)
+        loop = running_loop()
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(loop.wait, event)  # woken through this loop, not the closed one before it
+                await anyio.sleep(0.01)
+                gate.set()
+        return loop, loop.thread
+
+    first, second = anyio.run(main), anyio.run(main)
+    assert first[0] is not second[0] and first[1] == second[1]
