@@ -477,9 +477,10 @@ class _Walk:
         if not index:  # the first chunks of every staging buffer pack at once
             for first in range(min(depth, response.chunks)):
                 self._pack(first)
-        packed = self.packs.pop(index, None)
+        packed = self.packs.get(index)
         if packed is not None:
             await self.loop.wait(packed)
+            del self.packs[index]  # only now: cancelled while it packs, _quiesce waits for it
             packed.result()
         length = _length(response, index)
         for label in self.chunked_in:
