@@ -363,3 +363,17 @@ async def test_a_library_recovery_keeps_out_of_memory_equal_to_recovered_plus_fa
         assert recovery.out_of_memory == 2
         assert (recovery.recovered, recovery.failed) == (1, 1)
         shared.library_free(block)
+
+
+async def test_the_cap_on_other_libraries_outlives_a_new_rmm_resource(shared: SimulatorBackend) -> None:
+    # on a GPU the limiting adaptor stays the device's current resource, and the next rmm resource
+    # finds it installed: the cap holds and is still set once. The simulator's model forgot it.
+    mgr = MemoryManager(shared)
+    mgr.share_pool("cupy", limit=100 * KiB)
+    with pytest.warns(UserWarning, match="resets the device context"):
+        mgr.set_allocator("rmm")
+    async with mgr:
+        with pytest.raises(OutOfMemoryError, match="cap on other libraries"):
+            shared.library_allocate(200 * KiB)
+        with pytest.raises(ConfigurationError, match="set once"):
+            mgr.share_pool(limit=200 * KiB)
