@@ -377,3 +377,20 @@ async def test_the_cap_on_other_libraries_outlives_a_new_rmm_resource(shared: Si
             shared.library_allocate(200 * KiB)
         with pytest.raises(ConfigurationError, match="set once"):
             mgr.share_pool(limit=200 * KiB)
+
+
+async def test_free_all_leaves_the_torch_bytes_an_instance_holds_counted_against_it(shared: SimulatorBackend) -> None:
+    # free_all (a reclaim hook's usual call) frees aiocubie's arrays; torch's tensors stay torch's:
+    # their count went, so they showed as another library's and the instance's budget lost them
+    mgr, part = MemoryManager(shared), Part()
+    mgr.register(part)
+    async with mgr:
+        await mgr.request(part, _floats(1000))
+        with mgr.torch_allocations(part):
+            tensor = shared.library_allocate(5000)
+        mgr.free_all()
+        mgr.free("torch")
+        stats = mgr.stats()
+        assert stats.instances["Part#1"].live_bytes == 5000
+        assert stats.other_bytes == 0 and stats.pool.in_use == stats.live_bytes + stats.other_bytes == 5000
+        shared.library_free(tensor)
