@@ -268,6 +268,7 @@ class DeviceAccount:
             return False
         what = f"another library's allocation of {format_bytes(nbytes)} found no room in the shared pool"
         self._count(out_of_memory=1)
+        in_use = self.resource.pool_facts().in_use
         log.warning("%s: freeing the pool's cached blocks and calling the reclaim hooks", what)
         freed = self.resource.release_cached()
         self._count(cache_releases=1, cache_bytes_freed=freed)
@@ -282,8 +283,16 @@ class DeviceAccount:
             finally:
                 self._reclaiming = self._refusal = None
             self._count(hook_calls=len(hooks), hook_bytes_freed=reclaimed)
+        # the library retries while this says True: trust what left the pool, not what hooks say
+        # they freed (a hook that says so and frees nothing would have it retry forever)
+        after = self.resource.pool_facts().in_use
+        if in_use is not None and after is not None:
+            reclaimed = in_use - after
         if freed + reclaimed > 0:
-            return True  # whether the retry succeeds, the library sees: not counted here
+            # counted as recovered so that out_of_memory == recovered + failed holds: a retry that
+            # finds no room again comes back here as an out-of-memory of its own
+            self._count(recovered=1)
+            return True
         self._count(failed=1)
         return False
 
