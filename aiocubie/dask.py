@@ -240,30 +240,34 @@ def _budget_of(worker: Any, budget: str) -> int:
                 "worker --rmm-pool-size ... --rmm-maximum-pool-size ...`; or pass memory_limit=BYTES"
             )
         pooled = plugin.async_alloc or plugin.initial_pool_size is not None  # else dask-cuda installs no pool
-        size = plugin.maximum_pool_size if pooled else None
-        if not _bytes(size):
+        maximum = plugin.maximum_pool_size if pooled else None
+        size = _bytes(maximum)
+        if size is None:
             raise ConfigurationError(
                 f"budget='rmm_maximum_pool_size' but the RMM pool dask-cuda set up on worker {worker.address} has "
                 f"no maximum size (rmm_pool_size={plugin.initial_pool_size!r}, rmm_async={plugin.async_alloc!r}, "
-                f"rmm_maximum_pool_size={size!r}): start the cluster with rmm_maximum_pool_size=... and "
+                f"rmm_maximum_pool_size={maximum!r}): start the cluster with rmm_maximum_pool_size=... and "
                 "rmm_pool_size=... or rmm_async=True; or use budget='device_memory_limit' or memory_limit=BYTES"
             )
-        return int(size)
+        return size
     assert budget == "device_memory_limit", budget
     data = worker.data
-    limit = getattr(getattr(getattr(data, "device_buffer", None), "fast", None), "n", None)  # dask-cuda's LRU
-    if not _bytes(limit):
+    limit = _bytes(getattr(getattr(getattr(data, "device_buffer", None), "fast", None), "n", None))  # dask-cuda's LRU
+    if limit is None:
         raise ConfigurationError(
             f"budget='device_memory_limit' but worker {worker.address} has no device memory limit (its data is a "
             f"{type(data).__name__}; dask-cuda's DeviceHostFile with a limit has one): start it with "
             "LocalCUDACluster(device_memory_limit=...) or `dask cuda worker --device-memory-limit ...`; or pass "
             "memory_limit=BYTES"
         )
-    return int(limit)
+    return limit
 
 
-def _bytes(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 1
+def _bytes(value: object) -> int | None:
+    """``value`` as a whole number of bytes >= 1; None for anything else (None, 0, a string not parsed)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 1:
+        return int(value)
+    return None
 
 
 def get_manager() -> MemoryManager:
