@@ -110,6 +110,7 @@ async def request_through_the_pool(nbytes: int) -> dict[str, Any]:
         response.arrays["x"].fill(1)
         seen["sum"] = float(response.arrays["x"].sum())
         del theirs
+    del response  # the arrays hold the block's memory: with them gone, the pool has it back
     seen["after"] = int(statistics.allocation_counts.current_bytes) - counted_before
     mgr.unregister(part)
     return seen
