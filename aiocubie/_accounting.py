@@ -93,7 +93,8 @@ class DeviceAccount:
         if allocator is not None and self._resolved(allocator) != self.resource.name:
             self.resource = self.device.create_resource(allocator)  # beside the backend's: nothing to reset
         self.options = options
-        self.budget = Budget(self.device.memory_info().total)
+        total, limit = self.device.memory_info().total, options.memory_limit
+        self.budget = Budget(total if limit is None else min(total, limit))
         self.ledger = Ledger()
         self.history: HistoryRecorder | None = None
         self.reclaim_hooks = [] if reclaim_hooks is None else reclaim_hooks
@@ -298,9 +299,17 @@ class DeviceAccount:
 
     # -- what there is -----------------------------------------------------------------------
     def memory_info(self) -> MemoryInfo:
-        """The device's memory now, the blocks the resource caches counted as free (they serve requests)."""
-        info = self.device.memory_info()
-        return MemoryInfo(free=info.free + (self.resource.pool_facts().cached or 0), total=info.total)
+        """The device's memory now, the blocks the resource caches counted as free (they serve requests).
+
+        Under a ``memory_limit``: a device of that many bytes, of which the pool's bytes in use
+        (every library's, where the pool says them; else this manager's own) are taken.
+        """
+        info, pool, limit = self.device.memory_info(), self.resource.pool_facts(), self.options.memory_limit
+        free = info.free + (pool.cached or 0)
+        if limit is None:
+            return MemoryInfo(free=free, total=info.total)
+        used = max(pool.in_use or 0, self.ledger.bytes_of(MemoryKind.DEVICE))
+        return MemoryInfo(free=max(0, min(free, limit - used)), total=min(info.total, limit))
 
     def other_bytes(self, in_use: int | None) -> int | None:
         """Bytes of the pool's ``in_use`` that this manager does not hold (other libraries'); None if unknown."""
