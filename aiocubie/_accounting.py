@@ -93,7 +93,8 @@ class DeviceAccount:
         if allocator is not None and self._resolved(allocator) != self.resource.name:
             self.resource = self.device.create_resource(allocator)  # beside the backend's: nothing to reset
         self.options = options
-        self.budget = Budget(self.device.memory_info().total)
+        total, limit = self.device.memory_info().total, options.memory_limit
+        self.budget = Budget(total if limit is None else min(total, limit))
         self.ledger = Ledger()
         self.history: HistoryRecorder | None = None
         self.reclaim_hooks = [] if reclaim_hooks is None else reclaim_hooks
@@ -268,6 +269,7 @@ class DeviceAccount:
             return False
         what = f"another library's allocation of {format_bytes(nbytes)} found no room in the shared pool"
         self._count(out_of_memory=1)
+        in_use = self.resource.pool_facts().in_use
         log.warning("%s: freeing the pool's cached blocks and calling the reclaim hooks", what)
         freed = self.resource.release_cached()
         self._count(cache_releases=1, cache_bytes_freed=freed)
@@ -282,16 +284,32 @@ class DeviceAccount:
             finally:
                 self._reclaiming = self._refusal = None
             self._count(hook_calls=len(hooks), hook_bytes_freed=reclaimed)
+        # the library retries while this says True: trust what left the pool, not what hooks say
+        # they freed (a hook that says so and frees nothing would have it retry forever)
+        after = self.resource.pool_facts().in_use
+        if in_use is not None and after is not None:
+            reclaimed = in_use - after
         if freed + reclaimed > 0:
-            return True  # whether the retry succeeds, the library sees: not counted here
+            # counted as recovered so that out_of_memory == recovered + failed holds: a retry that
+            # finds no room again comes back here as an out-of-memory of its own
+            self._count(recovered=1)
+            return True
         self._count(failed=1)
         return False
 
     # -- what there is -----------------------------------------------------------------------
     def memory_info(self) -> MemoryInfo:
-        """The device's memory now, the blocks the resource caches counted as free (they serve requests)."""
-        info = self.device.memory_info()
-        return MemoryInfo(free=info.free + (self.resource.pool_facts().cached or 0), total=info.total)
+        """The device's memory now, the blocks the resource caches counted as free (they serve requests).
+
+        Under a ``memory_limit``: a device of that many bytes, of which the pool's bytes in use
+        (every library's, where the pool says them; else this manager's own) are taken.
+        """
+        info, pool, limit = self.device.memory_info(), self.resource.pool_facts(), self.options.memory_limit
+        free = info.free + (pool.cached or 0)
+        if limit is None:
+            return MemoryInfo(free=free, total=info.total)
+        used = max(pool.in_use or 0, self.ledger.bytes_of(MemoryKind.DEVICE))
+        return MemoryInfo(free=max(0, min(free, limit - used)), total=min(info.total, limit))
 
     def other_bytes(self, in_use: int | None) -> int | None:
         """Bytes of the pool's ``in_use`` that this manager does not hold (other libraries'); None if unknown."""

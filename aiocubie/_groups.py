@@ -229,7 +229,10 @@ class StreamGroups:
 
     def free_where(self, predicate: Callable[[Allocation], bool], cause: str) -> None:
         """Free every array for which ``predicate`` is true; requests in flight holding one fail."""
-        owners = {id(a.owner) for a in self._account.release_where(predicate)}
+        # a library's bytes counted against a member (torch_allocations: no block) are the library's
+        # to free: dropping their count would not free them, only move them to other_bytes
+        arrays = self._account.release_where(lambda a: a.block is not None and predicate(a))
+        owners = {id(a.owner) for a in arrays}
         if owners:
             self.fail_in_flight(
                 owners, ReleasedError(f"{cause} freed this request's arrays before it resolved; request again")

@@ -57,6 +57,9 @@ class MemoryManager:
         Not given: ``AIOCUBIE_MODE``, else ``"passive"``. What the modes do: :class:`Options`.
     policy, headroom, batch_window, max_batch, free_cache_seconds
         The scheduling options, each described in :class:`Options` (``mgr.options``).
+    memory_limit : int, optional
+        The device bytes this manager budgets (None: the whole device): caps are proportions of
+        it and plans fit in it, other libraries' bytes in the pool taken (see :class:`Options`).
     allocator : {"default", "driver", "cupy", "cupy_async", "numba"}, optional
         Allocator plugin to start with. Not given: ``AIOCUBIE_ALLOCATOR`` for a backend the
         manager creates (a backend passed in keeps its own).
@@ -92,6 +95,7 @@ class MemoryManager:
         batch_window: float = 0.002,
         max_batch: int | None = None,
         free_cache_seconds: float = 0.05,
+        memory_limit: int | None = None,
         allocator: str | None = None,
         array_type: str | None = None,
     ) -> None:
@@ -109,6 +113,7 @@ class MemoryManager:
             batch_window=batch_window,
             max_batch=max_batch,
             free_cache_seconds=free_cache_seconds,
+            memory_limit=memory_limit,
         )
         owns_backend = given is None
         if given is None:

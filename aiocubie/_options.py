@@ -117,6 +117,15 @@ def _free_cache_seconds(value: Any) -> float:
     return _seconds("free_cache_seconds", value)
 
 
+def _memory_limit(value: Any) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0):
+        raise ConfigurationError(
+            f"memory_limit must be the device bytes the manager budgets, an int > 0 (e.g. 8 << 30), or None, "
+            f"got {shown(value)}"
+        )
+    return None if value is None else int(value)
+
+
 def _max_batch(value: Any) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise ConfigurationError(f"max_batch must be a positive integer or None, got {shown(value)}")
@@ -147,6 +156,12 @@ class Options:
     free_cache_seconds : float
         How long a free-memory reading is reused (it costs tens of microseconds on a GPU);
         a batch about to be chunked always reads the device again.
+    memory_limit : int or None
+        The device bytes the manager budgets (None: the whole device). Caps are proportions of
+        it, and the planner never offers more than it leaves: free memory is at most
+        ``memory_limit`` minus what the pool has in use (every library's bytes where the pool
+        says them, else the manager's own). For a share of a GPU, an RMM pool's maximum size,
+        or dask-cuda's ``device_memory_limit`` (``aiocubie.dask.ManagerPlugin(budget=...)``).
 
     Examples
     --------
@@ -160,6 +175,7 @@ class Options:
     batch_window: float = attrs.field(default=0.002, converter=_batch_window)
     max_batch: int | None = attrs.field(default=None, converter=_max_batch)
     free_cache_seconds: float = attrs.field(default=0.05, converter=_free_cache_seconds)
+    memory_limit: int | None = attrs.field(default=None, converter=_memory_limit)
 
     #: True in active mode.
     active: bool = attrs.field(init=False, eq=False, repr=False)

@@ -207,8 +207,9 @@ class RecoveryStats:
     ``out_of_memory``: allocations that found no room at first; ``cache_releases`` and
     ``cache_bytes_freed``: step 1, the pool's cached blocks given back to the device;
     ``hook_calls`` and ``hook_bytes_freed``: step 2, reclaim hooks called and the bytes they
-    said they freed; ``recovered``: allocations that succeeded on a retry; ``failed``: those
-    that failed after every step.
+    said they freed; ``recovered``: allocations that succeeded on a retry (another library's:
+    retried once the recovery freed pool memory; one that finds no room again is a new
+    out-of-memory); ``failed``: those that failed after every step.
     """
 
     out_of_memory: int = 0

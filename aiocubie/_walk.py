@@ -512,13 +512,14 @@ class _Walk:
         if not index:  # the first chunks of every staging buffer pack at once
             for first in range(min(depth, response.chunks)):
                 self._pack(first)
-        packed = self.packs.pop(index, None)
+        packed = self.packs.get(index)
         if packed is not None:
             await self.loop.wait(packed)
+            del self.packs[index]  # only now: cancelled while it packs, _quiesce waits for it
             packed.result()
         length = _length(response, index)
         for label in self.chunked_in:
-            _, target, host, direct = self._ends(self.ins, label, index, length)
+            target, host, direct = self._ends(self.ins, label, index, length)
             source = host if direct else _view(self.slots_in[index % depth][label], target)
             device.copy_strided(source, target, cin, tag=("in", index, label))
         if cin is self.stream and self.overlap:  # one chunk on the group's stream: nothing waits for its copy in
@@ -532,7 +533,7 @@ class _Walk:
         length = _length(self.response, index)
         copies = []
         for label in self.chunked_in:
-            _, target, host, direct = self._ends(self.ins, label, index, length)
+            target, host, direct = self._ends(self.ins, label, index, length)
             if not direct:
                 buffer, _ = self._staging(self.slots_in, index, label, self.response.buffer(label, 0).nbytes)
                 copies.append((_view(buffer, target), host))
@@ -541,16 +542,16 @@ class _Walk:
 
     def _ends(
         self, hosts: dict[str, np.ndarray[Any, Any]], label: str, index: int, length: int
-    ) -> tuple[int | None, Any, np.ndarray[Any, Any], bool]:
-        """Both ends of chunk ``index``'s copy of ``label``: its run axis, the chunk buffer trimmed
-        to the chunk, the host slice, and whether the copy can go straight between them (the host
-        side pinned, in rows the copy engines can follow)."""
+    ) -> tuple[Any, np.ndarray[Any, Any], bool]:
+        """Both ends of chunk ``index``'s copy of ``label``: the chunk buffer trimmed to the chunk,
+        the host slice, and whether the copy can go straight between them (the host side pinned,
+        in rows the copy engines can follow)."""
         response = self.response
         axis = response.chunk_axes[label]
         trimmed = _trim(response.buffer(label, index % self.depth), axis, length)
         host = hosts[label][response.chunk_slices(index, label)]
         direct = self.pinned[label] and geometry(host.shape, host.itemsize, host.strides, trimmed.strides) is not None
-        return axis, trimmed, host, direct
+        return trimmed, host, direct
 
     async def _copy_out(self, index: int) -> None:
         response, device, depth, cout = self.response, self.device, self.depth, self.cout
@@ -559,7 +560,7 @@ class _Walk:
         length = _length(response, index)
         unpack: list[tuple[Any, Any]] = []
         for label in self.chunked_out:
-            _, source, host, direct = self._ends(self.outs, label, index, length)
+            source, host, direct = self._ends(self.outs, label, index, length)
             if direct:
                 target: Any = host
             else:

@@ -8,8 +8,11 @@ same run: the figure is the throughput ratio, N over one. Then the same with Das
 each with its own CUDA_VISIBLE_DEVICES and an aiocubie manager from the worker plugin, against
 the jobs all sent to one of them. Every group's peak is checked against its cap, per device.
 
-Usage: python benchmarks/bench_multigpu.py [--backend cuda|simulator] [--gpus N] [--quick] [--out FILE.md]
+Usage: python benchmarks/bench_multigpu.py [--backend cuda|simulator] [--gpus N] [--quick] [--dask-cuda] [--out FILE.md]
 ``--gpus`` defaults to every GPU the process sees (on the simulator: 2; it models a host of N).
+``--dask-cuda`` (with ``--backend cuda``, where dask_cuda is importable): the Dask part runs under
+dask-cuda's LocalCUDACluster with an RMM pool on each worker, each manager on ``allocator="rmm"``
+wrapping that pool and budgeting its maximum size (``budget="rmm_maximum_pool_size"``).
 The simulator models the kernel as time on the stream's compute engine and the copies as time on
 its copy engines, each device on its own threads; there the figures show the mechanism only.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import importlib.util
 import os
 import platform
 import socket
@@ -238,19 +242,43 @@ async def dask_job(w: Workload) -> dict[str, Any]:
     return {"worker": key, "peak": usage.peak_bytes, "cap": usage.cap_bytes, "on": lane.located}
 
 
-async def bench_dask(backend: str, w: Workload, gpus: int) -> tuple[list[float], list[dict[str, Any]]]:
+def rmm_pool(w: Workload) -> tuple[int, int]:
+    """The RMM pool each dask-cuda worker starts with, and its maximum size (its manager's budget)."""
+    return 2 * w.cap, 4 * w.cap
+
+
+async def bench_dask(
+    backend: str, w: Workload, gpus: int, dask_cuda: bool = False
+) -> tuple[list[float], list[dict[str, Any]]]:
     from distributed import Client, LocalCluster, Nanny, Scheduler, SpecCluster
 
     from aiocubie.dask import ManagerPlugin
 
-    if backend == "cuda":
+    if dask_cuda:
+        from dask_cuda import LocalCUDACluster
+
+        # one worker process per GPU with its own CUDA_VISIBLE_DEVICES and dask-cuda's RMM pool; the
+        # plugin, registered below once the workers are up, wraps that pool
+        initial, maximum = rmm_pool(w)
+        cluster: Any = LocalCUDACluster(
+            n_workers=gpus,
+            threads_per_worker=1,
+            rmm_pool_size=initial,
+            rmm_maximum_pool_size=maximum,
+            dashboard_address=None,
+            asynchronous=True,
+        )
+        plugin = ManagerPlugin(
+            backend="cuda", mode="active", policy="wait", allocator="rmm", budget="rmm_maximum_pool_size"
+        )
+    elif backend == "cuda":
         # one worker process per GPU, each seeing only its own (what dask-cuda's LocalCUDACluster does)
         workers = {
             f"gpu{i}": {"cls": Nanny, "options": {"nthreads": 1, "env": {"CUDA_VISIBLE_DEVICES": str(i)}}}
             for i in range(gpus)
         }
         scheduler = {"cls": Scheduler, "options": {"dashboard_address": None}}
-        cluster: Any = SpecCluster(workers=workers, scheduler=scheduler, asynchronous=True)
+        cluster = SpecCluster(workers=workers, scheduler=scheduler, asynchronous=True)
         plugin = ManagerPlugin(backend="cuda", mode="active", policy="wait", allocator="cupy")
     else:
         cluster = LocalCluster(
@@ -338,10 +366,21 @@ async def main(args: argparse.Namespace) -> int:
     if args.gpus < 2:
         print(f"bench_multigpu: needs at least 2 devices, got {args.gpus}", file=sys.stderr)
         return 2
+    if args.dask_cuda and (args.backend != "cuda" or args.no_dask):
+        print("bench_multigpu: --dask-cuda runs the Dask part on GPUs: use it with --backend cuda", file=sys.stderr)
+        return 2
+    if args.dask_cuda and importlib.util.find_spec("dask_cuda") is None:
+        print("bench_multigpu: --dask-cuda needs dask-cuda (pip install dask-cuda)", file=sys.stderr)
+        return 2
     results["device set, one program"], found = await bench_device_set(args.backend, w, args.gpus)
     rows += found
     if not args.no_dask:
-        results["Dask, one worker per GPU"], found = await bench_dask(args.backend, w, args.gpus)
+        how = (
+            "Dask-CUDA (LocalCUDACluster, RMM pool), one worker per GPU"
+            if args.dask_cuda
+            else "Dask, one worker per GPU"
+        )
+        results[how], found = await bench_dask(args.backend, w, args.gpus, args.dask_cuda)
         rows += found
     text = report(args, w, results, rows)
     print(text)
@@ -359,6 +398,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--gpus", type=int, default=None, help="devices to use (default: every GPU seen; on the simulator 2)"
     )
     parser.add_argument("--no-dask", action="store_true", help="only the device set")
+    parser.add_argument(
+        "--dask-cuda",
+        action="store_true",
+        help="the Dask part under dask-cuda's LocalCUDACluster with an RMM pool per worker (allocator rmm)",
+    )
     parser.add_argument("--out", help="also write the markdown table here")
     return parser.parse_args(argv)
 

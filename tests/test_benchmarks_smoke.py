@@ -86,6 +86,17 @@ def test_multigpu_benchmark_quick_on_the_simulator(tmp_path: Path) -> None:
     assert table.count("| yes |") == 4 and "| NO |" not in table
 
 
+def test_multigpu_benchmark_runs_dask_cuda_on_gpus_only() -> None:
+    """bench_multigpu --dask-cuda (LocalCUDACluster with RMM pools) needs the cuda backend: on the simulator, a clear exit."""
+    script = str(ROOT / "benchmarks" / "bench_multigpu.py")
+    result = subprocess.run(
+        [sys.executable, script, "--quick", "--dask-cuda"], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert (
+        result.returncode == 2 and "--dask-cuda runs the Dask part on GPUs: use it with --backend cuda" in result.stderr
+    )
+
+
 def test_multigpu_benchmark_on_a_simulated_node_of_eight(tmp_path: Path) -> None:
     """bench_multigpu --gpus 8 (issue 24 on the simulator): a lane per device, every peak within its cap."""
     out = tmp_path / "multigpu8.md"

@@ -325,3 +325,72 @@ def test_the_cap_on_other_libraries_is_a_number_of_bytes(limit: object) -> None:
     mgr = MemoryManager(SimulatorBackend(TOTAL, allocator="rmm"))
     with pytest.raises(ConfigurationError, match="limit must be"):
         mgr.share_pool("cupy", limit=limit)  # type: ignore[arg-type]
+
+
+async def test_a_hook_that_says_it_freed_what_it_did_not_free_does_not_retry_forever(shared: SimulatorBackend) -> None:
+    # the library retries while the handler says True: trusting the hooks' word had it retry for
+    # as long as a hook said it freed something (forever, in the event loop's thread)
+    calls: list[int] = []
+
+    def liar(nbytes: int) -> int:
+        calls.append(nbytes)
+        if len(calls) > 50:  # bounds the test without the fix
+            return 0
+        return 4096  # says it freed 4 KiB; frees nothing
+
+    mgr = MemoryManager(shared)
+    mgr.add_reclaim_hook(liar)
+    async with mgr:
+        with pytest.raises(OutOfMemoryError):
+            shared.library_allocate(2 * TOTAL)
+        assert len(calls) == 1
+        recovery = mgr.stats().recovery
+        assert recovery.out_of_memory == 1 and recovery.failed == 1 and recovery.hook_bytes_freed == 4096
+
+
+async def test_a_library_recovery_keeps_out_of_memory_equal_to_recovered_plus_failed(shared: SimulatorBackend) -> None:
+    # README, Guarantees: out_of_memory always equals recovered + failed (a library's recovery
+    # that let it retry counted neither)
+    mgr, part = MemoryManager(shared), Part()
+    mgr.register(part)
+    mgr.add_reclaim_hook(lambda nbytes: (mgr.free_all(), 400_000)[1])
+    async with mgr:
+        await mgr.request(part, _floats(100_000))
+        block = shared.library_allocate(800 * KiB)  # fits once the manager's arrays are gone
+        with pytest.raises(OutOfMemoryError):
+            shared.library_allocate(800 * KiB)  # nothing left to free
+        recovery = mgr.stats().recovery
+        assert recovery.out_of_memory == 2
+        assert (recovery.recovered, recovery.failed) == (1, 1)
+        shared.library_free(block)
+
+
+async def test_the_cap_on_other_libraries_outlives_a_new_rmm_resource(shared: SimulatorBackend) -> None:
+    # on a GPU the limiting adaptor stays the device's current resource, and the next rmm resource
+    # finds it installed: the cap holds and is still set once. The simulator's model forgot it.
+    mgr = MemoryManager(shared)
+    mgr.share_pool("cupy", limit=100 * KiB)
+    with pytest.warns(UserWarning, match="resets the device context"):
+        mgr.set_allocator("rmm")
+    async with mgr:
+        with pytest.raises(OutOfMemoryError, match="cap on other libraries"):
+            shared.library_allocate(200 * KiB)
+        with pytest.raises(ConfigurationError, match="set once"):
+            mgr.share_pool(limit=200 * KiB)
+
+
+async def test_free_all_leaves_the_torch_bytes_an_instance_holds_counted_against_it(shared: SimulatorBackend) -> None:
+    # free_all (a reclaim hook's usual call) frees aiocubie's arrays; torch's tensors stay torch's:
+    # their count went, so they showed as another library's and the instance's budget lost them
+    mgr, part = MemoryManager(shared), Part()
+    mgr.register(part)
+    async with mgr:
+        await mgr.request(part, _floats(1000))
+        with mgr.torch_allocations(part):
+            tensor = shared.library_allocate(5000)
+        mgr.free_all()
+        mgr.free("torch")
+        stats = mgr.stats()
+        assert stats.instances["Part#1"].live_bytes == 5000
+        assert stats.other_bytes == 0 and stats.pool.in_use == stats.live_bytes + stats.other_bytes == 5000
+        shared.library_free(tensor)

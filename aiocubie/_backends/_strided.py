@@ -100,8 +100,11 @@ def geometry(
         return Geometry(width, height, 1, src_pitch, dst_pitch)
     depth, src_slice, dst_slice = levels[1]
     for pitch, slice_ in ((src_pitch, src_slice), (dst_pitch, dst_slice)):
-        # slices one after another, or (a transposed view) side by side within each row pitch
-        if slice_ < (height - 1) * pitch + width and pitch < (depth - 1) * slice_ + width:
+        # slices one after another, or (a transposed view) side by side within each row pitch,
+        # each slice's row clear of the next one's
+        after = slice_ >= (height - 1) * pitch + width
+        beside = slice_ >= width and pitch >= (depth - 1) * slice_ + width
+        if not (after or beside):
             return None  # elements of one side may overlap
     return Geometry(width, height, depth, src_pitch, dst_pitch, src_slice, dst_slice)
 

@@ -280,6 +280,12 @@ def test_strided_copies_refuse_what_the_copy_engines_cannot_do(contract: Contrac
         device.copy_strided(dev[:, :4], dev[:, 2:], stream)  # a GPU would read what it writes
     with pytest.raises(BackendError, match="overlap"):
         device.copy_strided(host[1:3], host[2:4], stream)
+    # slices 3 bytes apart, rows of 4 bytes: the target's elements overlap (its slices' rows interleave
+    # within a pitch, but are not clear of each other); a copy into it depends on the engines' order
+    bytes_ = np.zeros(32, np.uint8)
+    overlapping = np.lib.stride_tricks.as_strided(bytes_, shape=(2, 2, 4), strides=(3, 12, 1))
+    with pytest.raises(BackendError, match="reversed, broadcast or overlapping"):
+        device.copy_strided(np.ones((2, 2, 4), np.uint8), overlapping, stream)
     device.copy_strided(dev[:2], dev[2:], stream)  # two halves of one buffer: apart, fine
     device.copy_strided(host[:0], dev[:0], stream)  # nothing to copy
     contract.sync(stream)

@@ -139,7 +139,9 @@ class SimDevice(Device):
             )
         memory = SimMemory(self.state, name)
         if name == "rmm":  # RMM's current device resource: the last one made is what other libraries use
-            self.shared = SimShared(memory)
+            previous, self.shared = self.shared, SimShared(memory)
+            if previous is not None:  # as on a GPU, the cap on other libraries stays installed (set once)
+                self.shared.limit = previous.limit
             return SimFaults(self.shared, self.faults)
         return SimFaults(SimPool(memory, name) if _POOLED[name] else memory, self.faults)
 
