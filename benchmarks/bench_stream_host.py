@@ -116,7 +116,9 @@ async def _measure(device: str, case: str, batches: int, runs: int) -> dict[str,
 def _child(batches: int, runs: int) -> dict[str, dict[str, float]]:
     import anyio
 
-    return {f"{device}: {case}": anyio.run(_measure, device, case, batches, runs) for device in DEVICES for case in CASES}
+    return {
+        f"{device}: {case}": anyio.run(_measure, device, case, batches, runs) for device in DEVICES for case in CASES
+    }
 
 
 def main() -> None:

@@ -138,3 +138,30 @@ def test_pipeline_benchmark_checks_every_job_on_the_simulator(tmp_path: Path) ->
     assert {"pageable first, 2-D", "stream one at a time", "stream 4 tasks, one group"} <= set(jobs)
     assert all(row["aiocubie_s"] > 0 and row["hand_s"] is None for row in report["rows"])
     assert 0 <= report["profile"]["activation_share"] < 1
+
+
+def test_stream_host_benchmark_counts_calls_and_checks_every_output(tmp_path: Path) -> None:
+    # every output of every batch is checked inside the script: a wrong walk exits non-zero
+    out = tmp_path / "host.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "bench_stream_host.py"),
+            "--batches",
+            "8",
+            "--runs",
+            "1",
+            "--rounds",
+            "1",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    (figures,) = json.loads(out.read_text())["best"].values()
+    assert len(figures) == 6
+    assert all(f["calls"] > 0 and f["cpu_us"] > 0 and f["wall_us"] > 0 for f in figures.values())
