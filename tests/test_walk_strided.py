@@ -111,3 +111,14 @@ async def test_a_non_contiguous_pinned_host_view_is_staged_and_still_exact(layou
                 chunk.device["y"][...] = chunk.device["x"] * 2
         assert mgr.stats().pinned.peak_in_use > 0
     assert y.tobytes() == (x * 2).tobytes()
+
+
+def test_the_cuda_backend_reads_a_host_views_address_as_numpy_does() -> None:
+    # the CUDA copies' host side (no GPU needed): the first element of any view, strides as numpy's
+    from aiocubie._backends._cuda._arrays import host_address, pointer_and_contiguity, pointer_and_strides
+
+    base = np.zeros((6, 8, 4), np.float32)
+    for view in (base, base[2:, 1::3], base[..., ::-1], base.T, base[3:3]):
+        assert host_address(view) == view.ctypes.data
+        assert pointer_and_strides(view) == (view.ctypes.data, view.strides)
+        assert pointer_and_contiguity(view) == (view.ctypes.data, view.flags.c_contiguous)

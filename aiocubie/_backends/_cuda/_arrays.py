@@ -18,7 +18,15 @@ from .._arrays import ArrayMaker
 from .._resource import Block
 from ._streams import import_cupy
 
-__all__ = ["CupyArrays", "c_strides", "device_pointer", "host_array", "pointer_and_contiguity", "pointer_and_strides"]
+__all__ = [
+    "CupyArrays",
+    "c_strides",
+    "device_pointer",
+    "host_address",
+    "host_array",
+    "pointer_and_contiguity",
+    "pointer_and_strides",
+]
 
 _HOST_KINDS = (MemoryKind.HOST, MemoryKind.PINNED)
 
@@ -91,11 +99,18 @@ def device_pointer(array: Any) -> int | None:
     return None if interface is None else int(interface["data"][0])
 
 
+def host_address(array: np.ndarray[Any, Any]) -> int:
+    """The address of a numpy array's first element (``array.ctypes.data`` without the two ctypes
+    helper objects numpy builds in Python for it: this runs for every copy of a walk)."""
+    address: int = array.__array_interface__["data"][0]
+    return address
+
+
 def pointer_and_contiguity(array: Any) -> tuple[int, bool]:
     """The address of any array (a host address for numpy, valid under unified addressing) and
     whether it is C-contiguous."""
     if isinstance(array, np.ndarray):
-        return int(array.ctypes.data), bool(array.flags.c_contiguous)
+        return host_address(array), bool(array.flags.c_contiguous)
     flags = getattr(array, "flags", None)
     data = getattr(array, "data", None)
     ptr = getattr(data, "ptr", None)
@@ -114,7 +129,7 @@ def pointer_and_contiguity(array: Any) -> tuple[int, bool]:
 def pointer_and_strides(array: Any) -> tuple[int, tuple[int, ...]]:
     """The address of any array's first element (a host address for numpy) and its byte strides."""
     if isinstance(array, np.ndarray):
-        return int(array.ctypes.data), tuple(array.strides)
+        return host_address(array), tuple(array.strides)
     data = getattr(array, "data", None)
     ptr = getattr(data, "ptr", None)
     strides = getattr(array, "strides", None)

@@ -29,7 +29,7 @@ from ..._requests import MemoryKind
 from .._device import Advice, Device, MemoryInfo
 from .._resource import Block, MemoryResource
 from .._strided import Geometry, geometry, refusal
-from ._arrays import device_pointer, host_array, pointer_and_contiguity, pointer_and_strides
+from ._arrays import device_pointer, host_address, host_array, pointer_and_contiguity, pointer_and_strides
 from ._errors import check, map_exceptions, translate
 from ._events import EVENT_OPTIONS, CudaEvent, StreamWaiter
 from ._resources import CupyAsyncResource, CupyResource, DriverResource, HostAllocation
@@ -261,7 +261,7 @@ class CudaDevice(Device):
         """Whether the driver knows ``array``'s memory as page-locked host memory."""
         if not isinstance(array, np.ndarray) or not array.nbytes:
             return False
-        err, kind = binding.cuPointerGetAttribute(_MEMORY_TYPE, array.ctypes.data)
+        err, kind = binding.cuPointerGetAttribute(_MEMORY_TYPE, host_address(array))
         return err == _SUCCESS and int(kind) == _HOST_MEMORY
 
     # -- streams, events, copies ------------------------------------------------------------
