@@ -10,6 +10,7 @@ of tickets, tasks, the event loop or the manager: hooks and the history recorder
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import math
@@ -103,6 +104,7 @@ class DeviceAccount:
         self._free_reading = 0
         self._free_at = -math.inf
         self._free_delta = 0  # VRAM we allocated (+) or released (-) since the reading
+        self._generation = 0  # context resets so far (forget_all): a free deferred across one is dropped
         self._reclaiming: str | None = None  # while reclaim hooks run: the allocation they run for
         self._refusal: ManagerStateError | None = None  # the last refusal raised inside a hook
         self._thread = threading.get_ident()  # where hooks may run for other libraries' failures
@@ -616,10 +618,29 @@ class DeviceAccount:
             return
         if self.history is not None:
             self.history.released(allocations)
-        deallocate = self.resource.deallocate
+        owners: dict[int, tuple[ArrayResponse, list[Allocation]]] = {}
+        now: list[Allocation] = []
         for alloc in allocations:
             if alloc.block is None:  # a library's bytes (count_library): still the library's, nothing to free
                 continue
+            owner = alloc.owner
+            if isinstance(owner, ArrayResponse) and owner._walks is not None:
+                owners.setdefault(id(owner), (owner, []))[1].append(alloc)
+            else:
+                now.append(alloc)
+        self._give_back(now, self._generation)
+        # a walk over a response queues its next chunks' copies ahead on its copy streams: its
+        # blocks go back once every walk over it has ended (a released walk ends at its next
+        # chunk, after waiting for its copies)
+        for owner, allocs in owners.values():
+            owner._after_walks(functools.partial(self._give_back, allocs, self._generation))
+
+    def _give_back(self, allocations: list[Allocation], generation: int) -> None:
+        """Deallocate the blocks of ``allocations``, unless a context reset (``generation``) lost them."""
+        if not allocations or generation != self._generation:
+            return
+        deallocate = self.resource.deallocate
+        for alloc in allocations:
             deallocate(alloc.block)
             self._free_delta -= alloc.vram
         if self.options.waits:  # only a batch waiting for memory cares: spare waking every group
@@ -630,5 +651,6 @@ class DeviceAccount:
         if self.history is not None:
             self.history.reset("every array forgotten", context=True)
         self.ledger.pop_where(lambda a: True)
+        self._generation += 1  # frees still waiting for a walk to end: their blocks went with the context
         self._free_delta = 0
         self._free_at = -math.inf

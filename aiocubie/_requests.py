@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import math
 import numbers
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -487,6 +487,8 @@ class ArrayResponse:
     device: Any = attrs.field(default=None, repr=False)
     ready: Any = attrs.field(default=None, repr=False, eq=False)
     _released: set[str] = attrs.field(factory=set, init=False, repr=False)  # labels freed; the ledger writes it
+    # [walks under way, then what waits for them to end] (None: no walk yet): the walks write it
+    _walks: list[Any] | None = attrs.field(default=None, init=False, repr=False)
 
     @property
     def released(self) -> frozenset[str]:
@@ -496,6 +498,32 @@ class ArrayResponse:
 
     def _mark_released(self, labels: Iterable[str]) -> None:
         self._released.update(labels)
+
+    def _walk_started(self) -> None:
+        """A walk over these arrays begins: frees of them wait until it has ended (see :meth:`_after_walks`)."""
+        walks = self._walks
+        if walks is None:
+            object.__setattr__(self, "_walks", [1])
+        else:
+            walks[0] += 1
+
+    def _walk_ended(self) -> None:
+        """A walk ended, its copies done: once none is under way, run what waited for them, in order."""
+        walks = self._walks
+        if walks is None or not walks[0]:
+            return
+        walks[0] -= 1
+        while not walks[0] and len(walks) > 1:
+            walks.pop(1)()
+
+    def _after_walks(self, then: Callable[[], None]) -> None:
+        """Call ``then`` now, or once the walks over these arrays under way have ended (the account
+        frees a released response's blocks so: a walk's copies queued ahead still use them)."""
+        walks = self._walks
+        if walks is None or not walks[0]:
+            then()
+        else:
+            walks.append(then)
 
     def buffer_count(self, label: str) -> int:
         """How many chunk buffers ``label`` has (1 unless it asked for more and was chunked)."""

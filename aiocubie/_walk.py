@@ -149,6 +149,13 @@ async def walk_chunks(
     cancellation) for the copies it queued, then gives its staging buffers back. Wrap the
     walk in ``contextlib.aclosing`` when you may break out of it, so it is closed at once.
 
+    Releasing the response while a walk over it is under way (in the body, or from another
+    task) ends the walk with ReleasedError at its next chunk, and the arrays' blocks go back
+    to the device only once every walk over them has ended, after the copies it queued ahead
+    (the next chunks' inputs) are done: those copies never write memory handed on. The
+    response's bytes leave the manager's counts at the release; the device's free memory
+    shows them when the walk has ended.
+
     Examples
     --------
     >>> async with mgr.request(solver, walk_requests(requests)) as response:   # doctest: +SKIP
@@ -427,6 +434,7 @@ class _Walk:
         axes = response.chunk_axes
         whole_in = [label for label in self.ins if axes[label] is None]
         finished = False
+        response._walk_started()  # a release while it walks frees the blocks once it has ended
         try:
             _check_live(self.response)
             ready = response.ready  # the allocation: a copy stream waits for it (an ordered request)
@@ -473,11 +481,14 @@ class _Walk:
                     self.outs[label][...] = buffer
             finished = True
         finally:
-            if not finished:
-                await self._quiesce()
-            for buffer in self.staging:
-                self.pool.release(buffer)
-            self.staging.clear()
+            try:
+                if not finished:
+                    await self._quiesce()
+                for buffer in self.staging:
+                    self.pool.release(buffer)
+                self.staging.clear()
+            finally:
+                response._walk_ended()
 
     async def _copy_whole(self, sources: list[Any], targets: list[Any]) -> None:
         """Copy the unchunked arrays on the group's stream and wait until they are done."""

@@ -22,6 +22,7 @@ from aiocubie import (
     ConfigurationError,
     InvalidRequestError,
     MemoryKind,
+    ReleasedError,
     SimulatorBackend,
     UnknownAllocatorError,
 )
@@ -494,3 +495,58 @@ def test_an_unreferenced_stream_stops_its_worker() -> None:
     gc.collect()
     worker.join(timeout=10)
     assert not worker.is_alive()
+
+
+# -- use after free, when the engines run it -----------------------------------------------------
+def test_a_copy_queued_on_another_stream_that_runs_after_the_free_sticks(sim: SimulatorBackend, mem: ByHand) -> None:
+    # the free is ordered on the block's stream only: a copy queued on another stream before the
+    # release, still waiting when the free runs, would write memory the pool handed on
+    home, other = sim.device.create_stream(), sim.device.create_stream()
+    array = mem.allocate((64,), F8, MemoryKind.DEVICE, home)
+    gate = gate_stream(other)
+    sim.device.copy(np.full(64, 3.0), array, other)
+    mem.free(array)
+    home.synchronize()  # the free ran
+    gate.set()
+    other.synchronize()
+    assert (host_data(array).view(np.uint8) == 0xFF).all(), "the copy wrote freed memory"
+    assert sim.device.sticky is not None and "released after it was queued" in sim.device.sticky
+    with pytest.raises(BackendError, match="unusable"):
+        sim.device.record_event(home)
+    with pytest.raises(BackendError, match="unusable"):
+        sim.device.copy(np.zeros(64), mem.allocate((64,), F8, MemoryKind.DEVICE, home), home)
+    sim.device.reset()  # as a context reset clears a CUDA context's sticky error
+    assert sim.device.sticky is None
+
+
+def test_work_queued_on_the_blocks_stream_before_the_free_runs_before_it(sim: SimulatorBackend, mem: ByHand) -> None:
+    # a stream-ordered free: a fill, a copy and a kernel queued on the block's own stream first are fine
+    stream = sim.device.create_stream()
+    array = mem.allocate((64,), F8, MemoryKind.DEVICE, stream)
+    out = sim.device.host_array((64,), F8, MemoryKind.PINNED)
+    seen: list[float] = []
+    gate = gate_stream(stream)
+    sim.device.zero(array, stream)
+    sim.device.copy(np.full(64, 5.0), array, stream)
+    sim.launch(stream, lambda: seen.append(float(array.sum())))
+    sim.device.copy(array, out, stream)
+    mem.free(array)
+    with pytest.raises(ReleasedError):  # the host may not touch it from the release on
+        array.get()
+    gate.set()
+    stream.synchronize()
+    assert seen == [320.0] and (out == 5.0).all()
+    assert sim.device.sticky is None
+    assert (host_data(array).view(np.uint8) == 0xFF).all(), "poisoned once the stream reached the free"
+
+
+def test_a_kernel_that_runs_on_freed_memory_sticks(sim: SimulatorBackend, mem: ByHand) -> None:
+    home, other = sim.device.create_stream(), sim.device.create_stream()
+    array = mem.allocate((8,), F8, MemoryKind.DEVICE, home)
+    gate = gate_stream(other)
+    sim.launch(other, lambda: array.fill(1.0), tag="late")
+    mem.free(array)
+    home.synchronize()
+    gate.set()
+    other.synchronize()
+    assert sim.device.sticky is not None and "'late'" in sim.device.sticky

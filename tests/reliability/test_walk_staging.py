@@ -68,12 +68,6 @@ async def test_a_walk_cancelled_while_it_waits_for_a_pack_waits_for_the_staging_
             assert mgr.stats().pinned.in_use == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a walk's copies queued ahead on its copy streams are not ordered before a release: the "
-    "blocks are freed (on a GPU: back to the pool, on the group's stream only) while the next chunks' "
-    "copies in still write them, and the simulator's copy engines write freed memory without a word",
-)
 async def test_copies_queued_ahead_never_write_a_block_the_body_released() -> None:
     from aiocubie._backends._sim._arrays import host_data
 
@@ -93,9 +87,14 @@ async def test_copies_queued_ahead_never_write_a_block_the_body_released() -> No
             async for chunk in walk_chunks(response, inputs={"x": x}):
                 if chunk.index == 0:  # chunks 0 to 2 are still queued on the copy-in stream
                     mgr.release(response)
+        # the walk ended after its queued copies: only then did the blocks go back (poisoned once
+        # the group's stream reaches their free); no copy ran on freed memory
+        await anyio.to_thread.run_sync(response.stream.synchronize)
+        assert sim.device.sticky is None, sim.device.sticky
         for slot in range(3):
             written = np.unique(buffers[slot].view(np.uint8))
-            assert written.tolist() == [0xFF], f"chunk buffer {slot} was written after it was freed"
+            assert written.tolist() == [0xFF], f"chunk buffer {slot} was not freed once the walk ended"
+        assert sim.used == 0
 
 
 # -- walks of odd views, seeded: every one gives numpy's bytes and gives everything back -------

@@ -20,7 +20,14 @@ import attrs
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ..._errors import BackendError, ConfigurationError, InvalidRequestError, UnknownAllocatorError, shown
+from ..._errors import (
+    BackendError,
+    ConfigurationError,
+    InvalidRequestError,
+    ReleasedError,
+    UnknownAllocatorError,
+    shown,
+)
 from ..._requests import MemoryKind, check_device
 from .._device import Advice, Device, Event, MemoryInfo
 from .._resource import MemoryResource
@@ -108,6 +115,11 @@ class SimDevice(Device):
         :data:`TIMELINE_LENGTH`).
     resets : int
         Context resets so far.
+    sticky : str or None
+        The first use of freed memory an engine ran into (a copy, fill or kernel that ran on a
+        block released after it was queued), as a CUDA context's sticky error: every later
+        stream, event, copy or launch call raises it as a BackendError, until a reset. A GPU
+        would corrupt whatever the pool had handed that memory on to.
     """
 
     name = "simulator"
@@ -125,6 +137,7 @@ class SimDevice(Device):
         self.device_name = f"aiocubie simulator device {device} of {devices} ({state.total:,} bytes)"
         self.faults = Faults()
         self.resets = 0
+        self.sticky: str | None = None
         self.shared: SimShared | None = None  # RMM's current device resource, once an "rmm" resource is made
         self.timeline: collections.deque[TimelineEntry] = collections.deque(maxlen=TIMELINE_LENGTH)
         self._copy_engines = {"h2d": threading.Lock(), "d2h": threading.Lock()}
@@ -190,6 +203,7 @@ class SimDevice(Device):
         return stream
 
     def record_event(self, stream: SimStream) -> SimEvent:  # type: ignore[override]
+        self._check_sticky()
         if self.faults.check("record_event"):
             raise BackendError(f"injected fault: recording an event on {stream}")
         event = SimEvent()
@@ -197,12 +211,20 @@ class SimDevice(Device):
         return event
 
     def wait_event(self, stream: SimStream, event: Event) -> None:  # type: ignore[override]
+        self._check_sticky()
         if not event.query():
             stream.enqueue(event.synchronize)
 
     def zero(self, array: Any, stream: SimStream) -> None:  # type: ignore[override]
+        self._check_sticky()
         data = host_data(array)
-        stream.enqueue(lambda: data.fill(0))
+        resets = self.resets
+
+        def fill() -> None:
+            if self._on_live(resets, "a zero fill", data):
+                data.fill(0)
+
+        stream.enqueue(fill)
 
     def launch(
         self, stream: SimStream, work: Callable[[], None] | None = None, *, duration: float = 0.0, tag: object = None
@@ -231,22 +253,29 @@ class SimDevice(Device):
             raise InvalidRequestError(
                 f"launch's duration must be a finite number of seconds >= 0, got {shown(duration)}"
             )
+        self._check_sticky()
         cost = duration + self.engines.kernel_latency
         engine = f"compute:{stream.id}"
-        timeline = self.timeline
+        timeline, resets = self.timeline, self.resets
 
         def run() -> None:
             start = time.perf_counter()
             if cost:
                 time.sleep(cost)
             if work is not None:
-                work()
+                try:
+                    work()
+                except ReleasedError as exc:  # the kernel touched memory freed after it was queued
+                    if self.resets == resets:
+                        self._stick(f"a kernel (tag {tag!r}) on {stream} used released memory: {exc}")
+                    raise
             timeline.append(TimelineEntry(engine, "kernel", start, time.perf_counter(), tag))
 
         stream.enqueue(run)
 
     def copy(self, src: Any, dst: Any, stream: SimStream, *, tag: object = None) -> None:  # type: ignore[override]
         source, target = src, dst
+        self._check_sticky()
         src, dst = self._ends(src, dst)
         if not (src.flags.c_contiguous and dst.flags.c_contiguous):  # as on a GPU: one block each
             raise BackendError(
@@ -256,12 +285,13 @@ class SimDevice(Device):
             )
         if self.faults.check("copy"):
             raise BackendError(f"injected fault: copying {src.nbytes} bytes on {stream}")
-        self._queue_copy(source, target, stream, src.nbytes, lambda: np.copyto(dst, src), tag)
+        self._queue_copy(source, target, stream, src.nbytes, lambda: np.copyto(dst, src), tag, (src, dst))
 
     def copy_strided(self, src: Any, dst: Any, stream: SimStream, *, tag: object = None) -> None:  # type: ignore[override]
         """As on a GPU: the copy moves exactly the rows of its geometry, read from and written to
         raw memory; a geometry that would step outside either array's memory, or sides that
         overlap, fail here instead of corrupting it."""
+        self._check_sticky()
         source, target = src, dst
         src, dst = self._ends(src, dst)
         found = geometry(src.shape, src.itemsize, src.strides, dst.strides)
@@ -287,7 +317,7 @@ class SimDevice(Device):
         rows = (found.depth, found.height, found.width // src.itemsize)
         from_rows = as_strided(src, rows, (found.src_slice, found.src_pitch, src.itemsize))
         to_rows = as_strided(dst, rows, (found.dst_slice, found.dst_pitch, dst.itemsize))
-        self._queue_copy(source, target, stream, found.nbytes, lambda: np.copyto(to_rows, from_rows), tag)
+        self._queue_copy(source, target, stream, found.nbytes, lambda: np.copyto(to_rows, from_rows), tag, (src, dst))
 
     @staticmethod
     def _ends(src: Any, dst: Any) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
@@ -309,14 +339,53 @@ class SimDevice(Device):
             raise BackendError(f"cannot copy into a read-only {dst.shape} array: pass a writable one")
         return src, dst
 
+    def _check_sticky(self) -> None:
+        if self.sticky is not None:
+            raise BackendError(
+                f"the simulated device is unusable: {self.sticky}. On a GPU that corrupts memory the pool had "
+                "handed on; release a response only once the work queued on its arrays (a walk's copies "
+                "included) is done. A context reset (mgr.invalidate_all()) clears it"
+            )
+
+    def _stick(self, what: str) -> None:
+        if self.sticky is None:
+            self.sticky = what
+
+    def _on_live(self, resets: int, what: str, *ends: np.ndarray[Any, Any]) -> bool:
+        """Whether an engine may run ``what`` on ``ends`` now: not once one was released after the
+        operation was queued (that sticks), nor after a context reset (its memory is gone, quietly)."""
+        if self.resets != resets:
+            return False
+        try:
+            for end in ends:
+                check_live(end)
+        except ReleasedError as exc:
+            self._stick(f"{what} ran on memory released after it was queued ({exc})")
+            raise
+        return True
+
     def _queue_copy(
-        self, source: Any, target: Any, stream: SimStream, nbytes: int, move: Callable[[], None], tag: object
+        self,
+        source: Any,
+        target: Any,
+        stream: SimStream,
+        nbytes: int,
+        move: Callable[[], None],
+        tag: object,
+        ends: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]],
     ) -> None:
-        """Queue ``move`` on ``stream``, on the copy engine of its direction (host arrays are numpy's)."""
+        """Queue ``move`` on ``stream``, on the copy engine of its direction (host arrays are numpy's);
+        when it runs, both ``ends`` must still be live."""
         src_host, dst_host = isinstance(source, np.ndarray), isinstance(target, np.ndarray)
         direction = "h2d" if src_host and not dst_host else "d2h" if dst_host and not src_host else None
+        resets, what = self.resets, f"a copy (tag {tag!r}) on {stream}"
         if direction is None:  # device to device or host to host: the stream's own engine
-            stream.enqueue(move)
+
+            def local() -> None:
+                if self._on_live(resets, what, *ends):
+                    move()
+
+            stream.enqueue(local)
             return
         engines = self.engines
         bandwidth = engines.h2d_bandwidth if direction == "h2d" else engines.d2h_bandwidth
@@ -328,6 +397,8 @@ class SimDevice(Device):
                 start = time.perf_counter()
                 if cost:
                     time.sleep(cost)
+                if not self._on_live(resets, what, *ends):
+                    return
                 move()
                 end = time.perf_counter()
             timeline.append(TimelineEntry(direction, "copy", start, end, tag))
@@ -344,6 +415,7 @@ class SimDevice(Device):
             )
 
     def prefetch(self, array: Any, device: int | None, stream: SimStream) -> None:  # type: ignore[override]
+        self._check_sticky()
         self._check_location(device)
         if self.faults.check("prefetch"):
             raise BackendError(f"injected fault: prefetching {getattr(array, 'nbytes', '?')} bytes on {stream}")
@@ -357,6 +429,7 @@ class SimDevice(Device):
     # -- context ----------------------------------------------------------------------------
     def reset(self) -> None:
         self.resets += 1
+        self.sticky = None
         self.state.clear()
         self.close()
 

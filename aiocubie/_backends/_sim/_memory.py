@@ -24,6 +24,7 @@ from ..._stats import PoolFacts
 from .._resource import Block, FailureHandler, LibraryPool, MemoryResource, ResourceAdaptor
 from .._stream import StreamLike
 from ._faults import Faults
+from ._streams import SimStream, on_worker
 
 __all__ = [
     "SimFaults",
@@ -38,23 +39,45 @@ __all__ = [
 ]
 
 #: The memory of device and managed blocks given back, or lost to a context reset, by id: the
-#: simulator's arrays over it refuse every use (on a GPU it may hold another array's data).
+#: simulator's arrays over it refuse every use from the host at once (on a GPU it may hold
+#: another array's data by now).
 _RELEASED: weakref.WeakValueDictionary[int, np.ndarray[Any, Any]] = weakref.WeakValueDictionary()
+#: The same memory once its free ran: on its stream, after the work queued there before the free
+#: (a stream-ordered free, as the driver's pool does it). What an engine runs must not touch it.
+_FREED: weakref.WeakValueDictionary[int, np.ndarray[Any, Any]] = weakref.WeakValueDictionary()
 
 
-def poison(block: Block) -> None:
-    """Mark the memory of a freed device or managed ``block``: filled with ``0xFF`` (NaN in
-    floats), and every simulator array over it raises :class:`ReleasedError` when used."""
+def poison(block: Block, *, now: bool = False) -> None:
+    """Mark the memory of a freed device or managed ``block``: from now on every use of a simulator
+    array over it from the host raises :class:`ReleasedError`; once the block's stream reaches the
+    free (at once with ``now``, for a block of no stream or a lost context), it is filled with
+    ``0xFF`` (NaN in floats) and work an engine runs on it fails too (see :func:`check_live`)."""
     data = block.handle
     if (block.kind is _DEVICE or block.kind is _MANAGED) and isinstance(data, np.ndarray) and data.size:
-        data.fill(0xFF)
         _RELEASED[id(data)] = data
+
+        def freed() -> None:
+            data.fill(0xFF)
+            _FREED[id(data)] = data
+
+        stream = block.stream
+        if now or not isinstance(stream, SimStream):
+            freed()
+        else:  # a closed stream's worker still runs what was queued before the close
+            stream.when_done(freed)
 
 
 def check_live(data: np.ndarray[Any, Any]) -> None:
-    """Raise :class:`ReleasedError` if ``data`` views the memory of a freed block."""
+    """Raise :class:`ReleasedError` if ``data`` views the memory of a released block.
+
+    From the host that is as soon as the block was given back; on a stream's worker (a copy, a
+    fill or a kernel the engines run) once its free ran: work queued on the block's stream
+    before the free is ordered before it, as on a GPU.
+    """
     base = data.base
     if base is not None and _RELEASED.get(id(base)) is base:
+        if on_worker() and _FREED.get(id(base)) is not base:
+            return
         raise ReleasedError(
             f"this {data.shape} {data.dtype} array was released (mgr.release, free, free_all, the end of "
             "its request's `async with`, or a context reset) and is used after: on a GPU its memory may "
@@ -96,7 +119,7 @@ class SimState:
         self.used = self.pooled = self.device_used = 0
         self.cached.clear()
         for block in self.live.values():
-            poison(block)
+            poison(block, now=True)
         self.live.clear()
 
 

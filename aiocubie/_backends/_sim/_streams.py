@@ -17,19 +17,39 @@ from collections.abc import Callable
 from ..._errors import BackendError
 from .._device import Event
 
-__all__ = ["SimEvent", "SimStream"]
+__all__ = ["SimEvent", "SimStream", "on_worker"]
 
 log = logging.getLogger("aiocubie")
+
+#: ``.on`` is True in a stream's worker thread: what runs there is an engine's work.
+_worker = threading.local()
+
+
+def on_worker() -> bool:
+    """True when called from a simulated stream's worker (work an engine runs), not from the host."""
+    return getattr(_worker, "on", False)
 
 
 class _Progress:
     """Items queued on a stream and items its worker finished: equal when the stream is idle."""
 
-    __slots__ = ("done", "lock", "queued")
+    __slots__ = ("done", "later", "lock", "queued")
 
     def __init__(self) -> None:
         self.queued = self.done = 0
         self.lock = threading.Lock()
+        self.later: list[tuple[int, Callable[[], None]]] = []  # (items done by then, callback), in order
+
+    def finished(self) -> list[Callable[[], None]]:
+        """Count an item done; the callbacks it reaches (call them outside the lock)."""
+        with self.lock:
+            self.done += 1
+            later, done = self.later, self.done
+            if not later or later[0][0] > done:
+                return []
+            reached = [callback for at, callback in later if at <= done]
+            self.later = [(at, callback) for at, callback in later if at > done]
+            return reached
 
 
 class SimStream:
@@ -83,6 +103,17 @@ class SimStream:
             self._progress.queued += 1
         self._queue.put(work)
 
+    def when_done(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the work queued so far is done: now when the stream is idle, else
+        on the worker right after that work (it takes no place in the queue: :attr:`pending` and
+        the events queued later do not wait for it)."""
+        progress = self._progress
+        with progress.lock:
+            if progress.done < progress.queued:
+                progress.later.append((progress.queued, callback))
+                return
+        callback()
+
     def synchronize(self) -> None:
         """Block until the work queued so far is done (at once when the stream is idle).
 
@@ -108,6 +139,7 @@ class SimStream:
 
 
 def _work(work_queue: queue.SimpleQueue[Callable[[], None] | None], latency: float, progress: _Progress) -> None:
+    _worker.on = True
     while (work := work_queue.get()) is not None:
         if latency:
             time.sleep(latency)
@@ -116,8 +148,11 @@ def _work(work_queue: queue.SimpleQueue[Callable[[], None] | None], latency: flo
         except Exception:  # keep the stream alive: what is queued behind must still run
             log.exception("simulated stream work failed")
         finally:
-            with progress.lock:
-                progress.done += 1
+            for callback in progress.finished():
+                try:
+                    callback()
+                except Exception:
+                    log.exception("simulated stream callback failed")
 
 
 class SimEvent(Event):
