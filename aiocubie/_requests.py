@@ -473,7 +473,8 @@ class ArrayResponse:
         The event recorded on ``stream`` after the arrays were allocated (and zeroed). Work
         queued on ``stream`` runs after it; work on another stream must wait for it first
         (``device.wait_event(other, response.ready)``) when the request was ``ordered``
-        (see ``MemoryManager.request``). None for a response built by hand.
+        (see ``MemoryManager.request``). None for a response built by hand, and for the
+        plan-only response a ready hook gets for a member that asked for nothing in the batch.
     """
 
     arrays: dict[str, Any]

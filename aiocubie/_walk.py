@@ -156,6 +156,9 @@ async def walk_chunks(
     response's bytes leave the manager's counts at the release; the device's free memory
     shows them when the walk has ended.
 
+    Walk one response at a time: two walks over one response at once share its chunk
+    buffers, and one can overwrite the other's chunks (nothing refuses it).
+
     Examples
     --------
     >>> async with mgr.request(solver, walk_requests(requests)) as response:   # doctest: +SKIP
