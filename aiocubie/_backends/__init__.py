@@ -17,10 +17,11 @@ from .._stats import PoolFacts
 from ._arrays import ARRAY_TYPES, ArrayMaker, parse_array_type
 from ._base import Backend
 from ._device import ALLOCATORS, Advice, Device, Event, MemoryInfo
+from ._pinned import PinnedPool
 from ._resource import Block, FailureHandler, LibraryPool, MemoryResource, ResourceAdaptor
 from ._select import BACKENDS, create_backend, device_count, gpu_status, select_backend
 from ._sim import Engines, Faults, SimDevice, SimStream, SimulatorBackend, TimelineEntry
-from ._staging import PinnedPool, Staging, stage
+from ._staging import Staging, stage
 from ._stream import StreamLike
 from ._strided import Geometry, geometry
 

@@ -10,18 +10,16 @@ from __future__ import annotations
 import abc
 import contextlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import attrs
 import numpy as np
 
 from .._options import ALLOCATORS, parse_allocator
 from .._requests import MemoryKind
+from ._pinned import PinnedPool
 from ._resource import MemoryResource
 from ._stream import StreamLike
-
-if TYPE_CHECKING:  # _staging's threads wait on this module's events: it imports this one
-    from ._staging import PinnedPool
 
 __all__ = ["ALLOCATORS", "Advice", "Device", "Event", "MemoryInfo"]
 
@@ -141,8 +139,6 @@ class Device(abc.ABC):
     @property
     def pinned_pool(self) -> PinnedPool:
         """The device's pool of page-locked staging buffers (made on first use)."""
-        from ._staging import PinnedPool
-
         pool: PinnedPool | None = self.__dict__.get("_pinned_pool")
         if pool is None:
             pool = self.__dict__["_pinned_pool"] = PinnedPool(self._allocate_pinned)
