@@ -47,27 +47,7 @@ Examples
 
 from __future__ import annotations
 
-from aiocubie_pytest import (
-    DEFAULTS,
-    aiocubie_config,
-    aiocubie_faults,
-    aiocubie_manager,
-    aiocubie_manager_factory,
-    aiocubie_simulator,
-)
+import aiocubie_pytest
+from aiocubie_pytest import *  # noqa: F403 - the fixtures, as pytest and ``import`` see them
 
-__all__ = [
-    "DEFAULTS",
-    "aiocubie_config",
-    "aiocubie_faults",
-    "aiocubie_manager",
-    "aiocubie_manager_factory",
-    "aiocubie_simulator",
-]
-
-try:
-    from aiocubie_pytest import aiocubie_asyncio_manager
-except ImportError:  # pragma: no cover
-    pass
-else:
-    __all__ += ["aiocubie_asyncio_manager"]
+__all__ = list(aiocubie_pytest.__all__)  # with aiocubie_asyncio_manager where pytest-asyncio is installed
