@@ -340,6 +340,20 @@ class CudaDevice(Device):
                 f"cannot copy {getattr(src, 'shape', '?')} {getattr(src, 'dtype', '?')} into "
                 f"{getattr(dst, 'shape', '?')} {getattr(dst, 'dtype', '?')}: shapes and dtypes must match"
             )
+        (src_ptr, src_c), (dst_ptr, dst_c) = pointer_and_contiguity(src), pointer_and_contiguity(dst)
+        if src_c and dst_c:  # one block (a batch stream's every copy): no geometry to work out
+            nbytes = int(src.nbytes)
+            if src_ptr < dst_ptr + nbytes and dst_ptr < src_ptr + nbytes:
+                raise BackendError(
+                    f"a copy's source and target overlap ({nbytes} bytes at {src_ptr:#x} and {dst_ptr:#x}): "
+                    "the copy engines would read what they write"
+                )
+            if nbytes:
+                check(
+                    binding.cuMemcpyAsync(dst_ptr, src_ptr, nbytes, stream_handle(stream)),
+                    lambda: f"copying {nbytes} bytes",
+                )
+            return
         (src_ptr, src_strides), (dst_ptr, dst_strides) = pointer_and_strides(src), pointer_and_strides(dst)
         found = geometry(src.shape, src.dtype.itemsize, src_strides, dst_strides)
         if found is None:
