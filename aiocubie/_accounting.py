@@ -362,10 +362,12 @@ class DeviceAccount:
         """
         options = self.options
         if not options.active:  # passive: what is free
-            return offered_bytes(free, free, headroom=options.headroom, granule=self.device.granule)
-        if as_if_empty:
+            available = free
+        elif as_if_empty:
             free += self.ledger.held(members)  # what they hold would be free
-        available = self.available(members, free, as_if_empty=as_if_empty)
+            available = self.available(members, free, as_if_empty=True)
+        else:  # read on every batch: group_available() (active, no warning) inline
+            available = max(0, min(self.budget.group_cap(members) - self.ledger.held(members), free))
         return offered_bytes(available, free, headroom=options.headroom, granule=self.device.granule)
 
     # -- allocation and release --------------------------------------------------------------
@@ -405,10 +407,13 @@ class DeviceAccount:
             batch, totals, event = self._allocate(entries, group, plan, stream)
         except OutOfMemoryError as exc:
             batch, totals, event = self._recover(entries, group, plan, stream, exc)
-        responses = [
-            self.respond(requests, allocs, plan, stream, vram, event)
-            for (_, requests), allocs, vram in zip(entries, batch, totals)
-        ]
+        if len(entries) == 1:  # a batch of one request: a stream's every batch
+            responses = [self.respond(entries[0][1], batch[0], plan, stream, totals[0], event)]
+        else:
+            responses = [
+                self.respond(requests, allocs, plan, stream, vram, event)
+                for (_, requests), allocs, vram in zip(entries, batch, totals)
+            ]
         if history is not None:
             history.allocated(batch, plan)
         if debug:
@@ -580,13 +585,16 @@ class DeviceAccount:
                 arrays[a.label] = a.array
             else:  # the chunk buffers of a label: arrays[label] is the first
                 buffers[a.label] = (*buffers.get(a.label, (arrays[a.label],)), a.array)
+        chunk_length = plan.chunk_length
+        # copies: a RequestSet is shared by the requests made from one dict (RequestEntry)
+        shapes = dict(requests.shapes) if chunk_length >= requests.runs else requests.chunked_shapes(chunk_length)
         response = ArrayResponse(
             arrays=arrays,
             chunks=plan.chunks,
-            chunk_length=plan.chunk_length,
+            chunk_length=chunk_length,
             runs=plan.runs,
-            chunked_shapes=requests.chunked_shapes(plan.chunk_length),
-            chunk_axes=requests.chunk_axes,
+            chunked_shapes=shapes,
+            chunk_axes=dict(requests.chunk_axes),
             stream=stream,
             buffers=buffers,
             device=self.device,
@@ -599,8 +607,20 @@ class DeviceAccount:
 
     def release(self, response: ArrayResponse | None) -> None:
         """Free the arrays of ``response`` (nothing if it holds none, or was released)."""
-        if response is not None:
-            self.free(self.ledger.pop_owner(response))
+        if response is None:
+            return
+        allocations = self.ledger.pop_owner(response)
+        if not allocations:
+            return
+        if self.history is not None:
+            self.history.released(allocations)
+        # :meth:`free` for one response's allocations (every one has a block), on the release of
+        # each batch of a stream: its blocks go back once the walks over it have ended
+        walks = response._walks
+        if walks is None or not walks[0]:
+            self._give_back(allocations, self._generation)
+        else:
+            response._after_walks(functools.partial(self._give_back, allocations, self._generation))
 
     def release_where(self, predicate: Callable[[Allocation], bool]) -> list[Allocation]:
         """Free every allocation for which ``predicate`` is true; return them."""
@@ -640,9 +660,13 @@ class DeviceAccount:
         if not allocations or generation != self._generation:
             return
         deallocate = self.resource.deallocate
-        for alloc in allocations:
-            deallocate(alloc.block)
-            self._free_delta -= alloc.vram
+        vram = 0
+        try:
+            for alloc in allocations:
+                deallocate(alloc.block)
+                vram += alloc.vram
+        finally:
+            self._free_delta -= vram
         if self.options.waits:  # only a batch waiting for memory cares: spare waking every group
             self._on_release()
 

@@ -76,6 +76,7 @@ class Budget:
         self.total = int(total)
         self._manual: dict[Hashable, float] = {}
         self._auto: dict[Hashable, None] = {}  # insertion-ordered set
+        self._caps: dict[Hashable, int] | None = None  # every key's cap, worked out again after a change
 
     # -- queries -------------------------------------------------------------------------
     def __contains__(self, key: Hashable) -> bool:
@@ -118,7 +119,14 @@ class Budget:
 
     def group_cap(self, keys: Iterable[Hashable]) -> int:
         """Sum of the caps of ``keys``."""
-        return sum(self.cap(key) for key in keys)
+        caps = self._caps
+        if caps is None:  # read on every batch, changed rarely: worked out once per change
+            caps = self._caps = {key: self.cap(key) for key in (*self._manual, *self._auto)}
+        total = 0
+        for key in keys:
+            cap = caps.get(key)
+            total += self.cap(key) if cap is None else cap  # an unknown key: cap() says so
+        return total
 
     # -- changes -------------------------------------------------------------------------
     def add(self, key: Hashable, proportion: float | None = None) -> None:
@@ -135,16 +143,19 @@ class Budget:
         if proportion is None:
             self._check_manual_sum(self.manual_pool_proportion, auto_members=len(self._auto) + 1)
             self._auto[key] = None
+            self._caps = None
         else:
             value = check_proportion(proportion)
             self._check_manual_sum(self.manual_pool_proportion + value, len(self._auto))
             self._manual[key] = value
+            self._caps = None
 
     def remove(self, key: Hashable) -> None:
         """Drop ``key``; the auto pool rebalances."""
         self._check_known(key)
         self._manual.pop(key, None)
         self._auto.pop(key, None)
+        self._caps = None
 
     def set_manual(self, key: Hashable, proportion: float) -> None:
         """Give ``key`` a manual ``proportion``, moving it out of the auto pool if needed."""
@@ -155,6 +166,7 @@ class Budget:
         self._check_manual_sum(others + value, auto_left)
         self._auto.pop(key, None)
         self._manual[key] = value
+        self._caps = None
 
     def set_auto(self, key: Hashable) -> None:
         """Move ``key`` from the manual pool to the auto pool.
@@ -171,6 +183,7 @@ class Budget:
         self._check_manual_sum(others, len(self._auto) + 1)
         del self._manual[key]
         self._auto[key] = None
+        self._caps = None
 
     # -- helpers -------------------------------------------------------------------------
     def _check_known(self, key: Hashable) -> None:

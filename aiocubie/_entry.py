@@ -24,6 +24,9 @@ from ._serving import Serving
 
 __all__ = ["RequestEntry"]
 
+#: Request dicts whose checked form is kept (see ``RequestEntry._checked``): a few loaders' each.
+_CHECKED_SETS = 16
+
 
 class RequestEntry:
     """Where a user's requests come in.
@@ -60,18 +63,49 @@ class RequestEntry:
         self._release = release
         self._serving = serving
         self._refusal = refusal
+        # id(mapping) -> (the mapping, a copy of it, its RequestSet): a loader's requests, made
+        # once and asked for batch after batch, are checked once (see :meth:`_checked`)
+        self._checked_sets: dict[int, tuple[Mapping[str, ArrayRequest], dict[str, ArrayRequest], RequestSet]] = {}
 
     def request(
         self, instance: object, requests: Mapping[str, ArrayRequest], replace: bool, ordered: bool
     ) -> PendingRequest:
         """A request checked now, submitted when awaited (see ``MemoryManager.request``)."""
-        checked, flags = check_requests(requests), (_flag("replace", replace), _flag("ordered", ordered))
-        return PendingRequest(
-            self._serve, self._release.release, instance, self._registration.member(instance), checked, *flags
-        )
+        if replace is not False and replace is not True:  # the flags checked without a call when plain
+            replace = _flag("replace", replace)
+        if ordered is not False and ordered is not True:
+            ordered = _flag("ordered", ordered)
+        checked = self._checked(requests)
+        member = self._registration.member(instance)
+        # an `async with` releases its response through the account: it is an ArrayResponse
+        return PendingRequest(self._serve, self._account.release, instance, member, checked, replace, ordered)
+
+    def _checked(self, requests: Mapping[str, ArrayRequest]) -> RequestSet:
+        """``requests`` checked (see :func:`check_requests`), or the set checked before for the same dict.
+
+        A plain dict asked for again, holding the same labels and equal requests (ArrayRequest
+        is immutable), gets the RequestSet made the first time: compared in C, without a Python
+        call when it holds the very same objects. Others are checked each time.
+        """
+        cached = self._checked_sets.get(id(requests))
+        if cached is not None and cached[0] is requests and cached[1] == requests:
+            return cached[2]
+        checked = check_requests(requests)
+        if type(requests) is dict:
+            sets = self._checked_sets
+            if len(sets) >= _CHECKED_SETS:
+                del sets[next(iter(sets))]  # the oldest
+            sets[id(requests)] = (requests, dict(requests), checked)
+        return checked
 
     def _serve(
-        self, instance: object, member: Member, requests: RequestSet, replace: bool = False, ordered: bool = False
+        self,
+        instance: object,
+        member: Member,
+        requests: RequestSet,
+        replace: bool = False,
+        ordered: bool = False,
+        holder: PendingRequest | None = None,
     ) -> Awaitable[ArrayResponse]:
         """What PendingRequest awaits: the request submitted and waited for (no coroutine of its own:
         one level less on the hot path)."""
@@ -81,12 +115,12 @@ class RequestEntry:
         member = self._registration.current(instance, member)  # unregistered since request()?
         if replace:
             self._release.replace(member, requests)
-        return self._groups.serve(member, requests, loop, ordered)
+        return self._groups.serve(member, requests, loop, ordered, holder)
 
     def allocate_all(self, instance: object, requests: Mapping[str, ArrayRequest], replace: bool) -> ArrayResponse:
         """Allocate ``requests`` now, unbatched and unchunked (see ``MemoryManager.allocate_all``)."""
         self._account.refuse_in_reclaim("allocate_all()")
-        checked = check_requests(requests)
+        checked = self._checked(requests)
         member = self._registration.member(instance)
         if _flag("replace", replace):
             self._release.replace(member, checked)

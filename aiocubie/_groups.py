@@ -24,7 +24,7 @@ from ._requests import ArrayResponse, RequestSet
 from ._scheduler import GroupScheduler
 from ._serving import Serving
 from ._stats import GroupStatistics
-from ._tickets import Ticket
+from ._tickets import State, Ticket
 
 __all__ = ["PendingRequest", "StreamGroups"]
 
@@ -50,7 +50,7 @@ class PendingRequest:
 
     def __init__(
         self,
-        serve: Callable[[object, Member, RequestSet, bool, bool], Awaitable[ArrayResponse]],
+        serve: Callable[[object, Member, RequestSet, bool, bool, PendingRequest | None], Awaitable[ArrayResponse]],
         release: Callable[[ArrayResponse], None],
         instance: object,
         member: Member,
@@ -58,7 +58,7 @@ class PendingRequest:
         replace: bool = False,
         ordered: bool = False,
     ) -> None:
-        self._serve = serve  # submits the request when it is awaited, and waits for it
+        self._serve = serve  # submits the request when it is awaited, and waits for it (see StreamGroups.serve)
         self._release = release
         self._instance = instance
         self._member = member
@@ -69,14 +69,17 @@ class PendingRequest:
         self._awaited = False
 
     def __await__(self) -> Generator[Any, None, ArrayResponse]:
+        return self._submit(None).__await__()
+
+    def __aenter__(self) -> Awaitable[ArrayResponse]:
+        # the serving coroutine itself, no coroutine of its own: it stores the response here for __aexit__
+        return self._submit(self)
+
+    def _submit(self, holder: PendingRequest | None) -> Awaitable[ArrayResponse]:
         if self._awaited:
             raise ManagerStateError("a request can be awaited only once: call mgr.request() again")
         self._awaited = True
-        return self._serve(self._instance, self._member, self._requests, self._replace, self._ordered).__await__()
-
-    async def __aenter__(self) -> ArrayResponse:
-        self._response = await self
-        return self._response
+        return self._serve(self._instance, self._member, self._requests, self._replace, self._ordered, holder)
 
     if not TYPE_CHECKING:  # at run time only: a type checker flags a missing await itself
 
@@ -168,12 +171,20 @@ class StreamGroups:
         return groups, sum(1 for s in self._draining if s.pending())
 
     # -- requests ------------------------------------------------------------------------------
-    async def serve(self, member: Member, requests: RequestSet, loop: Loop, ordered: bool = False) -> ArrayResponse:
+    async def serve(
+        self,
+        member: Member,
+        requests: RequestSet,
+        loop: Loop,
+        ordered: bool = False,
+        holder: PendingRequest | None = None,
+    ) -> ArrayResponse:
         """Submit ``member``'s request to its group's scheduler and wait for it (in ``loop``'s thread).
 
         ``ordered``: ready once allocated, ordered on the group's stream, rather than once the
         device reaches the allocation's event. Cancelled while it waits, the request is
-        withdrawn (queued) or its arrays freed (allocated).
+        withdrawn (queued) or its arrays freed (allocated). ``holder``: the PendingRequest whose
+        ``async with`` releases the response on exit (it is handed the response).
         """
         group = self._registry.groups[member.group]
         ticket = Ticket(member.key, requests, (group.counters, member.counters), ordered=ordered)
@@ -183,7 +194,7 @@ class StreamGroups:
         scheduler = self.schedulers[member.group]
         scheduler.submit(ticket)
         try:
-            if ticket.done:
+            if ticket.state is State.READY or ticket.done:
                 await loop.checkpoint()  # awaiting a request is a checkpoint, even one served at once
             else:
                 if scheduler.polls(ticket):  # its event may be reached soon: poll it a while
@@ -195,7 +206,10 @@ class StreamGroups:
         except BaseException:
             self._cancel(ticket)
             raise
-        return ticket.result()
+        response = ticket.result()
+        if holder is not None:
+            holder._response = response
+        return response
 
     def _cancel(self, ticket: Ticket) -> None:
         was_pending = ticket.pending

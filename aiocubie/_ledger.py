@@ -71,7 +71,11 @@ class Ledger:
 
     def held(self, keys: Iterable[Hashable]) -> int:
         """VRAM bytes held by ``keys`` together."""
-        return sum(self.live_by_key.get(key, 0) for key in keys)
+        live, held = self.live_by_key, 0
+        for key in keys:  # a loop, not sum() over a generator: read on every batch
+            if key in live:
+                held += live[key]
+        return held
 
     def forget(self, key: Hashable) -> int:
         """Drop the totals of ``key`` (which holds nothing now) and return its peak."""
@@ -115,9 +119,11 @@ class Ledger:
         if allocs is None:
             return []
         if isinstance(owner, ArrayResponse):  # a walk over it refuses from now on
-            owner._mark_released(alloc.label for alloc in allocs)
+            owner._released.update(owner.arrays)  # its labels: those still held are among them
         first = allocs[0]  # one owner: one key and group
-        vram = sum(alloc.vram for alloc in allocs) if len(allocs) > 1 else first.vram
+        vram = 0
+        for alloc in allocs:
+            vram += alloc.vram
         self.live -= vram
         self.live_by_key[first.key] -= vram
         self.live_by_group[first.group] -= vram

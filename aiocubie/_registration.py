@@ -87,8 +87,11 @@ class Registration:
         RegistrationError
             If ``instance`` is not registered.
         """
-        self.reap()
-        return self._registry.member(instance)
+        registry = self._registry
+        if registry.dead:
+            self.reap()
+        member = registry.members.get(id(instance))  # on every request: the lookup inline
+        return registry.member(instance) if member is None else member
 
     def current(self, instance: object, member: Member) -> Member:
         """``member``, or ``instance``'s record if it was unregistered (and maybe registered again) since.
@@ -98,10 +101,12 @@ class Registration:
         RegistrationError
             If ``instance`` is not registered now.
         """
-        self.reap()
-        if self._registry.members.get(member.key) is member:
+        registry = self._registry
+        if registry.dead:
+            self.reap()
+        if registry.members.get(member.key) is member:
             return member
-        return self._registry.member(instance)
+        return registry.member(instance)
 
     def stream_of(self, instance: object) -> Any:
         """The stream of ``instance``'s group."""

@@ -135,7 +135,8 @@ class Registry:
         self.groups: dict[str, Group] = {}
         self._create_stream = create_stream
         self._telemetry = telemetry
-        self._dead: deque[int] = deque()  # keys of collected instances, reaped on the loop thread
+        #: Keys of collected instances, reaped on the loop thread (:meth:`reap`); empty on most calls.
+        self.dead: deque[int] = deque()
         self._names = 0
         #: Called with no argument, from the collecting thread, when a member's instance is
         #: collected (None: nobody is told; the next manager call reaps it).
@@ -264,7 +265,7 @@ class Registry:
     def _collected(self, key: int) -> None:
         # a weakref finalizer: runs in whatever thread collected the instance, at any point
         # of that thread's work, so it only queues the key and tells the manager
-        self._dead.append(key)
+        self.dead.append(key)
         notify = self.on_collected
         if notify is not None:
             notify()
@@ -320,8 +321,8 @@ class Registry:
     def reap(self) -> list[int]:
         """Keys of members whose instance was collected since the last call, still registered."""
         dead = []
-        while self._dead:
-            key = self._dead.popleft()
+        while self.dead:
+            key = self.dead.popleft()
             if key in self.members:
                 dead.append(key)
         return dead

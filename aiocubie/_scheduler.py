@@ -340,7 +340,7 @@ class GroupScheduler:
         batch = self._planning = [ticket]
         try:
             for attempt in range(2):
-                if not ticket.pending:  # ended by a reclaim hook of the last attempt (its member left)
+                if ticket.state is not State.PENDING:  # ended by a reclaim hook of the last attempt (its member left)
                     return
                 plan = self._try_plan(batch)
                 if plan is None:  # it must wait for memory: the group's task does that
@@ -402,13 +402,22 @@ class GroupScheduler:
                 fixed += requests.fixed
                 per_run += requests.per_run
                 buffered += requests.buffered
+        account = self._account
         members = self.group.members
+        free = account.free_memory(fresh=False)
+        offered = account.offered(members, free)
+        full = fixed + per_run * runs
+        if full <= offered and 2 * full <= free:
+            # the usual batch: it fits whole in what the group is offered, and takes at most half
+            # of what the cached reading says is free: the plan of one chunk, whatever the policy
+            # (what plan_chunks and the checks below give it, without them; no warning: 20x > 1/2)
+            return ChunkPlan(runs, 1, runs, offered, full, full)
         plan, offered, free = self._plan_against(runs, fixed, per_run, buffered, fresh=False)
         # About to chunk or fail, or to take over half of what the cached reading says is
         # free (where another process's allocation since would bite): read the device again.
         if plan is None or plan.chunks > 1 or 2 * plan.planned_bytes > free:
             plan, offered, free = self._plan_against(runs, fixed, per_run, buffered, fresh=True)
-        options = self._account.options
+        options = account.options
         try:
             if plan is None and options.active and options.policy is not Policy.WAIT:
                 self._check_under_cap(members)
@@ -421,7 +430,7 @@ class GroupScheduler:
                         f"{self.name!r} is offered {offered}; release memory, or use policy 'chunk' or 'wait'"
                     )
                 # policy wait: take the best plan there could be (raises if even that cannot fit)
-                empty = self._account.offered(members, free, as_if_empty=True)
+                empty = account.offered(members, free, as_if_empty=True)
                 best = plan_chunks(runs, fixed, per_run, empty, buffered=buffered)
                 if plan is None or plan.planned_bytes < best.planned_bytes:
                     self._warn_if_waiting_on_itself(batch, empty, best, (runs, fixed, per_run, buffered))
@@ -499,8 +508,9 @@ class GroupScheduler:
         account = self._account
         stream = self.group.stream
         hook_calls = account.recovery.hook_calls
+        entries = [(batch[0].key, batch[0].requests)] if len(batch) == 1 else [(t.key, t.requests) for t in batch]
         try:
-            responses, event = account.allocate([(t.key, t.requests) for t in batch], self.name, plan, stream)
+            responses, event = account.allocate(entries, self.name, plan, stream)
         except AllocationError:
             # planned on a cached reading while another process took memory: plan again, once
             # (nothing is allocated now, so the cached reading is what the plan saw)
@@ -526,13 +536,11 @@ class GroupScheduler:
         chunks = plan.chunks
         waiting = False  # a ticket resolves on the event (not stream-ordered)
         for ticket, response in zip(batch, responses):
-            ticket.allocate(response)
+            ticket.allocate(response)  # an ordered one is ready now: work on the stream runs after this
             waited = now - ticket.enqueued
             for counters in ticket.counters:
                 counters.queue_wait.append(waited)
-            if ticket.ordered:  # usable by work queued on the stream from now on
-                ticket.ready()
-            else:
+            if not ticket.ordered:
                 waiting = True
         counted = batch[0].counters if len(batch) == 1 else {id(c): c for t in batch for c in t.counters}.values()
         for counters in counted:

@@ -94,9 +94,18 @@ class Ticket:
 
     # -- transitions -------------------------------------------------------------------------
     def allocate(self, response: ArrayResponse) -> None:
-        """PENDING -> ALLOCATED: the batch's arrays exist; ``response`` holds this ticket's."""
+        """PENDING -> ALLOCATED: the batch's arrays exist; ``response`` holds this ticket's.
+
+        An ordered ticket goes on to READY at once (waking the awaiting task), as :meth:`ready` would.
+        """
         assert self.state is State.PENDING, self.state
-        self.response, self.state = response, State.ALLOCATED
+        self.response = response
+        if self.ordered:  # usable by work queued on the stream from now on
+            self.state = State.READY
+            if self._signal is not None:
+                self._signal.set()
+        else:
+            self.state = State.ALLOCATED
 
     def ready(self) -> ArrayResponse | None:
         """ALLOCATED -> READY: the device reached the batch's event; wake the awaiting task.
