@@ -75,7 +75,11 @@ class RequestEntry:
             replace = _flag("replace", replace)
         if ordered is not False and ordered is not True:
             ordered = _flag("ordered", ordered)
-        checked = self._checked(requests)
+        cached = self._checked_sets.get(id(requests))  # the hit of _checked, inline: a stream's every batch
+        if cached is not None and cached[0] is requests and cached[1] == requests:
+            checked = cached[2]
+        else:
+            checked = self._checked(requests)
         member = self._registration.member(instance)
         # an `async with` releases its response through the account: it is an ArrayResponse
         return PendingRequest(self._serve, self._account.release, instance, member, checked, replace, ordered)

@@ -28,6 +28,8 @@ from ._tickets import State, Ticket
 
 __all__ = ["PendingRequest", "StreamGroups"]
 
+_AWAITED_TWICE = "a request can be awaited only once: call mgr.request() again"
+
 
 class PendingRequest:
     """An allocation request: await it for an :class:`ArrayResponse`, or use ``async with``.
@@ -69,17 +71,17 @@ class PendingRequest:
         self._awaited = False
 
     def __await__(self) -> Generator[Any, None, ArrayResponse]:
-        return self._submit(None).__await__()
+        if self._awaited:
+            raise ManagerStateError(_AWAITED_TWICE)
+        self._awaited = True
+        return self._serve(self._instance, self._member, self._requests, self._replace, self._ordered, None).__await__()
 
     def __aenter__(self) -> Awaitable[ArrayResponse]:
-        # the serving coroutine itself, no coroutine of its own: it stores the response here for __aexit__
-        return self._submit(self)
-
-    def _submit(self, holder: PendingRequest | None) -> Awaitable[ArrayResponse]:
+        # the serving coroutine itself, no coroutine of its own: it hands the response here for __aexit__
         if self._awaited:
-            raise ManagerStateError("a request can be awaited only once: call mgr.request() again")
+            raise ManagerStateError(_AWAITED_TWICE)
         self._awaited = True
-        return self._serve(self._instance, self._member, self._requests, self._replace, self._ordered, holder)
+        return self._serve(self._instance, self._member, self._requests, self._replace, self._ordered, self)
 
     if not TYPE_CHECKING:  # at run time only: a type checker flags a missing await itself
 

@@ -49,6 +49,8 @@ log = logging.getLogger("aiocubie")
 
 Spawn = Callable[..., object]
 
+_PENDING = State.PENDING  # read in the hot loops (Ticket.pending, without a call)
+
 #: What a member with nothing in a batch is answered with (its ready hook gets the plan).
 _NOTHING = RequestSet({}, 0, 0, 0)
 
@@ -112,18 +114,35 @@ class GroupScheduler:
         """Take ``ticket``: serve it now if it closes a batch at once, else queue it."""
         members = self.group.members
         if (
-            not self.queue
-            and not self._planning
-            and not self._closed
-            # every member has asked (it is the only one), or batches do not wait
-            and (
+            self.queue
+            or self._planning
+            or self._closed
+            # unless every member has asked (it is the only one), or batches do not wait
+            or not (
                 (len(members) <= 1 and (not members or ticket.key in members)) or not self._account.options.batch_window
             )
         ):
-            self._serve_now(ticket)
-        else:
             self.queue.append(ticket)
             self._wake.set()
+            return
+        # a batch of this ticket alone, served in the caller's task (or queued to wait for memory)
+        batch = self._planning = [ticket]
+        try:
+            for attempt in range(2):
+                if ticket.state is not _PENDING:  # ended by a reclaim hook of the last attempt (its member left)
+                    return
+                plan = self._try_plan(batch)
+                if plan is None:  # it must wait for memory: the group's task does that
+                    ticket.leftover = True
+                    self.queue.append(ticket)
+                    self._wake.set()
+                    return
+                if self._dispatch(batch, plan, retry=not attempt):
+                    return
+        except Exception as exc:
+            self._failed(batch, exc)
+        finally:
+            self._planning = []
 
     def adopt(self, tickets: list[Ticket]) -> None:
         """Queue ``tickets`` moved here from another group, behind what is queued; they are
@@ -270,12 +289,12 @@ class GroupScheduler:
         return batch
 
     def _live_queue(self) -> bool:
-        while self.queue and not self.queue[0].pending:  # ended while queued
+        while self.queue and self.queue[0].state is not _PENDING:  # ended while queued
             self.queue.popleft()
         return bool(self.queue)
 
     def _everyone_asked(self) -> bool:
-        asked = {ticket.key for ticket in self.queue if ticket.pending}
+        asked = {ticket.key for ticket in self.queue if ticket.state is _PENDING}
         return self.group.members <= asked
 
     async def _serve(self, batch: list[Ticket]) -> None:
@@ -289,7 +308,7 @@ class GroupScheduler:
                     if self._drop_unplannable():  # the others may fit without them: plan again
                         continue
                     raise
-                batch = self._planning = [t for t in self._planning if t.pending]
+                batch = self._planning = [t for t in self._planning if t.state is _PENDING]
                 if plan is None or not batch or self._dispatch(batch, plan, retry=not attempt):
                     return
                 attempt += 1
@@ -335,26 +354,6 @@ class GroupScheduler:
         self._wake.set()
         return True
 
-    def _serve_now(self, ticket: Ticket) -> None:
-        """Serve a batch of ``ticket`` alone in the caller's task, or queue it to wait for memory."""
-        batch = self._planning = [ticket]
-        try:
-            for attempt in range(2):
-                if ticket.state is not State.PENDING:  # ended by a reclaim hook of the last attempt (its member left)
-                    return
-                plan = self._try_plan(batch)
-                if plan is None:  # it must wait for memory: the group's task does that
-                    ticket.leftover = True
-                    self.queue.append(ticket)
-                    self._wake.set()
-                    return
-                if self._dispatch(batch, plan, retry=not attempt):
-                    return
-        except Exception as exc:
-            self._failed(batch, exc)
-        finally:
-            self._planning = []
-
     def _failed(self, batch: list[Ticket], exc: Exception) -> None:
         if isinstance(exc, AiocubieError):
             log.info("group %r: batch of %d failed: %s", self.name, len(batch), exc)
@@ -377,7 +376,7 @@ class GroupScheduler:
     # -- planning ------------------------------------------------------------------------------
     async def _plan(self) -> ChunkPlan | None:
         """One plan for the live tickets of the batch; under the wait policy, wait for room."""
-        while batch := [t for t in self._planning if t.pending]:
+        while batch := [t for t in self._planning if t.state is _PENDING]:
             plan = self._try_plan(batch)
             if plan is not None:
                 return plan

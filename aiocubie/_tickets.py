@@ -62,6 +62,7 @@ class Ticket:
         "ordered",
         "requests",
         "response",
+        "runs",
         "state",
     )
 
@@ -71,6 +72,7 @@ class Ticket:
         self.key = key
         self.ordered = ordered
         self.requests = requests
+        self.runs = requests.runs  # the run length its chunkable arrays share (0: none)
         self.counters = counters
         self.enqueued = time.perf_counter()
         self.leftover = False  # queued when a batch closed without it (cut by size or run length)
@@ -81,11 +83,6 @@ class Ticket:
 
     def __repr__(self) -> str:
         return f"<Ticket {self.key!r} {self.state.value}>"
-
-    @property
-    def runs(self) -> int:
-        """The run length its chunkable arrays share (0: none)."""
-        return self.requests.runs
 
     @property
     def pending(self) -> bool:
