@@ -588,17 +588,17 @@ class DeviceAccount:
         chunk_length = plan.chunk_length
         # copies: a RequestSet is shared by the requests made from one dict (RequestEntry)
         shapes = dict(requests.shapes) if chunk_length >= requests.runs else requests.chunked_shapes(chunk_length)
-        response = ArrayResponse(
-            arrays=arrays,
-            chunks=plan.chunks,
-            chunk_length=chunk_length,
-            runs=plan.runs,
-            chunked_shapes=shapes,
-            chunk_axes=dict(requests.chunk_axes),
-            stream=stream,
-            buffers=buffers,
-            device=self.device,
-            ready=ready,
+        response = ArrayResponse(  # positional: a call with keywords costs more, and this runs every request
+            arrays,
+            plan.chunks,
+            chunk_length,
+            plan.runs,
+            shapes,
+            dict(requests.chunk_axes),
+            stream,
+            buffers,
+            self.device,
+            ready,
         )
         if allocations:
             self.ledger.add(response, allocations, vram)

@@ -438,7 +438,9 @@ def check_requests(requests: Any) -> RequestSet:
     return RequestSet(arrays, runs or (1 if single else 0), fixed, per_run, axes, shapes, buffered)
 
 
-@attrs.frozen(eq=False)
+# slots=False: a frozen class with a __dict__ is built with dict stores rather than one
+# object.__setattr__ call a field (a response is built for every request)
+@attrs.frozen(eq=False, slots=False)
 class ArrayResponse:
     """What a request resolves to: the arrays and the batch's chunk plan.
 
