@@ -8,6 +8,7 @@ to the groups. It queues, plans and allocates nothing itself, and never reaches 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
+from operator import is_
 from threading import get_ident
 
 import numpy as np
@@ -63,9 +64,9 @@ class RequestEntry:
         self._release = release
         self._serving = serving
         self._refusal = refusal
-        # id(mapping) -> (the mapping, a copy of it, its RequestSet): a loader's requests, made
-        # once and asked for batch after batch, are checked once (see :meth:`_checked`)
-        self._checked_sets: dict[int, tuple[Mapping[str, ArrayRequest], dict[str, ArrayRequest], RequestSet]] = {}
+        # id(dict) -> (the dict, its labels, its requests, its RequestSet): a loader's requests,
+        # made once and asked for batch after batch, are checked once (see :meth:`_checked`)
+        self._checked_sets: dict[int, tuple[object, tuple[str, ...], tuple[ArrayRequest, ...], RequestSet]] = {}
 
     def request(
         self, instance: object, requests: Mapping[str, ArrayRequest], replace: bool, ordered: bool
@@ -76,8 +77,13 @@ class RequestEntry:
         if ordered is not False and ordered is not True:
             ordered = _flag("ordered", ordered)
         cached = self._checked_sets.get(id(requests))  # the hit of _checked, inline: a stream's every batch
-        if cached is not None and cached[0] is requests and cached[1] == requests:
-            checked = cached[2]
+        if (
+            cached is not None
+            and cached[0] is requests
+            and tuple(requests) == cached[1]
+            and all(map(is_, requests.values(), cached[2]))
+        ):
+            checked = cached[3]
         else:
             checked = self._checked(requests)
         member = self._registration.member(instance)
@@ -85,21 +91,19 @@ class RequestEntry:
         return PendingRequest(self._serve, self._account.release, instance, member, checked, replace, ordered)
 
     def _checked(self, requests: Mapping[str, ArrayRequest]) -> RequestSet:
-        """``requests`` checked (see :func:`check_requests`), or the set checked before for the same dict.
+        """``requests`` checked (see :func:`check_requests`), kept for the next request of the same dict.
 
-        A plain dict asked for again, holding the same labels and equal requests (ArrayRequest
-        is immutable), gets the RequestSet made the first time: compared in C, without a Python
-        call when it holds the very same objects. Others are checked each time.
+        A plain dict asked for again, holding the same labels (in the same order) and the very
+        same ArrayRequest objects (immutable), gets the RequestSet made the first time (see
+        :meth:`request`): compared in C, never calling a value's ``__eq__``. Anything else is
+        checked again; other mappings are checked every time.
         """
-        cached = self._checked_sets.get(id(requests))
-        if cached is not None and cached[0] is requests and cached[1] == requests:
-            return cached[2]
         checked = check_requests(requests)
         if type(requests) is dict:
             sets = self._checked_sets
             if len(sets) >= _CHECKED_SETS:
                 del sets[next(iter(sets))]  # the oldest
-            sets[id(requests)] = (requests, dict(requests), checked)
+            sets[id(requests)] = (requests, tuple(requests), tuple(requests.values()), checked)
         return checked
 
     def _serve(

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import anyio
@@ -25,6 +26,7 @@ from aiocubie import (
     ArrayRequest,
     BackendError,
     Engines,
+    InvalidRequestError,
     MemoryManager,
     ReleasedError,
     SimulatorBackend,
@@ -292,8 +294,6 @@ async def test_a_chunked_walk_with_overlap_at_depth_1_gets_every_output(in_place
 
 @pytest.mark.anyio
 async def test_overlap_must_be_a_bool_or_none() -> None:
-    from aiocubie import InvalidRequestError
-
     async with MemoryManager(SimulatorBackend(1 << 20)) as mgr:
         owner = object()
         mgr.register(owner)
@@ -301,6 +301,52 @@ async def test_overlap_must_be_a_bool_or_none() -> None:
             with pytest.raises(InvalidRequestError, match="overlap must be True, False or None"):
                 async for _ in walk_chunks(response, overlap="yes"):  # type: ignore[arg-type]
                     pass
+
+
+@pytest.mark.anyio
+async def test_a_loaders_requests_are_checked_once_and_again_when_the_dict_changes(monkeypatch: Any) -> None:
+    import aiocubie._entry
+
+    checked: list[object] = []
+    check = aiocubie._entry.check_requests
+    monkeypatch.setattr(aiocubie._entry, "check_requests", lambda requests: checked.append(requests) or check(requests))
+    sim = SimulatorBackend(1 << 24)
+    async with MemoryManager(sim) as mgr:
+        owner = object()
+        mgr.register(owner)
+        requests = _requests()
+        responses = []
+        for _ in range(3):  # a loader's requests, made once
+            async with mgr.request(owner, requests, ordered=True) as response:
+                responses.append(response)
+        assert len(checked) == 1
+        # each response has its own shapes and axes, though one checked set served them all
+        first, second = responses[0], responses[1]
+        assert first.chunked_shapes == second.chunked_shapes and first.chunked_shapes is not second.chunked_shapes
+        assert first.chunk_axes == second.chunk_axes and first.chunk_axes is not second.chunk_axes
+        requests["z"] = ArrayRequest((4,), np.float32, unchunkable=True)  # changed: checked again
+        async with mgr.request(owner, requests, ordered=True) as response:
+            assert set(response.arrays) == {"x", "y", "z"} and response.chunk_axes["z"] is None
+        async with mgr.request(owner, requests, ordered=True) as response:
+            assert response.chunked_shapes["z"] == (4,)
+        assert len(checked) == 2
+        requests["z"] = ArrayRequest((2, 3), np.float32, unchunkable=True)  # a new object: checked again
+        async with mgr.request(owner, requests, ordered=True) as response:
+            assert response.chunked_shapes["z"] == (2, 3)
+        assert len(checked) == 3
+        requests["z"] = np.zeros(4)  # type: ignore[assignment]
+        with pytest.raises(InvalidRequestError, match="not an ArrayRequest"):
+            mgr.request(owner, requests)
+        del requests["z"]
+        requests["x"] = ArrayRequest((SHAPE[0] + 1, SHAPE[1]), np.float32)
+        with pytest.raises(InvalidRequestError, match="run length"):
+            mgr.request(owner, requests)
+        view = MappingProxyType(_requests())  # not a dict: checked every time
+        for _ in range(2):
+            async with mgr.request(owner, view, ordered=True):
+                pass
+        assert len(checked) == 7
+    assert sim.used == 0
 
 
 def test_the_readme_batch_stream_snippet_runs_as_written(tmp_path: Path) -> None:

@@ -252,6 +252,30 @@ class TestRebalancing:
         assert b.group_cap("abc") == 999
         assert b.group_cap([]) == 0
 
+    @FAST
+    @given(st.lists(st.tuples(st.sampled_from("+-ma"), st.sampled_from("abcd"), st.sampled_from([0.1, 0.2, 0.3]))))
+    def test_group_caps_follow_every_change(self, steps: list[tuple[str, str, float]]) -> None:
+        # group_cap keeps the caps it worked out until the next change: every change must be seen
+        b = Budget(10_000)
+        b.add("z")  # an auto member throughout
+        for step, key, proportion in steps:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", AiocubieWarning)
+                try:
+                    if step == "+":
+                        b.add(key, None if proportion == 0.3 else proportion)
+                    elif step == "-":
+                        b.remove(key)
+                    elif step == "m":
+                        b.set_manual(key, proportion)
+                    else:
+                        b.set_auto(key)
+                except BudgetError:
+                    pass
+            keys = [k for k in "abcdz" if k in b]
+            assert b.group_cap(keys) == sum(b.cap(k) for k in keys)
+            assert b.group_cap(keys[:2]) == sum(b.cap(k) for k in keys[:2])
+
     def test_total_zero(self) -> None:
         b = Budget(0)
         b.add("a")

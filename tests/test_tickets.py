@@ -27,6 +27,14 @@ def test_the_happy_path() -> None:
     assert t.state is State.READY and t.done and t.result() is r
 
 
+def test_an_ordered_ticket_is_ready_once_allocated() -> None:
+    t, r = Ticket(1, check_requests({}), (Counters(), Counters()), ordered=True), response()
+    t.allocate(r)  # usable by work queued on the stream from now on: nothing waits for the event
+    assert t.state is State.READY and t.done and t.result() is r
+    assert t.ready() is None and t.state is State.READY  # the batch's event, reached later, changes nothing
+    assert t.cancel() is r  # cancelled at its last checkpoint: nobody will take it
+
+
 def test_fail_hands_back_an_allocated_response_and_raises_a_copy() -> None:
     t, r = ticket(), response()
     t.allocate(r)
