@@ -97,7 +97,6 @@ class Loop:
             self._loop = None
         self.thread = threading.get_ident()
         self._native = native
-        self._poller: _Poller | None = None
         self._thread_name = threading.current_thread().name
 
     def __repr__(self) -> str:
@@ -134,21 +133,15 @@ class Loop:
         """Wait until ``event`` completes, without blocking the loop.
 
         A :attr:`~aiocubie._backends.Event.pollable` event is polled between loop iterations
-        for up to ``spin`` seconds (other tasks run meanwhile; on asyncio one callback polls
-        every waiting task's event), then waited for through the backend's callback.
-        Cancellation is safe at any point: a late callback sets a signal nobody waits on.
+        for up to ``spin`` seconds (other tasks run meanwhile), then waited for through the
+        backend's callback. Cancellation is safe at any point: a late callback sets a signal
+        nobody waits on.
         """
         if event.query():  # already done: skip the cross-thread hop
             await self.checkpoint()
             return
         if spin > 0 and event.pollable:
             deadline = time.perf_counter() + spin
-            if self._loop is not None:  # one callback polls every waiter of this loop
-                poller = self._poller
-                if poller is None:
-                    poller = self._poller = _Poller(self._loop, self.call_soon_threadsafe_or_drop)
-                await poller.wait(event, deadline)
-                return
             while True:
                 await self.checkpoint()
                 if event.query():
@@ -158,65 +151,6 @@ class Loop:
         signal = self.signal()
         event.add_done_callback(lambda: self.call_soon_threadsafe_or_drop(signal.set))
         await signal
-
-
-class _Poller:
-    """The pollable events the tasks of one asyncio loop wait on, queried together by one callback
-    once per loop iteration, so that a waiting task takes no step of its own until its event is
-    reached (with k tasks waiting, a loop iteration costs one callback, not k task steps).
-
-    A waiter whose event is not reached by its deadline is handed to the event's callback thread.
-    """
-
-    __slots__ = ("_call_soon_threadsafe", "_loop", "_scheduled", "_waiting")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, call_soon_threadsafe: Callable[..., Any]) -> None:
-        self._loop = loop
-        self._call_soon_threadsafe = call_soon_threadsafe
-        self._waiting: list[tuple[Event, asyncio.Future[None], float]] = []
-        self._scheduled = False
-
-    def wait(self, event: Event, deadline: float) -> asyncio.Future[None]:
-        """A future set once ``event`` completes (or failing with what its query raised)."""
-        future = self._loop.create_future()
-        self._waiting.append((event, future, deadline))
-        if not self._scheduled:
-            self._scheduled = True
-            self._loop.call_soon(self._poll)
-        return future
-
-    def _poll(self) -> None:
-        now = time.perf_counter()
-        waiting, self._waiting = self._waiting, []
-        for item in waiting:
-            event, future, deadline = item
-            if future.done():  # its waiter was cancelled
-                continue
-            try:
-                done = event.query()
-            except Exception as exc:  # a device error: raised in the waiting task
-                future.set_exception(exc)
-                continue
-            if done:
-                future.set_result(None)
-            elif now >= deadline:
-                self._hand_over(event, future)
-            else:
-                self._waiting.append(item)
-        if self._waiting:
-            self._loop.call_soon(self._poll)
-        else:
-            self._scheduled = False
-
-    def _hand_over(self, event: Event, future: asyncio.Future[None]) -> None:
-        """Leave ``future`` to ``event``'s callback thread (a wait longer than polling pays for)."""
-        call = self._call_soon_threadsafe
-        event.add_done_callback(lambda: call(_resolve, future))
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():  # cancelled meanwhile
-        future.set_result(None)
 
 
 #: The Loop last made in each thread, handed out again while its asyncio loop runs (see running_loop).
