@@ -10,6 +10,7 @@ import enum
 import math
 import numbers
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import attrs
@@ -492,6 +493,8 @@ class ArrayResponse:
     _released: set[str] = attrs.field(factory=set, init=False, repr=False)  # labels freed; the ledger writes it
     # [walks under way, then what waits for them to end] (None: no walk yet): the walks write it
     _walks: list[Any] | None = attrs.field(default=None, init=False, repr=False)
+    # what every walk of a batch stream asks again, worked out on the first (see _full_shapes, _device_view)
+    _cached: dict[str, Any] | None = attrs.field(default=None, init=False, repr=False)
 
     @property
     def released(self) -> frozenset[str]:
@@ -527,6 +530,37 @@ class ArrayResponse:
             then()
         else:
             walks.append(then)
+
+    def _full_shapes(self) -> dict[str, tuple[tuple[int, ...], np.dtype[Any]]]:
+        """Label -> (shape, dtype) of the full-size host array a walk takes for it (the run axis at
+        ``runs``; an empty run axis stays empty)."""
+        cached = self._cache()
+        found: dict[str, tuple[tuple[int, ...], np.dtype[Any]]] | None = cached.get("full")
+        if found is None:
+            found = {}
+            for label, array in self.arrays.items():
+                full = list(self.chunked_shapes[label])
+                axis = self.chunk_axes[label]
+                if axis is not None and full[axis]:
+                    full[axis] = self.runs
+                found[label] = (tuple(full), np.dtype(array.dtype))
+            cached["full"] = found
+        return found
+
+    def _device_view(self) -> Mapping[str, Any]:
+        """A read-only view of :attr:`arrays` (a one-chunk walk's ``chunk.device``)."""
+        cached = self._cache()
+        view: Mapping[str, Any] | None = cached.get("device")
+        if view is None:
+            view = cached["device"] = MappingProxyType(dict(self.arrays))
+        return view
+
+    def _cache(self) -> dict[str, Any]:
+        cached = self._cached
+        if cached is None:
+            cached = {}
+            object.__setattr__(self, "_cached", cached)
+        return cached
 
     def buffer_count(self, label: str) -> int:
         """How many chunk buffers ``label`` has (1 unless it asked for more and was chunked)."""

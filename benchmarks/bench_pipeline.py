@@ -446,6 +446,7 @@ async def run_stream(
         ("4 tasks, a group each", 4, 4, True, {}, None),
         ("4 tasks, a group each, serial walks of awaited requests", 4, 4, True, serial, None),
         ("one at a time, one response kept (its buffers reused)", 1, 1, False, {"keep": True}, None),
+        ("4 tasks, one group, a response kept each", 4, 1, True, {"keep": True}, None),
         ("4 tasks, a group each, a response kept each", 4, 4, True, {"keep": True}, None),
     ]
     for label, tasks, groups, queued, loader, window in cases:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import anyio
 import pytest
 
-from aiocubie import Event, SimulatorBackend
+from aiocubie import BackendError, Event, SimulatorBackend
 from aiocubie._backends._sim import SimEvent
 from aiocubie._completion import running_loop, thread_safe_caller, wait_event
 
@@ -173,3 +173,116 @@ def test_a_new_asyncio_loop_in_the_thread_gets_its_own(sim: SimulatorBackend) ->
 
     first, second = anyio.run(main), anyio.run(main)
     assert first[0] is not second[0] and first[1] == second[1]
+
+
+class PolledEvent(Event):
+    """A pollable event (as a GPU's is) completed by the test: after ``after`` queries, or by
+    :meth:`complete` from any thread; ``fail`` makes its next query raise."""
+
+    pollable = True
+
+    def __init__(self, after: int | None = None) -> None:
+        self.after, self.queries, self.fail = after, 0, False
+        self._done = threading.Event()
+        self._callbacks: list[object] = []
+        self._lock = threading.Lock()
+
+    def query(self) -> bool:
+        self.queries += 1
+        if self.fail:
+            raise BackendError("the device failed")
+        if self.after is not None and self.queries > self.after:
+            self.complete()
+        return self._done.is_set()
+
+    def synchronize(self) -> None:
+        self._done.wait(HANG_GUARD)
+
+    def add_done_callback(self, callback) -> None:  # type: ignore[no-untyped-def]
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
+
+    def complete(self) -> None:
+        with self._lock:
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()  # type: ignore[operator]
+
+
+@pytest.mark.anyio
+async def test_a_pollable_event_is_polled_until_it_completes() -> None:
+    event = PolledEvent(after=5)
+    with anyio.fail_after(HANG_GUARD):
+        await running_loop().wait(event, spin=HANG_GUARD)
+    assert event.query() and event.queries > 5  # reached by polling, not by a callback
+
+
+@pytest.mark.anyio
+async def test_many_tasks_poll_their_events_at_once() -> None:
+    events = [PolledEvent(after=i % 7) for i in range(50)]
+    woken: list[int] = []
+
+    async def waiter(i: int) -> None:
+        await running_loop().wait(events[i], spin=HANG_GUARD)
+        woken.append(i)
+
+    with anyio.fail_after(HANG_GUARD):
+        async with anyio.create_task_group() as tg:
+            for i in range(50):
+                tg.start_soon(waiter, i)
+    assert sorted(woken) == list(range(50))
+
+
+@pytest.mark.anyio
+async def test_a_pollable_event_past_its_spin_is_left_to_its_callback() -> None:
+    event = PolledEvent()  # completes only when the test says so
+    woken = anyio.Event()
+
+    async def waiter() -> None:
+        await running_loop().wait(event, spin=1e-3)
+        woken.set()
+
+    with anyio.fail_after(HANG_GUARD):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await anyio.sleep(0.05)  # well past the spin: polling stopped
+            polled = event.queries
+            await anyio.sleep(0.02)
+            assert event.queries == polled, "polling must stop at the spin's deadline"
+            assert not woken.is_set()
+            threading.Thread(target=event.complete).start()
+    assert woken.is_set()
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_poll_stops_polling() -> None:
+    event = PolledEvent()
+    with anyio.move_on_after(0.01) as scope:
+        await running_loop().wait(event, spin=HANG_GUARD)
+    assert scope.cancelled_caught
+    await anyio.sleep(0.01)
+    polled = event.queries
+    await anyio.sleep(0.02)
+    assert event.queries == polled, "a cancelled waiter's event must not be polled any more"
+
+
+@pytest.mark.anyio
+async def test_a_failing_query_is_raised_in_the_waiting_task() -> None:
+    event = PolledEvent()
+    other = PolledEvent(after=20)  # polled alongside: unharmed by the other's failure
+
+    async def fail_soon() -> None:
+        await anyio.sleep(0.005)
+        event.fail = True
+
+    with anyio.fail_after(HANG_GUARD):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(fail_soon)
+            tg.start_soon(running_loop().wait, other, HANG_GUARD)
+            with pytest.raises(BackendError, match="the device failed"):
+                await running_loop().wait(event, spin=HANG_GUARD)
+    assert other.query()

@@ -23,7 +23,7 @@ from ..._requests import MemoryKind
 from ..._stats import PoolFacts
 from .._resource import Block, MemoryResource
 from ._errors import check, map_exceptions, translate
-from ._streams import as_stream, cupy_view, import_cupy, stream_handle
+from ._streams import as_stream, cupy_view, import_cupy
 
 __all__ = ["CudaResource", "CupyAsyncResource", "CupyResource", "DeviceContext", "DriverResource", "HostAllocation"]
 
@@ -257,20 +257,12 @@ class CupyAsyncResource(CupyResource):
 
     name = "cupy_async"
 
-    def __init__(self, device: DeviceContext) -> None:
-        super().__init__(device)
-        self._views: dict[int, Any] = {}
-
     def _new_pool(self, cupy: Any) -> Any:
         return cupy.cuda.MemoryAsyncPool()
 
     def _device_block(self, nbytes: int, stream: Any) -> Block:
         self._make_current()
-        key = stream_handle(stream)
-        view = self._views.get(key)
-        if view is None:
-            view = self._views[key] = cupy_view(self._cupy, stream)
-        with view:
+        with cupy_view(self._cupy, stream):
             pointer = self._pool.malloc(nbytes)
         # CuPy frees the block on this stream when the pointer goes: the handle holds the stream
         # too, so the stream outlives the block (a tuple drops its last item first).
