@@ -534,7 +534,7 @@ class ArrayResponse:
     def _full_shapes(self) -> dict[str, tuple[tuple[int, ...], np.dtype[Any]]]:
         """Label -> (shape, dtype) of the full-size host array a walk takes for it (the run axis at
         ``runs``; an empty run axis stays empty)."""
-        cached = self._cache()
+        cached = self._cached or self._cache()
         found: dict[str, tuple[tuple[int, ...], np.dtype[Any]]] | None = cached.get("full")
         if found is None:
             found = {}
@@ -549,7 +549,7 @@ class ArrayResponse:
 
     def _device_view(self) -> Mapping[str, Any]:
         """A read-only view of :attr:`arrays` (a one-chunk walk's ``chunk.device``)."""
-        cached = self._cache()
+        cached = self._cached or self._cache()
         view: Mapping[str, Any] | None = cached.get("device")
         if view is None:
             view = cached["device"] = MappingProxyType(dict(self.arrays))

@@ -217,7 +217,7 @@ async def walk_chunks(
 def _check(response: ArrayResponse, arrays: Any, role: str) -> dict[str, np.ndarray[Any, Any]]:
     """The host arrays of ``role`` checked against ``response``: every bad one is refused here,
     before anything is copied."""
-    if not isinstance(arrays, Mapping):
+    if type(arrays) is not dict and not isinstance(arrays, Mapping):
         raise InvalidRequestError(f"{role} must be a mapping of label -> full-size host array, got {shown(arrays)}")
     checked = {}
     expected = response._full_shapes()
@@ -616,8 +616,8 @@ class _Walk:
 
 
 def _check_live(response: ArrayResponse) -> None:
-    released = response.released
-    if released:
+    if response._released:  # the set itself: a walk checks it at every chunk
+        released = response.released
         raise ReleasedError(
             f"walk_chunks: the response's arrays {sorted(released)} were released (mgr.release, free, "
             "free_all, the end of its `async with`, or a context reset): walk inside the `async with "

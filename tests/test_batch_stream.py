@@ -153,7 +153,7 @@ async def test_the_walk_of_one_chunk_without_overlap_still_waits_for_its_copy_in
 async def _loader(
     mgr: MemoryManager, sim: SimulatorBackend, xs: list[np.ndarray], ys: list[np.ndarray], k: int, groups: int
 ) -> None:
-    """The README's loader: k tasks, each request -> walk -> release, batch after batch."""
+    """The loader for batches whose shapes vary (README, "A batch stream"): k tasks, each request -> walk -> release."""
     requests = _requests()
     owners = [object() for _ in range(k)]
     for i, owner in enumerate(owners):

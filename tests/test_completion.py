@@ -175,42 +175,23 @@ def test_a_new_asyncio_loop_in_the_thread_gets_its_own(sim: SimulatorBackend) ->
     assert first[0] is not second[0] and first[1] == second[1]
 
 
-class PolledEvent(Event):
+class PolledEvent(SimEvent):
     """A pollable event (as a GPU's is) completed by the test: after ``after`` queries, or by
     :meth:`complete` from any thread; ``fail`` makes its next query raise."""
 
     pollable = True
 
     def __init__(self, after: int | None = None) -> None:
+        super().__init__()
         self.after, self.queries, self.fail = after, 0, False
-        self._done = threading.Event()
-        self._callbacks: list[object] = []
-        self._lock = threading.Lock()
 
     def query(self) -> bool:
         self.queries += 1
         if self.fail:
             raise BackendError("the device failed")
-        if self.after is not None and self.queries > self.after:
+        if self.after is not None and self.queries > self.after and not super().query():
             self.complete()
-        return self._done.is_set()
-
-    def synchronize(self) -> None:
-        self._done.wait(HANG_GUARD)
-
-    def add_done_callback(self, callback) -> None:  # type: ignore[no-untyped-def]
-        with self._lock:
-            if not self._done.is_set():
-                self._callbacks.append(callback)
-                return
-        callback()
-
-    def complete(self) -> None:
-        with self._lock:
-            self._done.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback()  # type: ignore[operator]
+        return super().query()
 
 
 @pytest.mark.anyio
