@@ -77,6 +77,9 @@ class Budget:
         self._manual: dict[Hashable, float] = {}
         self._auto: dict[Hashable, None] = {}  # insertion-ordered set
         self._caps: dict[Hashable, int] | None = None  # every key's cap, worked out again after a change
+        #: Changes so far (a share added, removed or moved): what was worked out from the caps
+        #: under an older version is stale.
+        self.version = 0
 
     # -- queries -------------------------------------------------------------------------
     def __contains__(self, key: Hashable) -> bool:
@@ -143,19 +146,19 @@ class Budget:
         if proportion is None:
             self._check_manual_sum(self.manual_pool_proportion, auto_members=len(self._auto) + 1)
             self._auto[key] = None
-            self._caps = None
+            self._changed()
         else:
             value = check_proportion(proportion)
             self._check_manual_sum(self.manual_pool_proportion + value, len(self._auto))
             self._manual[key] = value
-            self._caps = None
+            self._changed()
 
     def remove(self, key: Hashable) -> None:
         """Drop ``key``; the auto pool rebalances."""
         self._check_known(key)
         self._manual.pop(key, None)
         self._auto.pop(key, None)
-        self._caps = None
+        self._changed()
 
     def set_manual(self, key: Hashable, proportion: float) -> None:
         """Give ``key`` a manual ``proportion``, moving it out of the auto pool if needed."""
@@ -166,7 +169,7 @@ class Budget:
         self._check_manual_sum(others + value, auto_left)
         self._auto.pop(key, None)
         self._manual[key] = value
-        self._caps = None
+        self._changed()
 
     def set_auto(self, key: Hashable) -> None:
         """Move ``key`` from the manual pool to the auto pool.
@@ -183,9 +186,13 @@ class Budget:
         self._check_manual_sum(others, len(self._auto) + 1)
         del self._manual[key]
         self._auto[key] = None
-        self._caps = None
+        self._changed()
 
     # -- helpers -------------------------------------------------------------------------
+    def _changed(self) -> None:
+        self._caps = None
+        self.version += 1
+
     def _check_known(self, key: Hashable) -> None:
         if key not in self:
             raise BudgetError(f"{key!r} has no budget: register it first")

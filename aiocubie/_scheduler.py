@@ -108,6 +108,8 @@ class GroupScheduler:
         self._closed = False
         self._scope: anyio.CancelScope | None = None  # the scope of :meth:`run`, once it started
         self._warned: set[int] = set()  # ids of waiting tickets warned that they wait on their own members
+        # the last one-chunk plan of a batch of one request, and what it was worked out from (_try_plan)
+        self._memo: tuple[tuple[Any, ...], ChunkPlan] | None = None
 
     # -- called from the loop thread (sync) ----------------------------------------------------
     def submit(self, ticket: Ticket) -> None:
@@ -404,13 +406,33 @@ class GroupScheduler:
         account = self._account
         members = self.group.members
         free = account.free_memory(fresh=False)
+        memo = None
+        if len(batch) == 1 and len(members) == 1 and batch[0].key in members:
+            # a stream's every batch, alone in its group: the plan of the last batch if what it was
+            # worked out from is the same (the request set, its member, what is free and held, the
+            # budget and the options: the group's offer is a function of these)
+            key = batch[0].key
+            memo = (
+                requests,
+                key,
+                free,
+                account.ledger.live_by_key.get(key, 0),
+                account.budget.version,
+                account.options,
+            )
+            last = self._memo
+            if last is not None and last[0] == memo:
+                return last[1]
         offered = account.offered(members, free)
         full = fixed + per_run * runs
         if full <= offered and 2 * full <= free:
             # the usual batch: it fits whole in what the group is offered, and takes at most half
             # of what the cached reading says is free: the plan of one chunk, whatever the policy
             # (what plan_chunks and the checks below give it, without them; no warning: 20x > 1/2)
-            return ChunkPlan(runs, 1, runs, offered, full, full)
+            whole = ChunkPlan(runs, 1, runs, offered, full, full)
+            if memo is not None:
+                self._memo = (memo, whole)
+            return whole
         plan, offered, free = self._plan_against(runs, fixed, per_run, buffered, fresh=False)
         # About to chunk or fail, or to take over half of what the cached reading says is
         # free (where another process's allocation since would bite): read the device again.

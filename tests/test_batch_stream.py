@@ -349,6 +349,41 @@ async def test_a_loaders_requests_are_checked_once_and_again_when_the_dict_chang
     assert sim.used == 0
 
 
+@pytest.mark.anyio
+async def test_a_stream_of_one_request_is_planned_again_once_the_budget_holdings_or_free_memory_change() -> None:
+    requests = {"x": ArrayRequest((48, 1024), np.float32)}  # 192 KiB
+    sim = SimulatorBackend(1 << 20)
+    async with MemoryManager(sim, mode="active", headroom=0.0) as mgr:
+        owner = object()
+        mgr.register(owner, proportion=0.5)  # a cap of 512 KiB
+        for _ in range(2):  # the second is planned as the first was
+            async with mgr.request(owner, requests, ordered=True) as response:
+                assert response.chunks == 1
+        held = [await mgr.request(owner, requests, ordered=True) for _ in range(2)]  # 384 KiB held
+        async with mgr.request(owner, requests, ordered=True) as response:
+            assert response.chunks == 2  # 128 KiB left of its cap
+        for response in held:
+            mgr.release(response)
+        async with mgr.request(owner, requests, ordered=True) as response:
+            assert response.chunks == 1
+        mgr.set_manual_proportion(owner, 0.125)  # 128 KiB
+        async with mgr.request(owner, requests, ordered=True) as response:
+            assert response.chunks == 2
+    sim = SimulatorBackend(1 << 20)
+    async with MemoryManager(sim, mode="passive") as mgr:
+        owner, other = object(), object()
+        mgr.register(owner)
+        mgr.register(other, stream_group="other")
+        async with mgr.request(owner, requests, ordered=True) as response:
+            assert response.chunks == 1
+        async with mgr.request(other, {"y": ArrayRequest((225, 1024), np.float32)}, ordered=True):  # 900 KiB
+            async with mgr.request(owner, requests, ordered=True) as response:
+                assert response.chunks == 2  # 124 KiB free
+        async with mgr.request(owner, requests, ordered=True) as response:
+            assert response.chunks == 1
+    assert sim.used == 0
+
+
 def test_the_readme_batch_stream_snippet_runs_as_written(tmp_path: Path) -> None:
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     section = readme[readme.index("**A batch stream.**") :]
