@@ -392,7 +392,8 @@ class GroupScheduler:
 
         Raises the planning error when it cannot fit, or (policy fail) not whole.
         """
-        if len(batch) == 1:
+        single = len(batch) == 1
+        if single:
             requests = batch[0].requests
             runs, fixed, per_run, buffered = requests.runs, requests.fixed, requests.per_run, requests.buffered
         else:
@@ -407,7 +408,7 @@ class GroupScheduler:
         members = self.group.members
         free = account.free_memory(fresh=False)
         memo = None
-        if len(batch) == 1 and len(members) == 1 and batch[0].key in members:
+        if single and len(members) == 1 and batch[0].key in members:
             # a stream's every batch, alone in its group: the plan of the last batch if what it was
             # worked out from is the same (the request set, its member, what is free and held, the
             # budget and the options: the group's offer is a function of these)
