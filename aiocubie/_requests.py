@@ -82,6 +82,12 @@ def check_device(device: Any, *, what: str = "device") -> int | None:
 
 
 def _shape(value: int | Sequence[int]) -> tuple[int, ...]:
+    if type(value) is tuple and len(value) <= MAX_NDIM:  # the usual shape (an array's): checked without ABCs
+        for dim in value:
+            if type(dim) is not int or dim < 0:
+                break
+        else:
+            return value
     given: Any = value
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         given = (value,)
@@ -215,12 +221,15 @@ class ArrayRequest:
     fixed_bytes: int = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
+        # a plain int is an integer without the ABC checks (a request per batch of a loader whose shapes vary)
         axis = self.chunk_axis
-        if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
+        if type(axis) is not int and (isinstance(axis, bool) or not isinstance(axis, numbers.Integral)):
             raise InvalidRequestError(f"chunk_axis must be an integer, got {axis!r}")
         ndim = len(self.shape)
         buffers = self.buffers
-        if isinstance(buffers, bool) or not isinstance(buffers, numbers.Integral) or buffers < 1:
+        if (type(buffers) is not int and (isinstance(buffers, bool) or not isinstance(buffers, numbers.Integral))) or (
+            buffers < 1
+        ):
             raise InvalidRequestError(f"buffers must be a positive integer, got {buffers!r}")
         if self.unchunkable and buffers != 1:
             raise InvalidRequestError(
@@ -246,7 +255,7 @@ class ArrayRequest:
         # numpy and CuPy index an array with signed 64-bit sizes and strides even when it is
         # empty: (2**70, 0) has no bytes but cannot be made. They check the product of the
         # non-zero sizes (each one included) times the item size.
-        extent = math.prod(max(d, 1) for d in self.shape) * self.dtype.itemsize
+        extent = nbytes if 0 not in self.shape else math.prod(max(d, 1) for d in self.shape) * self.dtype.itemsize
         if extent > MAX_NBYTES:
             raise InvalidRequestError(
                 f"shape {shown(self.shape)} of {self.dtype} cannot be indexed: its non-zero sizes "
@@ -264,9 +273,8 @@ class ArrayRequest:
             runs = self.shape[axis]
             # an empty run axis has no runs to chunk, and a run axis of length 1 is not chunked
             # (as cubie plans it): neither adds anything per run of its batch
-            per_run = math.prod(s for i, s in enumerate(self.shape) if i != axis) if runs > 1 else 0
             object.__setattr__(self, "runs", runs)
-            object.__setattr__(self, "bytes_per_run", per_run * self.dtype.itemsize)
+            object.__setattr__(self, "bytes_per_run", nbytes // runs if runs > 1 else 0)  # the other axes' bytes
             object.__setattr__(self, "fixed_bytes", nbytes if runs == 1 else 0)
             if runs == 1:  # never cut, so one buffer: a walk's extra buffers would be unbudgeted copies
                 object.__setattr__(self, "buffers", 1)
