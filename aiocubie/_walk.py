@@ -535,6 +535,7 @@ class _Walk:
             await self.loop.wait(packed)
             del self.packs[index]  # only now: cancelled while it packs, _quiesce waits for it
             packed.result()
+            _check_live(self.response)  # a reset or release while it packed
         length = _length(response, index)
         for label in self.chunked_in:
             target, host, direct = self._ends(self.ins, label, index, length)
