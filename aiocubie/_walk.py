@@ -222,11 +222,15 @@ def _check(response: ArrayResponse, arrays: Any, role: str) -> dict[str, np.ndar
     checked = {}
     expected = response._full_shapes()
     for label, host in arrays.items():
-        if type(host) is np.ndarray and label in expected:  # the common case: checked in a few comparisons
-            shape, dtype = expected[label]
-            if host.shape == shape and host.dtype == dtype and (role == "inputs" or host.flags.writeable):
-                checked[label] = host
-                continue
+        if type(host) is np.ndarray:  # the common case: checked in a few comparisons
+            try:
+                shape, dtype = expected[label]
+            except (KeyError, TypeError):  # no such label (or not a hashable one): said below
+                pass
+            else:
+                if host.shape == shape and host.dtype == dtype and (role == "inputs" or host.flags.writeable):
+                    checked[label] = host
+                    continue
         if not isinstance(label, str) or label not in response.arrays:
             known = ", ".join(map(repr, response.arrays)) or "none"
             raise InvalidRequestError(
@@ -535,6 +539,7 @@ class _Walk:
             await self.loop.wait(packed)
             del self.packs[index]  # only now: cancelled while it packs, _quiesce waits for it
             packed.result()
+            _check_live(self.response)  # a reset or release while it packed
         length = _length(response, index)
         for label in self.chunked_in:
             target, host, direct = self._ends(self.ins, label, index, length)

@@ -511,3 +511,28 @@ async def test_a_copy_fault_in_a_one_chunk_walk_is_a_backend_error_and_leaks_not
             assert _idle(sim)
         assert mgr.stats().live_bytes == 0 and mgr.backend.device.pinned_pool.in_use == 0
     assert sim.used == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("chunk_axis", [0, None], ids=["chunked", "unchunkable"])
+async def test_a_one_chunk_walk_of_empty_pinned_views_with_any_strides_copies_nothing(chunk_axis: int | None) -> None:
+    # a zero-size numpy view says it is C-contiguous whatever its strides (here reversed along
+    # the last axis): a copy of it moves nothing, on the simulator as on a GPU
+    sim = SimulatorBackend(1 << 24)
+    async with MemoryManager(sim) as mgr:
+        owner = object()
+        mgr.register(owner)
+        shape = (0, 4)
+        x, y = (mgr.create_host_array(shape, np.float32, "pinned") for _ in range(2))
+        request = ArrayRequest(shape, np.float32, chunk_axis=0, unchunkable=chunk_axis is None)
+        async with mgr.request(owner, {"x": request, "y": request}) as response:
+            assert response.chunks == 1
+            for overlap in (False, True):
+                bodies = 0
+                async for chunk in walk_chunks(
+                    response, inputs={"x": x[:, ::-1]}, outputs={"y": y[:, ::-1]}, overlap=overlap
+                ):
+                    assert chunk.device["x"].shape == shape
+                    bodies += 1
+                assert bodies == 1
+    assert sim.used == 0

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import attrs
 import numpy as np
@@ -116,6 +118,22 @@ async def test_bad_host_arrays_are_refused() -> None:
                     pass
 
 
+class _Pairs(Mapping[Any, Any]):
+    """A mapping kept as a list of pairs: its keys need not be hashable."""
+
+    def __init__(self, pairs: list[tuple[Any, Any]]) -> None:
+        self.pairs = pairs
+
+    def __getitem__(self, key: Any) -> Any:
+        return next(value for label, value in self.pairs if label == key)
+
+    def __iter__(self) -> Iterator[Any]:
+        return (label for label, _ in self.pairs)
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+
 # issue 11 item 17: bad arguments are InvalidRequestErrors before anything is copied
 @pytest.mark.anyio
 async def test_bad_walk_arguments_are_refused_before_any_copy() -> None:
@@ -136,6 +154,7 @@ async def test_bad_walk_arguments_are_refused_before_any_copy() -> None:
                 ({"outputs": {"y": np.zeros(SHAPES[0]).tolist()}}, "outputs are numpy arrays"),
                 ({"inputs": {"x": [[1.0], [1.0, 2.0]]}}, "not an array numpy can read"),
                 ({"inputs": {("x",): x}}, r"no array \('x',\)"),
+                ({"inputs": _Pairs([(["x"], x)])}, r"no array \['x'\]"),  # a mapping whose label is unhashable
             ]
             for kwargs, message in cases:
                 copies = sim.faults.fired["copy"]

@@ -62,24 +62,24 @@ def geometry(
 ) -> Geometry | None:
     """The geometry of a copy between two views of ``shape`` with these byte strides, or None.
 
-    Axes of extent 1 are dropped; neighbouring axes that are one block on both sides merge.
-    None when what is left is not at most two levels of rows of contiguous elements with
-    positive strides that do not overlap within a side (a view reversed, broadcast, or
-    with its last axis strided on one side but not the other, or more than three levels):
-    copy such views through a contiguous array.
+    An empty view is a copy of no bytes, whatever its strides. Axes of extent 1 are dropped;
+    neighbouring axes that are one block on both sides merge. None when what is left is not at
+    most two levels of rows of contiguous elements with positive strides that do not overlap
+    within a side (a view reversed, broadcast, or with its last axis strided on one side but
+    not the other, or more than three levels): copy such views through a contiguous array.
 
     Examples
     --------
     >>> geometry((4, 3), 4, (40, 4), (12, 4))   # 3 of 10 columns into a (4, 3) buffer
     Geometry(width=12, height=4, depth=1, src_pitch=40, dst_pitch=12, src_slice=0, dst_slice=0)
     """
+    if 0 in shape:  # nothing to copy, whatever the strides (numpy calls any empty view contiguous)
+        return Geometry(0)
     width = itemsize
     levels: list[tuple[int, int, int]] = []  # (count, src stride, dst stride), innermost first
     for count, src, dst in reversed(list(zip(shape, src_strides, dst_strides))):
         if count == 1:
             continue
-        if count == 0:
-            return Geometry(0)
         if src <= 0 or dst <= 0:
             return None
         if not levels and src == dst == width:

@@ -68,6 +68,42 @@ async def test_a_walk_cancelled_while_it_waits_for_a_pack_waits_for_the_staging_
             assert mgr.stats().pinned.in_use == 0
 
 
+async def test_a_reset_while_a_walk_waits_for_a_pack_ends_it_with_released_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # review3: set_allocator while the walk awaited its pack gave a BackendError (the stream closed
+    # by the reset) from the copy after it, not the ReleasedError a reset's responses get
+    started, gate = threading.Event(), threading.Event()
+    real = staging.host_copy
+
+    def slow_pack(dst: Any, src: Any) -> None:
+        started.set()
+        gate.wait(10)
+        real(dst, src)
+
+    shape = (4, 64)
+    async with MemoryManager(SimulatorBackend(1 << 20)) as mgr:
+        solver = object()
+        mgr.register(solver)
+        x = np.arange(256, dtype=np.float32).reshape(shape)
+        requests = walk_requests({"x": ArrayRequest(shape, np.float32, chunk_axis=1)}, 2)
+        async with mgr.request(solver, requests) as response:
+            monkeypatch.setattr(staging, "host_copy", slow_pack)
+
+            async def reset_once_packing() -> None:
+                await anyio.to_thread.run_sync(started.wait)
+                with pytest.warns(Warning, match="resets the device context"):
+                    mgr.set_allocator("cupy")
+                gate.set()
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(reset_once_packing)
+                with pytest.raises(ReleasedError, match="walk_chunks: the response's arrays"):
+                    async for _ in walk_chunks(response, inputs={"x": x}):
+                        pass
+        assert mgr.stats().pinned.in_use == 0
+
+
 async def test_copies_queued_ahead_never_write_a_block_the_body_released() -> None:
     from aiocubie._backends._sim._arrays import host_data
 
