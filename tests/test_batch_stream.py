@@ -350,6 +350,41 @@ async def test_a_loaders_requests_are_checked_once_and_again_when_the_dict_chang
 
 
 @pytest.mark.anyio
+async def test_a_stream_of_one_request_is_planned_again_when_the_mode_or_the_member_alone_in_its_group_changes() -> (
+    None
+):
+    # what the last one-chunk plan was worked out from includes the options and the member: a
+    # plan reused across a mode change, or for another member that moved into the group, would
+    # allocate over a cap
+    requests = {"x": ArrayRequest((96, 1024), np.float32)}  # 384 KiB
+    sim = SimulatorBackend(1 << 20)
+    async with MemoryManager(sim, mode="passive", headroom=0.0) as mgr:
+        owner, other = object(), object()
+        mgr.register(owner, proportion=0.25)  # a cap of 256 KiB, once active
+        mgr.register(other, proportion=0.5, stream_group="other")  # 512 KiB
+        async with mgr.request(owner, requests, ordered=True) as response:
+            assert response.chunks == 1  # passive: caps do not matter
+        mgr.set_limit_mode("active")
+        async with mgr.request(owner, requests, ordered=True) as response:
+            assert response.chunks == 2
+            assert sim.used <= mgr.cap(owner)  # its arrays alone
+        mgr.set_limit_mode("passive")
+        async with mgr.request(owner, requests, ordered=True) as response:
+            assert response.chunks == 1
+        mgr.set_limit_mode("active")
+        mgr.change_stream_group(other, "default")  # the group: owner and other
+        mgr.change_stream_group(owner, "other")  # other alone in it, as owner was
+        async with mgr.request(other, requests, ordered=True) as response:
+            assert response.chunks == 1  # under other's cap
+        mgr.change_stream_group(owner, "default")
+        mgr.change_stream_group(other, "other")  # owner alone again, its last plan made for other
+        async with mgr.request(owner, requests, ordered=True) as response:
+            assert response.chunks == 2
+            assert sim.used <= mgr.cap(owner)  # its arrays alone
+    assert sim.used == 0
+
+
+@pytest.mark.anyio
 async def test_a_stream_of_one_request_is_planned_again_once_the_budget_holdings_or_free_memory_change() -> None:
     requests = {"x": ArrayRequest((48, 1024), np.float32)}  # 192 KiB
     sim = SimulatorBackend(1 << 20)
