@@ -8,9 +8,11 @@ views give numpy's bytes. On asyncio, trio and uvloop.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import threading
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -29,13 +31,10 @@ def anyio_backend(request: pytest.FixtureRequest) -> Any:
     return request.param
 
 
-async def test_a_walk_cancelled_while_it_waits_for_a_pack_waits_for_the_staging_thread(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # the walk popped the pack it awaited from the packs _quiesce waits for: cancelled there, it
-    # gave the staging buffer back while the staging thread was still to write it
-    started, gate = threading.Event(), threading.Event()
-    packing = {"done": False}
+def gate_packs(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event, dict[str, bool]]:
+    """Make the staging threads' host copies wait for ``gate``; ``started`` is set once one waits,
+    and ``packing["done"]`` once one has copied."""
+    started, gate, packing = threading.Event(), threading.Event(), {"done": False}
     real = staging.host_copy
 
     def slow_pack(dst: Any, src: Any) -> None:
@@ -44,6 +43,13 @@ async def test_a_walk_cancelled_while_it_waits_for_a_pack_waits_for_the_staging_
         real(dst, src)
         packing["done"] = True
 
+    monkeypatch.setattr(staging, "host_copy", slow_pack)
+    return started, gate, packing
+
+
+@contextlib.asynccontextmanager
+async def a_pageable_walk() -> AsyncIterator[tuple[MemoryManager, Any, np.ndarray]]:
+    """A manager, a response of four chunks of x and the pageable x to walk through it."""
     shape = (4, 64)
     async with MemoryManager(SimulatorBackend(1 << 20)) as mgr:
         solver = object()
@@ -51,21 +57,30 @@ async def test_a_walk_cancelled_while_it_waits_for_a_pack_waits_for_the_staging_
         x = np.arange(256, dtype=np.float32).reshape(shape)
         requests = walk_requests({"x": ArrayRequest(shape, np.float32, chunk_axis=1)}, 2)
         async with mgr.request(solver, requests) as response:
-            monkeypatch.setattr(staging, "host_copy", slow_pack)
-            with anyio.CancelScope() as scope:
+            yield mgr, response, x
 
-                async def cancel_once_packing() -> None:
-                    await anyio.to_thread.run_sync(started.wait)
-                    threading.Timer(0.3, gate.set).start()  # the walk must wait this long
-                    scope.cancel()
 
-                async with anyio.create_task_group() as tasks:
-                    tasks.start_soon(cancel_once_packing)
-                    async for _ in walk_chunks(response, inputs={"x": x}):
-                        pass
-            assert scope.cancelled_caught
-            assert packing["done"], "the walk ended (and gave its staging buffer back) while a staging thread packed it"
-            assert mgr.stats().pinned.in_use == 0
+async def test_a_walk_cancelled_while_it_waits_for_a_pack_waits_for_the_staging_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the walk popped the pack it awaited from the packs _quiesce waits for: cancelled there, it
+    # gave the staging buffer back while the staging thread was still to write it
+    async with a_pageable_walk() as (mgr, response, x):
+        started, gate, packing = gate_packs(monkeypatch)
+        with anyio.CancelScope() as scope:
+
+            async def cancel_once_packing() -> None:
+                await anyio.to_thread.run_sync(started.wait)
+                threading.Timer(0.3, gate.set).start()  # the walk must wait this long
+                scope.cancel()
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(cancel_once_packing)
+                async for _ in walk_chunks(response, inputs={"x": x}):
+                    pass
+        assert scope.cancelled_caught
+        assert packing["done"], "the walk ended (and gave its staging buffer back) while a staging thread packed it"
+        assert mgr.stats().pinned.in_use == 0
 
 
 async def test_a_reset_while_a_walk_waits_for_a_pack_ends_it_with_released_error(
@@ -73,34 +88,20 @@ async def test_a_reset_while_a_walk_waits_for_a_pack_ends_it_with_released_error
 ) -> None:
     # review3: set_allocator while the walk awaited its pack gave a BackendError (the stream closed
     # by the reset) from the copy after it, not the ReleasedError a reset's responses get
-    started, gate = threading.Event(), threading.Event()
-    real = staging.host_copy
+    async with a_pageable_walk() as (mgr, response, x):
+        started, gate, _ = gate_packs(monkeypatch)
 
-    def slow_pack(dst: Any, src: Any) -> None:
-        started.set()
-        gate.wait(10)
-        real(dst, src)
+        async def reset_once_packing() -> None:
+            await anyio.to_thread.run_sync(started.wait)
+            with pytest.warns(Warning, match="resets the device context"):
+                mgr.set_allocator("cupy")
+            gate.set()
 
-    shape = (4, 64)
-    async with MemoryManager(SimulatorBackend(1 << 20)) as mgr:
-        solver = object()
-        mgr.register(solver)
-        x = np.arange(256, dtype=np.float32).reshape(shape)
-        requests = walk_requests({"x": ArrayRequest(shape, np.float32, chunk_axis=1)}, 2)
-        async with mgr.request(solver, requests) as response:
-            monkeypatch.setattr(staging, "host_copy", slow_pack)
-
-            async def reset_once_packing() -> None:
-                await anyio.to_thread.run_sync(started.wait)
-                with pytest.warns(Warning, match="resets the device context"):
-                    mgr.set_allocator("cupy")
-                gate.set()
-
-            async with anyio.create_task_group() as tasks:
-                tasks.start_soon(reset_once_packing)
-                with pytest.raises(ReleasedError, match="walk_chunks: the response's arrays"):
-                    async for _ in walk_chunks(response, inputs={"x": x}):
-                        pass
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(reset_once_packing)
+            with pytest.raises(ReleasedError, match="walk_chunks: the response's arrays"):
+                async for _ in walk_chunks(response, inputs={"x": x}):
+                    pass
         assert mgr.stats().pinned.in_use == 0
 
 
