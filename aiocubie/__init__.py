@@ -61,7 +61,7 @@ from ._stats import (
     Snapshot,
     UsageStats,
 )
-from ._walk import DEFAULT_DEPTH, Chunk, walk_chunks, walk_requests
+from ._walk import DEFAULT_DEPTH, Chunk, walk_batches, walk_chunks, walk_requests
 
 __version__ = "0.2.0.dev0"
 
@@ -126,6 +126,7 @@ __all__ = [
     "plan_batch",
     "render_history",
     "select_backend",
+    "walk_batches",
     "walk_chunks",
     "walk_requests",
 ]

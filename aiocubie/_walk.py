@@ -10,12 +10,13 @@ host threads. It never launches kernels and never lets a copy outlive the buffer
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import anyio.to_thread
@@ -27,7 +28,7 @@ from ._completion import Loop, running_loop
 from ._errors import AiocubieError, InvalidRequestError, ReleasedError, shown, warn
 from ._requests import ArrayRequest, ArrayResponse
 
-__all__ = ["DEFAULT_DEPTH", "Chunk", "walk_chunks", "walk_requests"]
+__all__ = ["DEFAULT_DEPTH", "Chunk", "walk_batches", "walk_chunks", "walk_requests"]
 
 #: Chunk buffers (pipeline depth) :func:`walk_requests` asks for by default: 2 overlaps the
 #: next chunk's copy in and the last chunk's copy out with this chunk's work whenever inputs
@@ -212,6 +213,119 @@ async def walk_chunks(
     async with contextlib.aclosing(_Walk(response, ins, outs, rotation, overlap).walk()) as chunks:
         async for chunk in chunks:
             yield chunk
+
+
+async def walk_batches(
+    response: ArrayResponse,
+    batches: Iterable[tuple[Mapping[str, np.ndarray[Any, Any]], Mapping[str, np.ndarray[Any, Any]]]],
+    *,
+    in_flight: int = 4,
+) -> AsyncIterator[Chunk]:
+    """Walk a stream of batches of one shape through one response's arrays: one chunk a batch.
+
+    Each batch's inputs are copied in, the body runs (it queues its work on ``chunk.stream``),
+    and its outputs are copied out, all on the group's stream, in order. The host does not wait
+    for a batch before the next one is queued: it waits only to keep at most ``in_flight``
+    batches queued and not yet landed, and at the end for the last ones. Stream order keeps
+    each batch's copy in behind the last batch's copy out, so one set of arrays serves every
+    batch; with ``in_flight=1`` each batch's outputs land before the next batch starts.
+
+    The body must not read the device arrays on the host (as in an overlapped walk). A batch
+    whose host arrays cannot go straight to the device (pageable, or in rows the copy engines
+    cannot follow) is walked once the batches before it have landed, as :func:`walk_chunks`
+    walks it, and the stream goes on after it.
+
+    Parameters
+    ----------
+    response : ArrayResponse
+        What ``await mgr.request(instance, ...)`` returned, for one batch's arrays; the batch
+        must fit whole (``response.chunks == 1``).
+    batches : iterable of (inputs, outputs)
+        Each batch's host arrays: two mappings of label -> full-size host array, as
+        :func:`walk_chunks` takes them. Read lazily, one batch ahead of the device at most
+        ``in_flight``.
+    in_flight : int
+        Batches queued on the device and not yet landed, at most (default 4).
+
+    Yields
+    ------
+    Chunk
+        One a batch: ``index`` is the batch's position in ``batches``, ``host`` its host arrays.
+
+    Raises
+    ------
+    InvalidRequestError
+        If ``response`` does not fit whole or is not a served ArrayResponse, ``in_flight`` is
+        not a positive integer, a batch is not a pair of mappings, or a host array does not
+        match its request (before that batch is copied).
+    BackendError
+        If a copy fails (what was queued is waited for first).
+    ReleasedError
+        If the response's arrays were released, at the next batch.
+
+    Notes
+    -----
+    Leaving the loop early (``break``, an exception, a cancellation) skips that batch's copy
+    out and waits, shielded from cancellation, for what was queued. When the loop ends, every
+    batch's outputs are in their host arrays.
+
+    Examples
+    --------
+    >>> async with mgr.request(loader, requests, ordered=True) as response:   # doctest: +SKIP
+    ...     pairs = (({"x": x}, {"y": y}) for x, y in zip(xs, ys))
+    ...     async for chunk in walk_batches(response, pairs):
+    ...         kernel[blocks, threads, chunk.stream](chunk.device["x"], chunk.device["y"])
+    """
+    if not isinstance(response, ArrayResponse) or response.device is None:
+        raise InvalidRequestError(
+            f"walk_batches walks an ArrayResponse a manager served (what `await mgr.request(...)` returns), "
+            f"got {shown(response)}"
+        )
+    if response.chunks != 1:
+        raise InvalidRequestError(
+            f"walk_batches walks batches that fit whole, but this response is planned in {response.chunks} chunks: "
+            "walk each batch with walk_chunks, or ask for a smaller batch"
+        )
+    if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
+        raise InvalidRequestError(f"in_flight must be a positive integer, got {shown(in_flight)}")
+    if isinstance(batches, (str, bytes, Mapping)) or not isinstance(batches, Iterable):
+        raise InvalidRequestError(
+            f"batches is an iterable of (inputs, outputs) pairs of mappings, got {shown(batches)}"
+        )
+    device, stream, arrays, loop = response.device, response.stream, response.arrays, running_loop()
+    landed: collections.deque[Event] = collections.deque()  # a batch's outputs in place, oldest first
+    finished = False
+    try:
+        for index, batch in enumerate(batches):
+            if not (isinstance(batch, tuple) and len(batch) == 2):
+                raise InvalidRequestError(
+                    f"batch {index} of walk_batches is {shown(batch)}, not an (inputs, outputs) pair of mappings"
+                )
+            ins, outs = _check(response, batch[0], "inputs"), _check(response, batch[1], "outputs")
+            if not _straight(response, ins, outs):  # staged or repacked: walked alone, once the others landed
+                while landed:
+                    await loop.wait(landed.popleft())
+                walk = cast(AsyncGenerator[Chunk, None], walk_chunks(response, inputs=ins, outputs=outs, overlap=True))
+                async with contextlib.aclosing(walk) as one:
+                    async for chunk in one:
+                        yield attrs.evolve(chunk, index=index)
+                continue
+            if len(landed) >= in_flight:
+                await loop.wait(landed.popleft())
+            _check_live(response)
+            for label, host in ins.items():
+                device.copy_strided(host, arrays[label], stream, tag=("in", index, label))
+            yield Chunk(index, 0, response.runs, response._device_view(), MappingProxyType({**ins, **outs}), stream)
+            _check_live(response)
+            for label, host in outs.items():
+                device.copy_strided(arrays[label], host, stream, tag=("out", index, label))
+            landed.append(device.record_event(stream))
+        while landed:
+            await loop.wait(landed.popleft())
+        finished = True
+    finally:
+        if not finished:
+            await _idle(device, loop, stream)
 
 
 def _check(response: ArrayResponse, arrays: Any, role: str) -> dict[str, np.ndarray[Any, Any]]:

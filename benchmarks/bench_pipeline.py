@@ -45,7 +45,14 @@ sys.path.insert(0, str(HERE))
 
 from bench_common import Table, machine  # noqa: E402
 
-from aiocubie import ArrayRequest, MemoryManager, current_cupy_stream, walk_chunks, walk_requests  # noqa: E402
+from aiocubie import (  # noqa: E402
+    ArrayRequest,
+    MemoryManager,
+    current_cupy_stream,
+    walk_batches,
+    walk_chunks,
+    walk_requests,
+)
 
 MIB = 1 << 20
 
@@ -264,6 +271,7 @@ async def aio_stream(
     depth: int = 2,
     ordered: bool = True,
     keep: bool = False,
+    in_flight: int | None = None,
 ) -> float:
     """Seconds for ``len(xs)`` batches, ``tasks`` tasks each walking its share one batch at a time.
 
@@ -271,6 +279,8 @@ async def aio_stream(
     once allocated, in stream order) and walked overlapped at ``depth`` 2, so the host waits
     only for its outputs (``depth=1, ordered=False``: the serial walk of a request awaited on
     its event). ``keep``: each task requests once and walks every batch through the same buffers.
+    ``in_flight``: each task requests once and walks its batches with ``walk_batches`` (that many
+    queued and not landed at most).
     """
     owners = [_Owner() for _ in range(tasks)]
     total = mgr.memory_info().total
@@ -288,6 +298,12 @@ async def aio_stream(
 
     async def worker(i: int) -> None:
         owner = owners[i]
+        if in_flight is not None:
+            async with mgr.request(owner, requests, ordered=ordered) as response:
+                pairs = (({"x": xs[b]}, {"y": ys[b]}) for b in range(i, len(xs), tasks))
+                async for chunk in walk_batches(response, pairs, in_flight=in_flight):
+                    kit.kernel(chunk.stream, chunk.device["x"], chunk.device["y"])
+            return
         if keep:
             async with mgr.request(owner, requests, ordered=ordered) as response:
                 for b in range(i, len(xs), tasks):
@@ -446,6 +462,8 @@ async def run_stream(
         ("4 tasks, a group each", 4, 4, True, {}, None),
         ("4 tasks, a group each, serial walks of awaited requests", 4, 4, True, serial, None),
         ("one at a time, one response kept (its buffers reused)", 1, 1, False, {"keep": True}, None),
+        ("one at a time, walk_batches (in_flight=1)", 1, 1, False, {"in_flight": 1}, None),
+        ("4 in flight, one task, walk_batches (in_flight=4)", 1, 1, True, {"in_flight": 4}, None),
         ("4 tasks, one group, a response kept each", 4, 1, True, {"keep": True}, None),
         ("4 tasks, a group each, a response kept each", 4, 4, True, {"keep": True}, None),
     ]

@@ -9,7 +9,8 @@ what is left is aiocubie's own Python, as on a GPU whose copies and events are s
 
 - one at a time: request (``ordered=True``) -> walk (``overlap=True``, depth-2 requests) -> release;
 - one response kept: one request, every batch walked through its buffers;
-- 4 tasks, one group: four request -> walk -> release loaders at once.
+- 4 tasks, one group: four request -> walk -> release loaders at once;
+- walk_batches: one request, every batch walked by ``walk_batches`` with 4 in flight.
 
 Each case and device reports Python calls a batch (cProfile of one run), loop-thread CPU microseconds a batch
 (``time.thread_time``, best of ``--runs``) and wall microseconds a batch (best of ``--runs``). Every
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent.parent
-CASES = ("one at a time", "one response kept", "4 tasks, one group")
+CASES = ("one at a time", "one response kept", "4 tasks, one group", "walk_batches, 4 in flight")
 DEVICES = ("simulator", "zero-latency")
 
 
@@ -58,7 +59,7 @@ async def _measure(device: str, case: str, batches: int, runs: int) -> dict[str,
     import anyio
     import numpy as np
 
-    from aiocubie import ArrayRequest, MemoryManager, walk_chunks, walk_requests
+    from aiocubie import ArrayRequest, MemoryManager, walk_batches, walk_chunks, walk_requests
 
     tasks = 4 if case.startswith("4 tasks") else 1
     keep = case == "one response kept"
@@ -79,6 +80,12 @@ async def _measure(device: str, case: str, batches: int, runs: int) -> dict[str,
                 chunk.device["y"][...] = chunk.device["x"] * 2 + 1
 
         async def worker(i: int) -> None:
+            if case.startswith("walk_batches"):
+                async with mgr.request(owners[i], requests, ordered=True) as response:
+                    pairs = (({"x": xs[b]}, {"y": ys[b]}) for b in range(batches))
+                    async for chunk in walk_batches(response, pairs, in_flight=4):
+                        chunk.device["y"][...] = chunk.device["x"] * 2 + 1
+                return
             if keep:
                 async with mgr.request(owners[i], requests, ordered=True) as response:
                     for b in range(i, batches, tasks):

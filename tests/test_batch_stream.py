@@ -30,6 +30,7 @@ from aiocubie import (
     MemoryManager,
     ReleasedError,
     SimulatorBackend,
+    walk_batches,
     walk_chunks,
     walk_requests,
 )
@@ -571,3 +572,158 @@ async def test_a_one_chunk_walk_of_empty_pinned_views_with_any_strides_copies_no
                     bodies += 1
                 assert bodies == 1
     assert sim.used == 0
+
+
+# -- walk_batches: a stream of batches of one shape through one response, k in flight ----------------
+
+
+def _pairs(xs: list[np.ndarray], ys: list[np.ndarray]) -> Any:
+    return (({"x": x}, {"y": y}) for x, y in zip(xs, ys))
+
+
+@pytest.mark.anyio
+@HOSTS
+@pytest.mark.parametrize("in_flight", [1, 4])
+async def test_walk_batches_gets_every_batch_through_one_response(in_flight: int, pinned: bool) -> None:
+    sim = SimulatorBackend(1 << 24, latency=1e-4)
+    async with MemoryManager(sim) as mgr:
+        owner = object()
+        mgr.register(owner)
+        xs = _host(mgr, [np.full(SHAPE, b, np.float32) for b in range(24)], pinned)
+        ys = _host(mgr, [np.full(SHAPE, np.nan, np.float32) for _ in xs], pinned)
+        seen = []
+        async with mgr.request(owner, _requests(1), ordered=True) as response:
+            async for chunk in walk_batches(response, _pairs(xs, ys), in_flight=in_flight):
+                seen.append(chunk.index)
+                assert np.shares_memory(chunk.host["x"], xs[chunk.index]) and chunk.length == SHAPE[0]
+                if in_flight == 1 and chunk.index:  # the last batch landed before this one started
+                    np.testing.assert_array_equal(ys[chunk.index - 1], 2 * xs[chunk.index - 1])
+                _kernel(sim, chunk)
+        assert seen == list(range(24))
+        for x, y in zip(xs, ys):  # every output landed when the loop ended
+            np.testing.assert_array_equal(y, 2 * x)
+        assert mgr.stats().live_bytes == 0 and mgr.backend.device.pinned_pool.in_use == 0
+    assert sim.used == 0
+
+
+@pytest.mark.anyio
+async def test_walk_batches_queues_batches_without_waiting_for_the_ones_before() -> None:
+    sim = SimulatorBackend(1 << 24)
+    async with MemoryManager(sim) as mgr:
+        owner = object()
+        mgr.register(owner)
+        xs = _host(mgr, [np.full(SHAPE, b, np.float32) for b in range(8)], True)
+        ys = _host(mgr, [np.full(SHAPE, np.nan, np.float32) for _ in xs], True)
+        async with mgr.request(owner, _requests(1), ordered=True) as response:
+            gate = _gate(sim, response.stream)  # the device is held before the first batch's copy in
+            async for chunk in walk_batches(response, _pairs(xs, ys), in_flight=4):
+                _kernel(sim, chunk)
+                if chunk.index == 3:  # four batches queued, none landed: the host never waited
+                    assert all(np.isnan(y).all() for y in ys[:4])
+                    gate.set()
+        for x, y in zip(xs, ys):
+            np.testing.assert_array_equal(y, 2 * x)
+    assert sim.used == 0
+
+
+@pytest.mark.anyio
+async def test_walk_batches_walks_a_batch_that_must_be_staged_once_the_others_landed() -> None:
+    sim = SimulatorBackend(1 << 24, latency=1e-4)
+    async with MemoryManager(sim) as mgr:
+        owner = object()
+        mgr.register(owner)
+        xs = [np.full(SHAPE, b, np.float32) for b in range(6)]
+        ys = [np.full(SHAPE, np.nan, np.float32) for _ in xs]
+        xs[1:4] = _host(mgr, xs[1:4], True)  # pinned between pageable ones
+        ys[1:4] = _host(mgr, ys[1:4], True)
+        async with mgr.request(owner, _requests(1), ordered=True) as response:
+            indices = []
+            async for chunk in walk_batches(response, _pairs(xs, ys)):
+                indices.append(chunk.index)
+                if chunk.index == 4:  # staged: the straight batches before it landed first
+                    for b in range(1, 4):
+                        np.testing.assert_array_equal(ys[b], 2 * xs[b])
+                _kernel(sim, chunk)
+        assert indices == list(range(6))
+        for x, y in zip(xs, ys):
+            np.testing.assert_array_equal(y, 2 * x)
+        assert mgr.backend.device.pinned_pool.in_use == 0
+    assert sim.used == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("how", ["break", "raise", "cancel", "release", "fault"])
+async def test_leaving_walk_batches_early_waits_for_what_it_queued(how: str) -> None:
+    sim = SimulatorBackend(1 << 24, engines=Engines(h2d_bandwidth=2e7, d2h_bandwidth=2e7))
+    async with MemoryManager(sim) as mgr:
+        owner = object()
+        mgr.register(owner)
+        xs = _host(mgr, [np.full(SHAPE, b + 1, np.float32) for b in range(8)], True)
+        ys = _host(mgr, [np.zeros(SHAPE, np.float32) for _ in xs], True)
+        with anyio.CancelScope() as scope:
+            async with mgr.request(owner, _requests(1), ordered=True) as response:
+                if how == "fault":
+                    sim.faults.inject("copy", after=5)  # batch 2's copy in
+                walk = walk_batches(response, _pairs(xs, ys))
+                try:
+                    async with contextlib.aclosing(walk):  # type: ignore[type-var]
+                        async for chunk in walk:
+                            _kernel(sim, chunk)
+                            if chunk.index == 3:
+                                if how == "break":
+                                    break
+                                if how == "raise":
+                                    raise KeyError("body failed")
+                                if how == "cancel":
+                                    scope.cancel()
+                                    await anyio.sleep(0)
+                                if how == "release":
+                                    mgr.release(response)
+                except KeyError:
+                    assert how == "raise"
+                except ReleasedError as exc:
+                    assert how == "release" and "walk_chunks" in str(exc)
+                except BackendError as exc:
+                    assert how == "fault" and "injected fault" in str(exc)
+                assert _idle(sim)  # what it queued is done before the arrays are freed
+        assert scope.cancelled_caught is (how == "cancel")
+        landed = [b for b, (x, y) in enumerate(zip(xs, ys)) if np.array_equal(y, 2 * x)]
+        assert landed == ([0, 1] if how == "fault" else [0, 1, 2])  # no copy out after the body that left
+        assert mgr.stats().live_bytes == 0 and mgr.backend.device.pinned_pool.in_use == 0
+    assert sim.used == 0
+
+
+@pytest.mark.anyio
+async def test_walk_batches_refuses_what_it_cannot_walk() -> None:
+    sim = SimulatorBackend(1 << 24)
+    async with MemoryManager(sim, headroom=0.0) as mgr:
+        owner = object()
+        mgr.register(owner)
+        x, y = np.ones(SHAPE, np.float32), np.zeros(SHAPE, np.float32)
+        async with mgr.request(owner, _requests(1), ordered=True) as response:
+            for batches, words in [
+                ("xy", "iterable of \\(inputs, outputs\\) pairs"),
+                ({"x": x}, "iterable of \\(inputs, outputs\\) pairs"),
+                ([({"x": x},)], "batch 0 of walk_batches is"),
+                ([({"x": x}, {"y": y}), [{"x": x}, {"y": y}]], "batch 1 of walk_batches is"),
+                ([({"x": x.astype(np.float64)}, {"y": y})], "inputs\\['x'\\] is"),
+            ]:
+                with pytest.raises(InvalidRequestError, match=words):
+                    async for chunk in walk_batches(response, batches):  # type: ignore[arg-type]
+                        _kernel(sim, chunk)
+            for bad in (0, -1, True, 2.0):
+                with pytest.raises(InvalidRequestError, match="in_flight must be a positive integer"):
+                    async for _ in walk_batches(response, [], in_flight=bad):  # type: ignore[arg-type]
+                        pass
+            with pytest.raises(InvalidRequestError, match="walk_batches walks an ArrayResponse"):
+                async for _ in walk_batches(object(), []):  # type: ignore[arg-type]
+                    pass
+    assert sim.used == 0
+    async with MemoryManager(SimulatorBackend(1 << 20), headroom=0.0) as mgr:  # a batch of 4 MiB: chunked
+        owner = object()
+        mgr.register(owner)
+        async with mgr.request(owner, {"x": ArrayRequest((1 << 14, 64), np.float32)}) as chunked:
+            assert chunked.chunks > 1
+            with pytest.raises(InvalidRequestError, match="fit whole"):
+                async for _ in walk_batches(chunked, []):
+                    pass

@@ -12,7 +12,7 @@ import anyio
 import numpy as np
 import pytest
 
-from aiocubie import ArrayRequest, MemoryManager, current_cupy_stream, walk_chunks, walk_requests
+from aiocubie import ArrayRequest, MemoryManager, current_cupy_stream, walk_batches, walk_chunks, walk_requests
 
 pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
 
@@ -66,6 +66,35 @@ async def test_the_readme_loader_gets_every_output(cuda_backend: Any, k: int, gr
         async with anyio.create_task_group() as tg:
             for i in range(k):
                 tg.start_soon(worker, i)
+        for x, y in zip(xs, ys):
+            np.testing.assert_array_equal(y, 2 * x)
+        assert mgr.stats().live_bytes == 0
+
+
+@pytest.mark.parametrize("in_flight", [1, 4])
+@pytest.mark.parametrize("pinned", [True, False], ids=["pinned", "pageable"])
+async def test_walk_batches_gets_every_output(cuda_backend: Any, in_flight: int, pinned: bool) -> None:
+    cupy = pytest.importorskip("cupy")
+    async with MemoryManager(cuda_backend) as mgr:
+        shape = (256, 1024)
+        make = (
+            (lambda: mgr.create_host_array(shape, np.float32, "pinned"))
+            if pinned
+            else (lambda: np.empty(shape, np.float32))
+        )
+        xs = [make() for _ in range(32)]
+        ys = [make() for _ in xs]
+        for b, (x, y) in enumerate(zip(xs, ys)):
+            x[...] = b
+            y[...] = np.nan
+        owner = Loader()
+        mgr.register(owner)
+        requests = {"x": ArrayRequest.like(xs[0]), "y": ArrayRequest.like(ys[0])}
+        async with mgr.request(owner, requests, ordered=True) as response:
+            pairs = (({"x": x}, {"y": y}) for x, y in zip(xs, ys))
+            async for chunk in walk_batches(response, pairs, in_flight=in_flight):
+                with current_cupy_stream(chunk.stream):
+                    cupy.multiply(chunk.device["x"], 2, out=chunk.device["y"])
         for x, y in zip(xs, ys):
             np.testing.assert_array_equal(y, 2 * x)
         assert mgr.stats().live_bytes == 0
