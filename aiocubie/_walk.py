@@ -242,8 +242,10 @@ async def walk_batches(
         must fit whole (``response.chunks == 1``).
     batches : iterable of (inputs, outputs)
         Each batch's host arrays: two mappings of label -> full-size host array, as
-        :func:`walk_chunks` takes them. Read lazily, one batch ahead of the device at most
-        ``in_flight``.
+        :func:`walk_chunks` takes them. Read lazily: batch ``b`` is read once batch
+        ``b - in_flight`` has landed (its inputs copied in, its outputs in their host arrays),
+        so a loader may refill a ring of ``in_flight`` host buffers; the arrays of the batches
+        still in flight must not be written (inputs) or read (outputs) before then.
     in_flight : int
         Batches queued on the device and not yet landed, at most (default 4).
 
@@ -295,8 +297,15 @@ async def walk_batches(
     device, stream, arrays, loop = response.device, response.stream, response.arrays, running_loop()
     landed: collections.deque[Event] = collections.deque()  # a batch's outputs in place, oldest first
     finished = False
+    pairs, index = iter(batches), -1
     try:
-        for index, batch in enumerate(batches):
+        while True:
+            if len(landed) >= in_flight:  # room first: batch b is read once batch b - in_flight landed
+                await loop.wait(landed.popleft())
+            batch = next(pairs, _END)
+            if batch is _END:
+                break
+            index += 1
             if not (isinstance(batch, tuple) and len(batch) == 2):
                 raise InvalidRequestError(
                     f"batch {index} of walk_batches is {shown(batch)}, not an (inputs, outputs) pair of mappings"
@@ -310,8 +319,6 @@ async def walk_batches(
                     async for chunk in one:
                         yield attrs.evolve(chunk, index=index)
                 continue
-            if len(landed) >= in_flight:
-                await loop.wait(landed.popleft())
             _check_live(response)
             for label, host in ins.items():
                 device.copy_strided(host, arrays[label], stream, tag=("in", index, label))
@@ -326,6 +333,9 @@ async def walk_batches(
     finally:
         if not finished:
             await _idle(device, loop, stream)
+
+
+_END = object()  # the end of walk_batches' batches
 
 
 def _check(response: ArrayResponse, arrays: Any, role: str) -> dict[str, np.ndarray[Any, Any]]:

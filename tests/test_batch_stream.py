@@ -627,6 +627,43 @@ async def test_walk_batches_queues_batches_without_waiting_for_the_ones_before()
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("in_flight", [1, 3])
+async def test_walk_batches_asks_for_a_batch_only_once_the_batch_in_flight_before_it_landed(in_flight: int) -> None:
+    # a loader that refills a ring of in_flight pinned buffers: when it is asked for batch b, the
+    # copy in of batch b - in_flight has run and its outputs are in their host array
+    sim = SimulatorBackend(1 << 24)
+    async with MemoryManager(sim) as mgr:
+        owner = object()
+        mgr.register(owner)
+        xs = _host(mgr, [np.zeros(SHAPE, np.float32) for _ in range(in_flight)], True)
+        ys = _host(mgr, [np.zeros(SHAPE, np.float32) for _ in range(in_flight)], True)
+        outputs: list[np.ndarray] = []
+
+        def loader() -> Any:
+            for b in range(8):
+                slot = b % in_flight
+                if b >= in_flight:
+                    outputs.append(ys[slot].copy())  # batch b - in_flight's
+                xs[slot][...] = b + 1
+                yield {"x": xs[slot]}, {"y": ys[slot]}
+
+        async def open_later(gate: threading.Event) -> None:
+            await anyio.sleep(0.05)
+            gate.set()
+
+        async with mgr.request(owner, _requests(1), ordered=True) as response:
+            gate = _gate(sim, response.stream)  # the device is behind the host until the walk waits
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(open_later, gate)
+                async for chunk in walk_batches(response, loader(), in_flight=in_flight):
+                    _kernel(sim, chunk)
+        outputs += [ys[b % in_flight] for b in range(8 - in_flight, 8)]
+        for b, y in enumerate(outputs):
+            np.testing.assert_array_equal(y, np.full(SHAPE, 2 * (b + 1), np.float32), err_msg=f"batch {b}")
+    assert sim.used == 0
+
+
+@pytest.mark.anyio
 async def test_walk_batches_walks_a_batch_that_must_be_staged_once_the_others_landed() -> None:
     sim = SimulatorBackend(1 << 24, latency=1e-4)
     async with MemoryManager(sim) as mgr:
