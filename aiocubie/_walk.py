@@ -271,6 +271,11 @@ async def walk_batches(
     out and waits, shielded from cancellation, for what was queued. When the loop ends, every
     batch's outputs are in their host arrays.
 
+    Walk one response at a time: two walks over one response at once (``walk_batches`` or
+    :func:`walk_chunks`) queue their batches into the same arrays, and one overwrites the
+    other's inputs (nothing refuses it). To keep batches in flight from several tasks, give
+    each its own response.
+
     Examples
     --------
     >>> async with mgr.request(loader, requests, ordered=True) as response:   # doctest: +SKIP
