@@ -302,15 +302,8 @@ async def walk_batches(
     device, stream, arrays, loop = response.device, response.stream, response.arrays, running_loop()
     landed: collections.deque[Event] = collections.deque()  # a batch's outputs in place, oldest first
     finished = False
-    pairs, index = iter(batches), -1
     try:
-        while True:
-            if len(landed) >= in_flight:  # room first: batch b is read once batch b - in_flight landed
-                await loop.wait(landed.popleft())
-            batch = next(pairs, _END)
-            if batch is _END:
-                break
-            index += 1
+        for index, batch in enumerate(batches):
             if not (isinstance(batch, tuple) and len(batch) == 2):
                 raise InvalidRequestError(
                     f"batch {index} of walk_batches is {shown(batch)}, not an (inputs, outputs) pair of mappings"
@@ -332,15 +325,14 @@ async def walk_batches(
             for label, host in outs.items():
                 device.copy_strided(arrays[label], host, stream, tag=("out", index, label))
             landed.append(device.record_event(stream))
+            if len(landed) >= in_flight:  # before the next batch is read: it may refill the arrays that land here
+                await loop.wait(landed.popleft())
         while landed:
             await loop.wait(landed.popleft())
         finished = True
     finally:
         if not finished:
             await _idle(device, loop, stream)
-
-
-_END = object()  # the end of walk_batches' batches
 
 
 def _check(response: ArrayResponse, arrays: Any, role: str) -> dict[str, np.ndarray[Any, Any]]:
