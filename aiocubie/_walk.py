@@ -269,7 +269,9 @@ async def walk_batches(
     -----
     Leaving the loop early (``break``, an exception, a cancellation) skips that batch's copy
     out and waits, shielded from cancellation, for what was queued. When the loop ends, every
-    batch's outputs are in their host arrays.
+    batch's outputs are in their host arrays. Wrap the walk in ``contextlib.aclosing`` when you
+    may break out of it: a walk left suspended waits only once it is collected, so right after
+    a bare ``break`` the batches still in flight may not have landed.
 
     Walk one response at a time: two walks over one response at once (``walk_batches`` or
     :func:`walk_chunks`) queue their batches into the same arrays, and one overwrites the
