@@ -302,7 +302,8 @@ async def walk_batches(
             f"batches is an iterable of (inputs, outputs) pairs of mappings, got {shown(batches)}"
         )
     device, stream, arrays, loop = response.device, response.stream, response.arrays, running_loop()
-    landed: collections.deque[Event] = collections.deque()  # a batch's outputs in place, oldest first
+    # a batch's outputs in place, and its host arrays (a copy knows only their addresses), oldest first
+    landed: collections.deque[tuple[Event, dict[str, Any], dict[str, Any]]] = collections.deque()
     finished = False
     try:
         for index, batch in enumerate(batches):
@@ -313,7 +314,8 @@ async def walk_batches(
             ins, outs = _check(response, batch[0], "inputs"), _check(response, batch[1], "outputs")
             if not _straight(response, ins, outs):  # staged or repacked: walked alone, once the others landed
                 while landed:
-                    await loop.wait(landed.popleft())
+                    await loop.wait(landed[0][0])
+                    landed.popleft()
                 walk = cast(AsyncGenerator[Chunk, None], walk_chunks(response, inputs=ins, outputs=outs, overlap=True))
                 async with contextlib.aclosing(walk) as one:
                     async for chunk in one:
@@ -326,11 +328,13 @@ async def walk_batches(
             _check_live(response)
             for label, host in outs.items():
                 device.copy_strided(arrays[label], host, stream, tag=("out", index, label))
-            landed.append(device.record_event(stream))
+            landed.append((device.record_event(stream), ins, outs))
             if len(landed) >= in_flight:  # before the next batch is read: it may refill the arrays that land here
-                await loop.wait(landed.popleft())
+                await loop.wait(landed[0][0])
+                landed.popleft()
         while landed:
-            await loop.wait(landed.popleft())
+            await loop.wait(landed[0][0])
+            landed.popleft()
         finished = True
     finally:
         if not finished:

@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import threading
+import weakref
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -660,6 +661,50 @@ async def test_walk_batches_asks_for_a_batch_only_once_the_batch_in_flight_befor
         outputs += [ys[b % in_flight] for b in range(8 - in_flight, 8)]
         for b, y in enumerate(outputs):
             np.testing.assert_array_equal(y, np.full(SHAPE, 2 * (b + 1), np.float32), err_msg=f"batch {b}")
+    assert sim.used == 0
+
+
+@pytest.mark.anyio
+async def test_walk_batches_keeps_each_batchs_host_arrays_until_it_landed(monkeypatch: Any) -> None:
+    # a loader that leases a pooled pinned buffer a batch and lets it go: a GPU's copy knows only its
+    # address, so the walk must hold it until its copy in ran, or the next lease reuses it meanwhile
+    sim = SimulatorBackend(1 << 24)
+    async with MemoryManager(sim) as mgr:
+        owner = object()
+        mgr.register(owner)
+        ys = _host(mgr, [np.zeros(SHAPE, np.float32) for _ in range(8)], True)
+        lost: list[Any] = []
+        copy = sim.device.copy_strided
+
+        def copy_by_address(src: Any, dst: Any, stream: Any, *, tag: object = None) -> None:
+            if not isinstance(src, np.ndarray):  # a copy out: the test holds the outputs
+                return copy(src, dst, stream, tag=tag)
+            host, target = weakref.ref(src), host_data(dst)  # what the copy engine will read, by address
+            stream.enqueue(lambda: lost.append(tag) if host() is None else np.copyto(target, host()))
+            return None
+
+        monkeypatch.setattr(sim.device, "copy_strided", copy_by_address)
+
+        def loader() -> Any:
+            for b in range(8):
+                x = mgr.create_host_array(SHAPE, np.float32, "pinned", like=np.full(SHAPE, b + 1), pool=True)
+                yield {"x": x}, {"y": ys[b]}
+
+        async def open_later(gate: threading.Event) -> None:
+            await anyio.sleep(0.05)
+            gate.set()
+
+        async with mgr.request(owner, _requests(1), ordered=True) as response:
+            gate = _gate(sim, response.stream)  # every batch is read and queued before a copy runs
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(open_later, gate)
+                async for chunk in walk_batches(response, loader(), in_flight=8):
+                    _kernel(sim, chunk)
+        assert lost == []
+        for b, y in enumerate(ys):
+            np.testing.assert_array_equal(y, np.full(SHAPE, 2 * (b + 1), np.float32), err_msg=f"batch {b}")
+        del chunk  # holds the last batch's input
+        assert mgr.backend.device.pinned_pool.in_use == 0
     assert sim.used == 0
 
 
