@@ -486,6 +486,18 @@ async def test_a_one_chunk_walk_of_pinned_arrays_copies_every_layout_and_its_who
     assert sim.used == 0
 
 
+async def _leave(how: str, scope: anyio.CancelScope, mgr: MemoryManager, response: Any) -> bool:
+    """Leave a walk's body as ``how`` says: True to break; else raise, cancel ``scope`` or release."""
+    if how == "raise":
+        raise KeyError("body failed")
+    if how == "cancel":
+        scope.cancel()
+        await anyio.sleep(0)
+    if how == "release":
+        mgr.release(response)
+    return how == "break"
+
+
 @pytest.mark.anyio
 @HOSTS
 @pytest.mark.parametrize("how", ["break", "raise", "cancel", "release"])
@@ -505,14 +517,10 @@ async def test_leaving_a_one_chunk_walk_early_waits_for_what_it_queued(how: str,
                     async with contextlib.aclosing(walk):
                         async for chunk in walk:
                             _kernel(sim, chunk)  # queued behind the copy in, still running
-                            if how == "break":
+                            if await _leave(
+                                how, scope, mgr, response
+                            ):  # a release: the copy out would read freed memory
                                 break
-                            if how == "raise":
-                                raise KeyError("body failed")
-                            if how == "cancel":
-                                scope.cancel()
-                                await anyio.sleep(0)
-                            mgr.release(response)  # the copy out would read freed memory
                 except KeyError:
                     assert how == "raise"
                 except ReleasedError as exc:
@@ -576,6 +584,24 @@ async def test_a_one_chunk_walk_of_empty_pinned_views_with_any_strides_copies_no
 
 
 # -- walk_batches: a stream of batches of one shape through one response, k in flight ----------------
+
+
+async def _walk_behind_a_gate(
+    sim: SimulatorBackend, mgr: MemoryManager, owner: object, batches: Any, in_flight: int
+) -> None:
+    """``walk_batches`` of ``batches`` through a new response of ``owner``, the group's stream held
+    on a gate for 50 ms: the host runs ahead of the device until the walk waits for it."""
+
+    async def open_later(gate: threading.Event) -> None:
+        await anyio.sleep(0.05)
+        gate.set()
+
+    async with mgr.request(owner, _requests(1), ordered=True) as response:
+        gate = _gate(sim, response.stream)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(open_later, gate)
+            async for chunk in walk_batches(response, batches, in_flight=in_flight):
+                _kernel(sim, chunk)
 
 
 def _pairs(xs: list[np.ndarray], ys: list[np.ndarray]) -> Any:
@@ -648,16 +674,7 @@ async def test_walk_batches_asks_for_a_batch_only_once_the_batch_in_flight_befor
                 xs[slot][...] = b + 1
                 yield {"x": xs[slot]}, {"y": ys[slot]}
 
-        async def open_later(gate: threading.Event) -> None:
-            await anyio.sleep(0.05)
-            gate.set()
-
-        async with mgr.request(owner, _requests(1), ordered=True) as response:
-            gate = _gate(sim, response.stream)  # the device is behind the host until the walk waits
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(open_later, gate)
-                async for chunk in walk_batches(response, loader(), in_flight=in_flight):
-                    _kernel(sim, chunk)
+        await _walk_behind_a_gate(sim, mgr, owner, loader(), in_flight)
         outputs += [ys[b % in_flight] for b in range(8 - in_flight, 8)]
         for b, y in enumerate(outputs):
             np.testing.assert_array_equal(y, np.full(SHAPE, 2 * (b + 1), np.float32), err_msg=f"batch {b}")
@@ -690,20 +707,10 @@ async def test_walk_batches_keeps_each_batchs_host_arrays_until_it_landed(monkey
                 x = mgr.create_host_array(SHAPE, np.float32, "pinned", like=np.full(SHAPE, b + 1), pool=True)
                 yield {"x": x}, {"y": ys[b]}
 
-        async def open_later(gate: threading.Event) -> None:
-            await anyio.sleep(0.05)
-            gate.set()
-
-        async with mgr.request(owner, _requests(1), ordered=True) as response:
-            gate = _gate(sim, response.stream)  # every batch is read and queued before a copy runs
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(open_later, gate)
-                async for chunk in walk_batches(response, loader(), in_flight=8):
-                    _kernel(sim, chunk)
+        await _walk_behind_a_gate(sim, mgr, owner, loader(), 8)  # every batch read and queued before a copy runs
         assert lost == []
         for b, y in enumerate(ys):
             np.testing.assert_array_equal(y, np.full(SHAPE, 2 * (b + 1), np.float32), err_msg=f"batch {b}")
-        del chunk  # holds the last batch's input
         assert mgr.backend.device.pinned_pool.in_use == 0
     assert sim.used == 0
 
@@ -751,16 +758,8 @@ async def test_leaving_walk_batches_early_waits_for_what_it_queued(how: str) -> 
                     async with contextlib.aclosing(walk):  # type: ignore[type-var]
                         async for chunk in walk:
                             _kernel(sim, chunk)
-                            if chunk.index == 3:
-                                if how == "break":
-                                    break
-                                if how == "raise":
-                                    raise KeyError("body failed")
-                                if how == "cancel":
-                                    scope.cancel()
-                                    await anyio.sleep(0)
-                                if how == "release":
-                                    mgr.release(response)
+                            if chunk.index == 3 and await _leave(how, scope, mgr, response):
+                                break
                 except KeyError:
                     assert how == "raise"
                 except ReleasedError as exc:
