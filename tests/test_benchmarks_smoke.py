@@ -14,24 +14,19 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ("core", "history", "latency", "throughput", "bridge", "chunking", "walk")
 
 
-def test_quick_simulator_run_writes_json_and_markdown(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "run"),
-            "--quick",
-            "--backend",
-            "simulator",
-            "--out",
-            str(tmp_path),
-            "--name",
-            "smoke",
-        ],
+def _bench(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``benchmarks/<script> args...`` from the checkout, as a user would."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=ROOT,
     )
+
+
+def test_quick_simulator_run_writes_json_and_markdown(tmp_path: Path) -> None:
+    result = _bench("run", "--quick", "--backend", "simulator", "--out", str(tmp_path), "--name", "smoke")
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "smoke.json").read_text())
     assert {
@@ -76,10 +71,7 @@ def test_simulator_run_does_not_import_gpu_libraries(tmp_path: Path) -> None:
 def test_multigpu_benchmark_quick_on_the_simulator(tmp_path: Path) -> None:
     """bench_multigpu --quick: the device set and Dask both run, and every peak is within its cap."""
     out = tmp_path / "multigpu.md"
-    script = str(ROOT / "benchmarks" / "bench_multigpu.py")
-    result = subprocess.run(
-        [sys.executable, script, "--quick", "--out", str(out)], capture_output=True, text=True, timeout=120, cwd=ROOT
-    )
+    result = _bench("bench_multigpu.py", "--quick", "--out", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
     table = out.read_text()
     assert "| device set, one program |" in table and "| Dask, one worker per GPU |" in table
@@ -88,10 +80,7 @@ def test_multigpu_benchmark_quick_on_the_simulator(tmp_path: Path) -> None:
 
 def test_multigpu_benchmark_runs_dask_cuda_on_gpus_only() -> None:
     """bench_multigpu --dask-cuda (LocalCUDACluster with RMM pools) needs the cuda backend: on the simulator, a clear exit."""
-    script = str(ROOT / "benchmarks" / "bench_multigpu.py")
-    result = subprocess.run(
-        [sys.executable, script, "--quick", "--dask-cuda"], capture_output=True, text=True, timeout=120, cwd=ROOT
-    )
+    result = _bench("bench_multigpu.py", "--quick", "--dask-cuda")
     assert (
         result.returncode == 2 and "--dask-cuda runs the Dask part on GPUs: use it with --backend cuda" in result.stderr
     )
@@ -100,14 +89,7 @@ def test_multigpu_benchmark_runs_dask_cuda_on_gpus_only() -> None:
 def test_multigpu_benchmark_on_a_simulated_node_of_eight(tmp_path: Path) -> None:
     """bench_multigpu --gpus 8 (issue 24 on the simulator): a lane per device, every peak within its cap."""
     out = tmp_path / "multigpu8.md"
-    script = str(ROOT / "benchmarks" / "bench_multigpu.py")
-    result = subprocess.run(
-        [sys.executable, script, "--quick", "--gpus", "8", "--no-dask", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+    result = _bench("bench_multigpu.py", "--quick", "--gpus", "8", "--no-dask", "--out", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
     table = out.read_text()
     assert "a simulated host of 8 devices" in table and "| throughput 8 / one device" in table and ">= 7.0x" in table
@@ -117,20 +99,7 @@ def test_multigpu_benchmark_on_a_simulated_node_of_eight(tmp_path: Path) -> None
 
 def test_pipeline_benchmark_checks_every_job_on_the_simulator(tmp_path: Path) -> None:
     # every output element of every job is checked inside the script: a wrong walk exits non-zero
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "bench_pipeline.py"),
-            "--quick",
-            "--profile",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+    result = _bench("bench_pipeline.py", "--quick", "--profile", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "simulator-pipeline.json").read_text())
     jobs = [row["job"] for row in report["rows"]]
@@ -143,24 +112,7 @@ def test_pipeline_benchmark_checks_every_job_on_the_simulator(tmp_path: Path) ->
 def test_stream_host_benchmark_counts_calls_and_checks_every_output(tmp_path: Path) -> None:
     # every output of every batch is checked inside the script: a wrong walk exits non-zero
     out = tmp_path / "host.json"
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "bench_stream_host.py"),
-            "--batches",
-            "8",
-            "--runs",
-            "1",
-            "--rounds",
-            "1",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+    result = _bench("bench_stream_host.py", "--batches", "8", "--runs", "1", "--rounds", "1", "--out", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
     (figures,) = json.loads(out.read_text())["best"].values()
     assert len(figures) == 8  # two devices, four loaders
