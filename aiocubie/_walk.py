@@ -23,7 +23,7 @@ import anyio.to_thread
 import attrs
 import numpy as np
 
-from ._backends import Device, Event, Staging, geometry, stage
+from ._backends import Copier, Device, Event, Staging, geometry, stage
 from ._completion import Loop, running_loop
 from ._errors import AiocubieError, InvalidRequestError, ReleasedError, shown, warn
 from ._requests import ArrayRequest, ArrayResponse
@@ -273,6 +273,10 @@ async def walk_batches(
     may break out of it: a walk left suspended waits only once it is collected, so right after
     a bare ``break`` the batches still in flight may not have landed.
 
+    The walk gives the event loop a turn whenever it waits for the device, and at least once
+    every ``in_flight + 1`` batches when the device keeps ahead of it (a trip through the loop
+    costs about as much as a copy; a cancellation lands at the next turn).
+
     Walk one response at a time: two walks over one response at once (``walk_batches`` or
     :func:`walk_chunks`) queue their batches into the same arrays, and one overwrites the
     other's inputs (nothing refuses it). To keep batches in flight from several tasks, give
@@ -301,9 +305,14 @@ async def walk_batches(
         raise InvalidRequestError(
             f"batches is an iterable of (inputs, outputs) pairs of mappings, got {shown(batches)}"
         )
-    device, stream, arrays, loop = response.device, response.stream, response.arrays, running_loop()
+    device, stream, loop = response.device, response.stream, running_loop()
+    # the copies into and out of each array, bound once
+    copy_in = {label: device.copier(array, stream, to_device=True) for label, array in response.arrays.items()}
+    copy_out = {label: device.copier(array, stream, to_device=False) for label, array in response.arrays.items()}
+    contiguous = {label: _c_contiguous(array) for label, array in response.arrays.items()}
     # a batch's outputs in place, and its host arrays (a copy knows only their addresses), oldest first
-    landed: collections.deque[tuple[Event, dict[str, Any], dict[str, Any]]] = collections.deque()
+    landed: collections.deque[tuple[Event, dict[str, Any]]] = collections.deque()
+    unturned = 0  # batches since the walk last gave the event loop a turn
     finished = False
     try:
         for index, batch in enumerate(batches):
@@ -311,27 +320,43 @@ async def walk_batches(
                 raise InvalidRequestError(
                     f"batch {index} of walk_batches is {shown(batch)}, not an (inputs, outputs) pair of mappings"
                 )
-            ins, outs = _check(response, batch[0], "inputs"), _check(response, batch[1], "outputs")
-            if not _straight(response, ins, outs):  # staged or repacked: walked alone, once the others landed
-                while landed:
-                    await loop.wait(landed[0][0])
-                    landed.popleft()
-                walk = cast(AsyncGenerator[Chunk, None], walk_chunks(response, inputs=ins, outputs=outs, overlap=True))
-                async with contextlib.aclosing(walk) as one:
-                    async for chunk in one:
-                        yield attrs.evolve(chunk, index=index)
-                continue
+            ins, outs = batch
+            copies_in = _straight_copies(copy_in, ins)
+            copies_out = None if copies_in is None else _straight_copies(copy_out, outs)
+            if copies_in is None or copies_out is None:  # checked in full
+                ins, outs = _check(response, ins, "inputs"), _check(response, outs, "outputs")
+                if not _straight(response, ins, outs, contiguous):  # staged or repacked: alone, once the others landed
+                    while landed:
+                        await loop.wait(landed[0][0])
+                        landed.popleft()
+                    walk = cast(
+                        AsyncGenerator[Chunk, None], walk_chunks(response, inputs=ins, outputs=outs, overlap=True)
+                    )
+                    async with contextlib.aclosing(walk) as one:
+                        async for chunk in one:
+                            yield attrs.evolve(chunk, index=index)
+                    continue
+                # straight in rows the copy engines follow (copy_strided works them out)
+                copies_in = [(label, copy_in[label].__call__, host) for label, host in ins.items()]
+                copies_out = [(label, copy_out[label].__call__, host) for label, host in outs.items()]
+            hosts = {**ins, **outs}
             _check_live(response)
-            for label, host in ins.items():
-                device.copy_strided(host, arrays[label], stream, tag=("in", index, label))
-            yield Chunk(index, 0, response.runs, response._device_view(), MappingProxyType({**ins, **outs}), stream)
+            for label, copy, ready in copies_in:
+                copy(ready, ("in", index, label))
+            yield Chunk(index, 0, response.runs, response._device_view(), MappingProxyType(hosts), stream)
             _check_live(response)
-            for label, host in outs.items():
-                device.copy_strided(arrays[label], host, stream, tag=("out", index, label))
-            landed.append((device.record_event(stream), ins, outs))
+            for label, copy, ready in copies_out:
+                copy(ready, ("out", index, label))
+            landed.append((device.record_event(stream), hosts))
             if len(landed) >= in_flight:  # before the next batch is read: it may refill the arrays that land here
-                await loop.wait(landed[0][0])
+                if not landed[0][0].query():  # landed already: no trip through the loop
+                    await loop.wait(landed[0][0])
+                    unturned = 0
                 landed.popleft()
+            unturned += 1
+            if unturned > in_flight:  # the device keeps ahead: the loop gets a turn all the same
+                await loop.checkpoint()
+                unturned = 0
         while landed:
             await loop.wait(landed[0][0])
             landed.popleft()
@@ -773,17 +798,21 @@ async def _idle(device: Device, loop: Loop, stream: Any) -> None:
 
 
 def _straight(
-    response: ArrayResponse, ins: dict[str, np.ndarray[Any, Any]], outs: dict[str, np.ndarray[Any, Any]]
+    response: ArrayResponse,
+    ins: dict[str, np.ndarray[Any, Any]],
+    outs: dict[str, np.ndarray[Any, Any]],
+    contiguous: Mapping[str, bool] | None = None,
 ) -> bool:
     """Whether every host array of a one-chunk walk goes straight to or from its device array:
-    pinned, of the device array's shape, in rows the copy engines can follow."""
+    pinned, of the device array's shape, in rows the copy engines can follow. ``contiguous``:
+    label -> whether its device array is C-contiguous, if known."""
     device, arrays = response.device, response.arrays
     for hosts in (ins, outs):
         for label, host in hosts.items():
             target = arrays[label]
             if host.shape != target.shape or not device.is_pinned(host):
                 return False
-            if host.flags.c_contiguous and _c_contiguous(target):
+            if host.flags.c_contiguous and (_c_contiguous(target) if contiguous is None else contiguous[label]):
                 continue  # one block each side (a batch stream's arrays): no geometry to work out
             if geometry(host.shape, host.itemsize, host.strides, target.strides) is None:
                 return False
@@ -799,6 +828,23 @@ def _c_contiguous(array: Any) -> bool:
         return bool(flags.c_contiguous)
     except AttributeError:  # numba's flags are a dict
         return bool(flags["C_CONTIGUOUS"])
+
+
+def _straight_copies(copiers: dict[str, Copier], hosts: Any) -> list[tuple[str, Any, Any]] | None:
+    """(label, queue, ready) for each host array of ``hosts``, if every one goes straight (see
+    :meth:`Copier.straight`); None if any does not, or ``hosts`` is not a dict of known labels."""
+    if type(hosts) is not dict:
+        return None
+    copies = []
+    for label, host in hosts.items():
+        copier = copiers.get(label)
+        if copier is None:
+            return None
+        ready = copier.straight(host)
+        if ready is None:
+            return None
+        copies.append((label, copier.queue, ready))
+    return copies
 
 
 class _OneChunk:

@@ -37,6 +37,7 @@ from aiocubie import (
 )
 from aiocubie._backends._sim import host_data
 from aiocubie._backends._sim._streams import SimEvent
+from aiocubie._bench import InstantBackend
 from aiocubie._completion import Loop
 
 SHAPE = (8, 16)
@@ -713,6 +714,45 @@ async def test_walk_batches_keeps_each_batchs_host_arrays_until_it_landed(monkey
             np.testing.assert_array_equal(y, np.full(SHAPE, 2 * (b + 1), np.float32), err_msg=f"batch {b}")
         assert mgr.backend.device.pinned_pool.in_use == 0
     assert sim.used == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("in_flight", [1, 3])
+async def test_walk_batches_gives_the_loop_a_turn_at_least_every_in_flight_plus_one_batches(
+    in_flight: int, anyio_backend_name: str
+) -> None:
+    # a device that keeps ahead of the host (its events are done when recorded): the walk need not
+    # wait, but other tasks still run, and a cancellation lands, within in_flight + 1 batches
+    backend = InstantBackend(1 << 24)
+    backend.device.is_pinned = lambda array: True  # type: ignore[method-assign]  # every host array goes straight
+    turns = 0
+    seen: list[int] = []  # the other task's turns when each batch is yielded
+
+    async def other() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await anyio.lowlevel.checkpoint()
+
+    async with MemoryManager(backend) as mgr:
+        owner = object()
+        mgr.register(owner)
+        xs = [np.full(SHAPE, b, np.float32) for b in range(24)]
+        ys = [np.full(SHAPE, np.nan, np.float32) for _ in xs]
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(other)
+            async with mgr.request(owner, _requests(1), ordered=True) as response:
+                async for chunk in walk_batches(response, _pairs(xs, ys), in_flight=in_flight):
+                    seen.append(turns)
+                    np.multiply(chunk.device["x"], 2, out=chunk.device["y"])
+            tg.cancel_scope.cancel()
+        for x, y in zip(xs, ys):
+            np.testing.assert_array_equal(y, 2 * x)
+    # trio runs the tasks made runnable by one round in any order, so the other task's turn after the
+    # walk's may come once the walk has gone on to its next turn: seen lags one round there
+    window = in_flight + 1 if anyio_backend_name == "asyncio" else 2 * (in_flight + 1)
+    assert all(later > earlier for earlier, later in zip(seen, seen[window:])), seen
+    assert seen[-1] < len(seen)  # and not a turn every batch: it skipped the loop where it need not wait
 
 
 @pytest.mark.anyio

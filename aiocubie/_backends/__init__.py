@@ -10,13 +10,14 @@ the simulator's numba model) imports numba.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
 from .._stats import PoolFacts
 from ._arrays import ARRAY_TYPES, ArrayMaker, parse_array_type
 from ._base import Backend
-from ._device import ALLOCATORS, Advice, Device, Event, MemoryInfo
+from ._device import ALLOCATORS, Advice, Copier, Device, Event, MemoryInfo
 from ._pinned import PinnedPool
 from ._resource import Block, FailureHandler, LibraryPool, MemoryResource, ResourceAdaptor
 from ._select import BACKENDS, create_backend, device_count, gpu_status, select_backend
@@ -33,6 +34,7 @@ __all__ = [
     "ArrayMaker",
     "Backend",
     "Block",
+    "Copier",
     "Device",
     "Engines",
     "Event",
@@ -70,6 +72,13 @@ def current_cupy_stream(stream: Any) -> AbstractContextManager[Any]:
     """
     if isinstance(stream, SimStream):
         return contextlib.nullcontext(stream)
-    from ._cuda import current_cupy_stream as bind
+    bind = _bind.get("cuda")
+    if bind is None:
+        from ._cuda import current_cupy_stream as cuda_bind
 
+        bind = _bind["cuda"] = cuda_bind
     return bind(stream)
+
+
+#: The CUDA backend's current_cupy_stream, once imported (an import statement costs a microsecond a launch).
+_bind: dict[str, Callable[[Any], AbstractContextManager[Any]]] = {}

@@ -21,7 +21,7 @@ from ._pinned import PinnedPool
 from ._resource import MemoryResource
 from ._stream import StreamLike
 
-__all__ = ["ALLOCATORS", "Advice", "Device", "Event", "MemoryInfo"]
+__all__ = ["ALLOCATORS", "Advice", "Copier", "Device", "Event", "MemoryInfo"]
 
 #: Managed-memory advice (seed 004).
 Advice = Literal["preferred_location", "accessed_by", "read_mostly"]
@@ -37,6 +37,57 @@ class MemoryInfo:
 
     free: int
     total: int
+
+
+class Copier:
+    """Copies between host arrays and one device array on one stream, bound once for many (see :meth:`Device.copier`).
+
+    A batch stream copies every batch into and out of the same arrays: a device's copier may
+    work out once what does not change (the array's address, the stream's handle) and check
+    only the host side of each copy.
+
+    Parameters
+    ----------
+    device : Device
+        The device that copies.
+    array : array
+        The device array (any kind the device's resources made).
+    stream : StreamLike
+        The stream the copies are queued on.
+    to_device : bool
+        Host -> ``array`` (True), or ``array`` -> host.
+    """
+
+    __slots__ = ("array", "device", "dtype", "shape", "stream", "to_device")
+
+    def __init__(self, device: Device, array: Any, stream: StreamLike, *, to_device: bool) -> None:
+        self.device, self.array, self.stream, self.to_device = device, array, stream, to_device
+        self.shape, self.dtype = tuple(array.shape), np.dtype(array.dtype)
+
+    def __call__(self, host: Any, tag: object = None) -> None:
+        """Queue the copy with ``host``, as :meth:`Device.copy_strided` would (``tag`` as for it)."""
+        if self.to_device:
+            self.device.copy_strided(host, self.array, self.stream, tag=tag)
+        else:
+            self.device.copy_strided(self.array, host, self.stream, tag=tag)
+
+    def straight(self, host: Any) -> Any:
+        """What :meth:`queue` takes to copy ``host``, if it goes straight: a pinned C-contiguous numpy
+        array of the device array's shape and dtype (writable, copied into); else None."""
+        if (
+            type(host) is np.ndarray
+            and host.shape == self.shape
+            and host.dtype == self.dtype
+            and host.flags.c_contiguous
+            and (self.to_device or host.flags.writeable)
+            and self.device.is_pinned(host)
+        ):
+            return host
+        return None
+
+    def queue(self, ready: Any, tag: object = None) -> None:
+        """Queue the copy with a host array :meth:`straight` made ready (``tag`` as for :meth:`__call__`)."""
+        self(ready, tag)
 
 
 class Event(abc.ABC):
@@ -205,6 +256,10 @@ class Device(abc.ABC):
             on both sides (reversed, broadcast, more than three levels: copy those through a
             contiguous array); ``src`` and ``dst`` overlapping in memory; a failed copy.
         """
+
+    def copier(self, array: Any, stream: StreamLike, *, to_device: bool) -> Copier:
+        """A :class:`Copier`: copies between host arrays and ``array`` on ``stream``, bound once for many."""
+        return Copier(self, array, stream, to_device=to_device)
 
     @abc.abstractmethod
     def zero(self, array: Any, stream: StreamLike) -> None:

@@ -306,3 +306,83 @@ def test_the_simulator_refuses_a_strided_copy_outside_its_memory(contract: Contr
         device.copy_strided(dev, past, stream)
     contract.sync(stream)
     contract.free(dev)
+
+
+# -- bound copies (issue 21): a batch stream's copies into and out of one array, bound once --
+@pytest.mark.parametrize("host_kind", HOST_SIDE, ids=lambda k: k.value)
+@pytest.mark.parametrize("device_kind", DEVICE_SIDE, ids=lambda k: k.value)
+def test_bound_copies_move_batch_after_batch(
+    contract: Contract, device_kind: MemoryKind, host_kind: MemoryKind
+) -> None:
+    device = contract.device
+    stream = device.create_stream()
+    shape, dtype = (40, 33), np.dtype(np.float32)
+    dev = contract.alloc(shape, dtype, device_kind, stream)
+    into, out_of = device.copier(dev, stream, to_device=True), device.copier(dev, stream, to_device=False)
+    sources = [device.host_array(shape, dtype, host_kind) for _ in range(3)]
+    targets = [device.host_array(shape, dtype, host_kind) for _ in range(3)]
+    for b, (src, dst) in enumerate(zip(sources, targets)):
+        src[...] = rng.standard_normal(shape)
+        dst[...] = np.nan
+        into(src, ("in", b))
+        out_of(dst, ("out", b))  # stream order: after this batch's copy in, before the next one's
+    wide = device.host_array((40, 66), dtype, host_kind)  # a strided view goes as copy_strided would take it
+    wide[...] = rng.standard_normal(wide.shape)
+    into(wide[:, :33])
+    back = device.host_array(shape, dtype, host_kind)
+    out_of(back)
+    contract.sync(stream)
+    for src, dst in zip(sources, targets):
+        assert np.array_equal(dst, src)
+    assert np.array_equal(back, wide[:, :33])
+    contract.free(dev)
+
+
+def test_bound_copies_refuse_what_copy_strided_refuses(contract: Contract) -> None:
+    device = contract.device
+    stream = device.create_stream()
+    dev = contract.alloc((4, 6), np.float32, MemoryKind.DEVICE, stream)
+    into, out_of = device.copier(dev, stream, to_device=True), device.copier(dev, stream, to_device=False)
+    with pytest.raises(BackendError, match="shapes and dtypes"):
+        into(np.zeros((4, 5), np.float32))
+    with pytest.raises(BackendError, match="shapes and dtypes"):
+        out_of(np.zeros((4, 6), np.float64))
+    with pytest.raises(BackendError, match="reversed, broadcast"):
+        into(np.zeros((4, 6), np.float32)[::-1])
+    into(np.ones((4, 6), np.float32))  # and a good one still goes
+    back = np.zeros((4, 6), np.float32)
+    out_of(back)
+    contract.sync(stream)
+    assert np.array_equal(back, np.ones((4, 6), np.float32))
+    contract.free(dev)
+
+
+@pytest.mark.parametrize("device_kind", DEVICE_SIDE, ids=lambda k: k.value)
+def test_bound_copies_say_what_goes_straight(contract: Contract, device_kind: MemoryKind) -> None:
+    device = contract.device
+    stream = device.create_stream()
+    shape, dtype = (16, 9), np.dtype(np.float64)
+    dev = contract.alloc(shape, dtype, device_kind, stream)
+    into, out_of = device.copier(dev, stream, to_device=True), device.copier(dev, stream, to_device=False)
+    pinned = device.host_array(shape, dtype, MemoryKind.PINNED)
+    wide = device.host_array((16, 18), dtype, MemoryKind.PINNED)
+    read_only = device.host_array(shape, dtype, MemoryKind.PINNED)
+    read_only.flags.writeable = False
+    pageable = device.host_array(shape, dtype, MemoryKind.HOST)
+    for host in (
+        pageable,
+        wide[:, :9],
+        wide.reshape(-1)[:144].reshape(16, 9).astype(np.float32),
+        wide[:8],
+        [[0.0] * 9] * 16,
+    ):
+        assert into.straight(host) is None and out_of.straight(host) is None
+    assert into.straight(read_only) is not None and out_of.straight(read_only) is None  # read from, not written
+    pinned[...] = rng.standard_normal(shape)
+    into.queue(into.straight(pinned), ("in", 0))
+    back = device.host_array(shape, dtype, MemoryKind.PINNED)
+    back[...] = np.nan
+    out_of.queue(out_of.straight(back), ("out", 0))
+    contract.sync(stream)
+    assert np.array_equal(back, pinned)
+    contract.free(dev)

@@ -26,7 +26,7 @@ from cuda.core import Host, ManagedBuffer, Stream, StreamOptions
 
 from ..._errors import AllocationError, BackendError, ConfigurationError, InvalidRequestError, UnknownAllocatorError
 from ..._requests import MemoryKind
-from .._device import Advice, Device, MemoryInfo
+from .._device import Advice, Copier, Device, MemoryInfo
 from .._resource import Block, MemoryResource
 from .._strided import Geometry, geometry, refusal
 from ._arrays import device_pointer, host_address, host_array, pointer_and_contiguity, pointer_and_strides
@@ -54,6 +54,28 @@ _HOST_ALLOC_PINNED = binding.CU_MEMHOSTALLOC_PORTABLE
 _HOST_SIDE = binding.CUmemorytype.CU_MEMORYTYPE_HOST
 _UNIFIED_SIDE = binding.CUmemorytype.CU_MEMORYTYPE_UNIFIED
 _MAX_PITCH = binding.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_PITCH
+
+#: (host address, bytes) -> whether the driver knows that memory as page-locked (see _pinned_at).
+_pinned: dict[tuple[int, int], bool] = {}
+_MAX_PINNED = 4096
+
+
+def _pinned_at(address: int, nbytes: int) -> bool:
+    """Whether the driver knows the host memory at ``address`` as page-locked.
+
+    The answer is remembered by address and size (a batch stream asks about the same host
+    buffers again and again). One remembered for memory freed and mapped again at the same place
+    can be wrong; that only makes a copy synchronous, as for any pageable memory.
+    """
+    key = (address, nbytes)
+    pinned = _pinned.get(key)
+    if pinned is None:
+        err, kind = binding.cuPointerGetAttribute(_MEMORY_TYPE, address)
+        pinned = err == _SUCCESS and int(kind) == _HOST_MEMORY
+        if len(_pinned) >= _MAX_PINNED:
+            _pinned.clear()
+        _pinned[key] = pinned
+    return pinned
 
 
 def driver_device_count() -> tuple[int, str]:
@@ -258,11 +280,10 @@ class CudaDevice(Device):
         return array
 
     def is_pinned(self, array: Any) -> bool:
-        """Whether the driver knows ``array``'s memory as page-locked host memory."""
+        """Whether the driver knows ``array``'s memory as page-locked host memory (see :func:`_pinned_at`)."""
         if not isinstance(array, np.ndarray) or not array.nbytes:
             return False
-        err, kind = binding.cuPointerGetAttribute(_MEMORY_TYPE, host_address(array))
-        return err == _SUCCESS and int(kind) == _HOST_MEMORY
+        return _pinned_at(host_address(array), array.nbytes)
 
     # -- streams, events, copies ------------------------------------------------------------
     def create_stream(self) -> Stream:
@@ -328,6 +349,13 @@ class CudaDevice(Device):
         if not (src_c and dst_c):
             raise BackendError("copies need C-contiguous arrays")
         check(binding.cuMemcpyAsync(dst_ptr, src_ptr, nbytes, stream_handle(stream)), lambda: f"copying {nbytes} bytes")
+
+    def copier(self, array: Any, stream: Any, *, to_device: bool) -> Copier:
+        """A :class:`_BoundCopy` for a C-contiguous device ``array``; the general :class:`Copier` otherwise."""
+        ptr, contiguous = pointer_and_contiguity(array)
+        if isinstance(array, np.ndarray) or not contiguous or not array.nbytes:
+            return Copier(self, array, stream, to_device=to_device)
+        return _BoundCopy(self, array, stream, ptr, to_device=to_device)
 
     def copy_strided(self, src: Any, dst: Any, stream: Any, *, tag: object = None) -> None:
         """Queue one ``cuMemcpy2DAsync`` (or ``3D``; a ``cuMemcpyAsync`` for one block) on ``stream``.
@@ -491,3 +519,37 @@ def _sides(params: Any, src: int, src_host: bool, dst: int, dst_host: bool) -> N
 
 def _location(device: int | None) -> Any:
     return Host() if device is None else CoreDevice(device)
+
+
+class _BoundCopy(Copier):
+    """One ``cuMemcpyAsync`` between pinned host arrays and a C-contiguous device array: the device
+    side's address, size and stream handle worked out once; each copy checks the host side only."""
+
+    __slots__ = ("handle", "nbytes", "ptr", "what")
+
+    def __init__(self, device: CudaDevice, array: Any, stream: Any, ptr: int, *, to_device: bool) -> None:
+        super().__init__(device, array, stream, to_device=to_device)
+        self.ptr, self.nbytes, self.handle = ptr, int(array.nbytes), stream_handle(stream)
+        self.what = f"copying {self.nbytes} bytes"
+
+    def straight(self, host: Any) -> Any:
+        """The host array's address, if it is a pinned C-contiguous numpy array of the device array's
+        shape and dtype (writable, copied into) clear of the device array; else None."""
+        if (
+            type(host) is not np.ndarray
+            or host.shape != self.shape
+            or host.dtype != self.dtype
+            or not host.flags.c_contiguous
+            or not (self.to_device or host.flags.writeable)
+        ):
+            return None
+        address, nbytes, ptr = host_address(host), self.nbytes, self.ptr
+        if address < ptr + nbytes and ptr < address + nbytes:  # a host view of managed memory: copy_strided says no
+            return None
+        return address if _pinned_at(address, nbytes) else None
+
+    def queue(self, ready: Any, tag: object = None) -> None:
+        if self.to_device:
+            check(binding.cuMemcpyAsync(self.ptr, ready, self.nbytes, self.handle), self.what)
+        else:
+            check(binding.cuMemcpyAsync(ready, self.ptr, self.nbytes, self.handle), self.what)

@@ -69,7 +69,7 @@ _MAX_VIEWS = 256
 
 def cupy_view(cupy: Any, stream: Any) -> Any:
     """A CuPy stream for ``stream`` (None or 0: the legacy default); it does not own the stream."""
-    ptr = stream_handle(stream)
+    ptr = int(stream.handle) if type(stream) is Stream else stream_handle(stream)
     if not ptr:
         return cupy.cuda.Stream.null
     key = (ptr, cupy.cuda.runtime.getDevice())
@@ -99,4 +99,9 @@ def current_cupy_stream(stream: Any) -> AbstractContextManager[Any]:
         CuPy's view of ``stream`` (a context manager that yields itself); it does not own the
         stream.
     """
-    return cast(AbstractContextManager[Any], cupy_view(import_cupy(), stream))
+    cupy = _cupy.get("cupy") or _cupy.setdefault("cupy", import_cupy())
+    return cast(AbstractContextManager[Any], cupy_view(cupy, stream))
+
+
+#: CuPy, once imported (an import statement costs a microsecond a kernel launch).
+_cupy: dict[str, Any] = {}
