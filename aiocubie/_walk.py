@@ -518,17 +518,26 @@ def _depth(
 
 #: The two copy streams (in, out) of each group stream, made on first use and kept while it lives.
 _copy_streams: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = weakref.WeakKeyDictionary()
+#: The same for streams that cannot be weakly referenced (cuda.core's): id -> (the stream, held so
+#: that its id names it, and its copy streams), the most recent few.
+_held_copy_streams: dict[int, tuple[Any, tuple[Any, Any]]] = {}
+_MAX_HELD = 16
 
 
 def _copy_streams_of(device: Device, stream: Any) -> tuple[Any, Any]:
     try:
         found = _copy_streams.get(stream)
-    except TypeError:  # a stream that cannot be weakly referenced: make them each time
-        found = None
-    if found is None:
+    except TypeError:  # no weak reference to it: by identity, the stream held
+        held = _held_copy_streams.get(id(stream))
+        if held is not None and held[0] is stream:
+            return held[1]
         found = (device.create_stream(), device.create_stream())
-        with contextlib.suppress(TypeError):
-            _copy_streams[stream] = found
+        if len(_held_copy_streams) >= _MAX_HELD:
+            del _held_copy_streams[next(iter(_held_copy_streams))]  # the oldest
+        _held_copy_streams[id(stream)] = (stream, found)
+        return found
+    if found is None:
+        found = _copy_streams[stream] = (device.create_stream(), device.create_stream())
     return found
 
 

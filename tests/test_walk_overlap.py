@@ -488,3 +488,33 @@ def test_create_host_array_draws_from_the_pool() -> None:
     assert mgr.stats().pinned.pinned == 1 and b.shape == (30,)
     assert not mgr.backend.device.is_pinned(np.zeros(3))
     mgr.close()
+
+
+class _UnreferencedStream:
+    """A stream no weak reference can name (as cuda.core's are)."""
+
+    __slots__ = ()
+
+
+class _CountingDevice:
+    def __init__(self) -> None:
+        self.made = 0
+
+    def create_stream(self) -> object:
+        self.made += 1
+        return object()
+
+
+def test_the_copy_streams_of_a_stream_that_cannot_be_weakly_referenced_are_made_once_and_the_last_few_kept() -> None:
+    from aiocubie import _walk
+
+    device = _CountingDevice()
+    streams = [_UnreferencedStream() for _ in range(_walk._MAX_HELD + 4)]
+    _walk._held_copy_streams.clear()
+    first = _walk._copy_streams_of(device, streams[0])  # type: ignore[arg-type]
+    assert _walk._copy_streams_of(device, streams[0]) is first and device.made == 2  # each walk of it: the same two
+    for stream in streams[1:]:
+        _walk._copy_streams_of(device, stream)  # type: ignore[arg-type]
+    assert device.made == 2 * len(streams) and len(_walk._held_copy_streams) <= _walk._MAX_HELD
+    assert all(held is stream for stream, (held, _) in zip(streams[-4:], list(_walk._held_copy_streams.values())[-4:]))
+    assert _walk._copy_streams_of(device, streams[-1]) is not first and device.made == 2 * len(streams)
