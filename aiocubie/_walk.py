@@ -14,7 +14,7 @@ import collections
 import contextlib
 import math
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, cast
 
@@ -34,6 +34,11 @@ __all__ = ["DEFAULT_DEPTH", "Chunk", "walk_batches", "walk_chunks", "walk_reques
 #: next chunk's copy in and the last chunk's copy out with this chunk's work whenever inputs
 #: and outputs are different arrays (benchmarks/README.md has the measurements).
 DEFAULT_DEPTH = 2
+
+
+#: One batch of :func:`walk_batches`: its inputs and outputs, label -> host array.
+_Batch = tuple[Mapping[str, np.ndarray[Any, Any]], Mapping[str, np.ndarray[Any, Any]]]
+_END = object()  # no batch left
 
 
 @attrs.frozen
@@ -217,7 +222,7 @@ async def walk_chunks(
 
 async def walk_batches(
     response: ArrayResponse,
-    batches: Iterable[tuple[Mapping[str, np.ndarray[Any, Any]], Mapping[str, np.ndarray[Any, Any]]]],
+    batches: Iterable[_Batch] | AsyncIterable[_Batch],
     *,
     in_flight: int = 4,
 ) -> AsyncIterator[Chunk]:
@@ -240,12 +245,14 @@ async def walk_batches(
     response : ArrayResponse
         What ``await mgr.request(instance, ...)`` returned, for one batch's arrays; the batch
         must fit whole (``response.chunks == 1``).
-    batches : iterable of (inputs, outputs)
+    batches : iterable or async iterable of (inputs, outputs)
         Each batch's host arrays: two mappings of label -> full-size host array, as
         :func:`walk_chunks` takes them. Read lazily: batch ``b`` is read once batch
         ``b - in_flight`` has landed (its inputs copied in, its outputs in their host arrays),
         so a loader may refill a ring of ``in_flight`` host buffers; the arrays of the batches
-        still in flight must not be written (inputs) or read (outputs) before then.
+        still in flight must not be written (inputs) or read (outputs) before then. An async
+        loader (an async generator that awaits its I/O) is awaited for each batch while the
+        batches before it are on the device.
     in_flight : int
         Batches queued on the device and not yet landed, at most (default 4).
 
@@ -301,10 +308,13 @@ async def walk_batches(
         )
     if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
         raise InvalidRequestError(f"in_flight must be a positive integer, got {shown(in_flight)}")
-    if isinstance(batches, (str, bytes, Mapping)) or not isinstance(batches, Iterable):
+    if isinstance(batches, (str, bytes, Mapping)) or not isinstance(batches, (Iterable, AsyncIterable)):
         raise InvalidRequestError(
-            f"batches is an iterable of (inputs, outputs) pairs of mappings, got {shown(batches)}"
+            f"batches is an iterable of (inputs, outputs) pairs of mappings (or an async iterable of them), got {shown(batches)}"
         )
+    # the next batch: next() of an iterator, or awaited from an async one
+    items: Iterator[_Batch] = iter(batches) if isinstance(batches, Iterable) else iter(())
+    pending = batches.__aiter__() if not isinstance(batches, Iterable) else None
     device, stream, loop = response.device, response.stream, running_loop()
     # the copies into and out of each array, bound once
     copy_in = {label: device.copier(array, stream, to_device=True) for label, array in response.arrays.items()}
@@ -315,7 +325,18 @@ async def walk_batches(
     unturned = 0  # batches since the walk last gave the event loop a turn
     finished = False
     try:
-        for index, batch in enumerate(batches):
+        index = -1
+        while True:
+            if pending is None:
+                batch: Any = next(items, _END)
+            else:
+                try:
+                    batch = await pending.__anext__()
+                except StopAsyncIteration:
+                    batch = _END
+            if batch is _END:
+                break
+            index += 1
             if not (isinstance(batch, tuple) and len(batch) == 2):
                 raise InvalidRequestError(
                     f"batch {index} of walk_batches is {shown(batch)}, not an (inputs, outputs) pair of mappings"

@@ -654,9 +654,30 @@ async def test_walk_batches_queues_batches_without_waiting_for_the_ones_before()
     assert sim.used == 0
 
 
+def _ring(xs: list[np.ndarray], ys: list[np.ndarray], outputs: list[np.ndarray], batches: int) -> Any:
+    """A loader that refills a ring of host buffers: batch b's inputs are b + 1; before it refills a
+    slot it keeps what the last batch of that slot left in its output buffer."""
+    for b in range(batches):
+        slot = b % len(xs)
+        if b >= len(xs):
+            outputs.append(ys[slot].copy())  # batch b - len(xs)'s
+        xs[slot][...] = b + 1
+        yield {"x": xs[slot]}, {"y": ys[slot]}
+
+
+async def _async_ring(xs: list[np.ndarray], ys: list[np.ndarray], outputs: list[np.ndarray], batches: int) -> Any:
+    """:func:`_ring` as an async loader that awaits (its I/O) before each batch."""
+    for batch in _ring(xs, ys, outputs, batches):
+        await anyio.sleep(0.001)
+        yield batch
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("in_flight", [1, 3])
-async def test_walk_batches_asks_for_a_batch_only_once_the_batch_in_flight_before_it_landed(in_flight: int) -> None:
+@pytest.mark.parametrize("ring", [_ring, _async_ring], ids=["iterable", "async iterable"])
+async def test_walk_batches_asks_for_a_batch_only_once_the_batch_in_flight_before_it_landed(
+    in_flight: int, ring: Any
+) -> None:
     # a loader that refills a ring of in_flight pinned buffers: when it is asked for batch b, the
     # copy in of batch b - in_flight has run and its outputs are in their host array
     sim = SimulatorBackend(1 << 24)
@@ -666,19 +687,54 @@ async def test_walk_batches_asks_for_a_batch_only_once_the_batch_in_flight_befor
         xs = _host(mgr, [np.zeros(SHAPE, np.float32) for _ in range(in_flight)], True)
         ys = _host(mgr, [np.zeros(SHAPE, np.float32) for _ in range(in_flight)], True)
         outputs: list[np.ndarray] = []
-
-        def loader() -> Any:
-            for b in range(8):
-                slot = b % in_flight
-                if b >= in_flight:
-                    outputs.append(ys[slot].copy())  # batch b - in_flight's
-                xs[slot][...] = b + 1
-                yield {"x": xs[slot]}, {"y": ys[slot]}
-
-        await _walk_behind_a_gate(sim, mgr, owner, loader(), in_flight)
+        await _walk_behind_a_gate(sim, mgr, owner, ring(xs, ys, outputs, 8), in_flight)
         outputs += [ys[b % in_flight] for b in range(8 - in_flight, 8)]
         for b, y in enumerate(outputs):
             np.testing.assert_array_equal(y, np.full(SHAPE, 2 * (b + 1), np.float32), err_msg=f"batch {b}")
+    assert sim.used == 0
+
+
+@pytest.mark.anyio
+@HOSTS
+async def test_walk_batches_of_an_async_loader_that_fails_or_is_cancelled_waits_for_what_it_queued(
+    pinned: bool,
+) -> None:
+    sim = SimulatorBackend(1 << 24, latency=1e-4)
+    async with MemoryManager(sim) as mgr:
+        owner = object()
+        mgr.register(owner)
+        xs = _host(mgr, [np.full(SHAPE, b, np.float32) for b in range(6)], pinned)
+        ys = _host(mgr, [np.full(SHAPE, np.nan, np.float32) for _ in xs], pinned)
+        stuck = anyio.Event()
+
+        async def loader(fail: bool) -> Any:
+            for b, (x, y) in enumerate(zip(xs, ys)):
+                if b == 4:
+                    if fail:
+                        raise OSError("the file went away")
+                    stuck.set()
+                    await anyio.sleep_forever()  # waiting for data that does not come
+                yield {"x": x}, {"y": y}
+
+        async with mgr.request(owner, _requests(1), ordered=True) as response:
+            with pytest.raises(OSError, match="went away"):
+                async for chunk in walk_batches(response, loader(True), in_flight=4):
+                    _kernel(sim, chunk)
+            assert _idle(sim)  # the batches it had queued were waited for
+            for x, y in zip(xs[:4], ys[:4]):
+                np.testing.assert_array_equal(y, 2 * x)
+            with anyio.move_on_after(5) as scope:
+                async with anyio.create_task_group() as tg:
+
+                    async def walk() -> None:
+                        async for chunk in walk_batches(response, loader(False), in_flight=4):
+                            _kernel(sim, chunk)
+
+                    tg.start_soon(walk)
+                    await stuck.wait()
+                    tg.cancel_scope.cancel()
+            assert not scope.cancelled_caught and _idle(sim)
+        assert mgr.stats().live_bytes == 0 and mgr.backend.device.pinned_pool.in_use == 0
     assert sim.used == 0
 
 
