@@ -321,7 +321,7 @@ async def walk_batches(
     copy_out = {label: device.copier(array, stream, to_device=False) for label, array in response.arrays.items()}
     contiguous = {label: _c_contiguous(array) for label, array in response.arrays.items()}
     # a batch's outputs in place, and its host arrays (a copy knows only their addresses), oldest first
-    landed: collections.deque[tuple[Event, dict[str, Any]]] = collections.deque()
+    landed: collections.deque[tuple[Event, tuple[np.ndarray[Any, Any], ...]]] = collections.deque()
     unturned = 0  # batches since the walk last gave the event loop a turn
     finished = False
     try:
@@ -368,7 +368,7 @@ async def walk_batches(
             _check_live(response)
             for label, copy, ready in copies_out:
                 copy(ready, ("out", index, label))
-            landed.append((device.record_event(stream), hosts))
+            landed.append((device.record_event(stream), (*ins.values(), *outs.values())))
             if len(landed) >= in_flight:  # before the next batch is read: it may refill the arrays that land here
                 if not landed[0][0].query():  # landed already: no trip through the loop
                     await loop.wait(landed[0][0])

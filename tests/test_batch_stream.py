@@ -588,10 +588,11 @@ async def test_a_one_chunk_walk_of_empty_pinned_views_with_any_strides_copies_no
 
 
 async def _walk_behind_a_gate(
-    sim: SimulatorBackend, mgr: MemoryManager, owner: object, batches: Any, in_flight: int
+    sim: SimulatorBackend, mgr: MemoryManager, owner: object, batches: Any, in_flight: int, in_place: bool = False
 ) -> None:
     """``walk_batches`` of ``batches`` through a new response of ``owner``, the group's stream held
-    on a gate for 50 ms: the host runs ahead of the device until the walk waits for it."""
+    on a gate for 50 ms: the host runs ahead of the device until the walk waits for it. The body
+    doubles x into y, or y in place."""
 
     async def open_later(gate: threading.Event) -> None:
         await anyio.sleep(0.05)
@@ -602,7 +603,11 @@ async def _walk_behind_a_gate(
         async with anyio.create_task_group() as tg:
             tg.start_soon(open_later, gate)
             async for chunk in walk_batches(response, batches, in_flight=in_flight):
-                _kernel(sim, chunk)
+                if in_place:
+                    dy = host_data(chunk.device["y"])
+                    sim.launch(chunk.stream, lambda dy=dy: np.multiply(dy, 2, out=dy))
+                else:
+                    _kernel(sim, chunk)
 
 
 def _pairs(xs: list[np.ndarray], ys: list[np.ndarray]) -> Any:
@@ -739,7 +744,8 @@ async def test_walk_batches_of_an_async_loader_that_fails_or_is_cancelled_waits_
 
 
 @pytest.mark.anyio
-async def test_walk_batches_keeps_each_batchs_host_arrays_until_it_landed(monkeypatch: Any) -> None:
+@pytest.mark.parametrize("in_place", [False, True], ids=["x to y", "y in place"])
+async def test_walk_batches_keeps_each_batchs_host_arrays_until_it_landed(monkeypatch: Any, in_place: bool) -> None:
     # a loader that leases a pooled pinned buffer a batch and lets it go: a GPU's copy knows only its
     # address, so the walk must hold it until its copy in ran, or the next lease reuses it meanwhile
     sim = SimulatorBackend(1 << 24)
@@ -762,9 +768,12 @@ async def test_walk_batches_keeps_each_batchs_host_arrays_until_it_landed(monkey
         def loader() -> Any:
             for b in range(8):
                 x = mgr.create_host_array(SHAPE, np.float32, "pinned", like=np.full(SHAPE, b + 1), pool=True)
-                yield {"x": x}, {"y": ys[b]}
+                if in_place:  # y's input is the leased buffer, its output ys[b]: the walk must hold both
+                    yield {"y": x}, {"y": ys[b]}
+                else:
+                    yield {"x": x}, {"y": ys[b]}
 
-        await _walk_behind_a_gate(sim, mgr, owner, loader(), 8)  # every batch read and queued before a copy runs
+        await _walk_behind_a_gate(sim, mgr, owner, loader(), 8, in_place)  # every batch queued before a copy runs
         assert lost == []
         for b, y in enumerate(ys):
             np.testing.assert_array_equal(y, np.full(SHAPE, 2 * (b + 1), np.float32), err_msg=f"batch {b}")
