@@ -30,6 +30,11 @@ def test_async_pipeline() -> None:
     assert "post: sums of 20000 runs correct" in out
 
 
+def test_batch_stream() -> None:
+    out = _run(str(EXAMPLES / "batch_stream.py"))
+    assert re.search(r"24 batches, 3 in flight, every output right: True on (simulator|cuda)", out), out
+
+
 @needs_numba
 def test_data_loader() -> None:
     out = _run(str(EXAMPLES / "data_loader.py"))
@@ -84,6 +89,7 @@ def test_torch_interop() -> None:
 def test_every_example_is_tested(path: Path) -> None:
     assert path.stem.removeprefix("test_") in {
         "async_pipeline",
+        "batch_stream",
         "cubie_pipeline",
         "dask_chunked",
         "data_loader",
