@@ -57,6 +57,12 @@ def _host(mgr: MemoryManager, arrays: list[np.ndarray], pinned: bool) -> list[np
     return [mgr.create_host_array(a.shape, a.dtype, "pinned", like=a) for a in arrays] if pinned else arrays
 
 
+def _batches(mgr: MemoryManager, count: int, pinned: bool) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """``count`` batches: inputs (batch b all b) and outputs (NaN), pinned or pageable."""
+    xs = _host(mgr, [np.full(SHAPE, b, np.float32) for b in range(count)], pinned)
+    return xs, _host(mgr, [np.full(SHAPE, np.nan, np.float32) for _ in xs], pinned)
+
+
 def _idle(sim: SimulatorBackend) -> bool:
     # at most the item that completed the walk's last event may still be counting itself done
     return all(s.pending <= 1 for s in sim.device.streams)
@@ -179,8 +185,7 @@ async def _loader(
 async def test_a_loader_with_k_batches_in_flight_gets_every_output(k: int, groups: int, pinned: bool) -> None:
     sim = SimulatorBackend(1 << 24, latency=1e-4)
     async with MemoryManager(sim) as mgr:
-        xs = _host(mgr, [np.full(SHAPE, b, np.float32) for b in range(24)], pinned)
-        ys = _host(mgr, [np.full(SHAPE, np.nan, np.float32) for _ in xs], pinned)
+        xs, ys = _batches(mgr, 24, pinned)
         await _loader(mgr, sim, xs, ys, k, groups)
         assert mgr.stats().groups  # served through the groups' schedulers
         for x, y in zip(xs, ys):
@@ -622,8 +627,7 @@ async def test_walk_batches_gets_every_batch_through_one_response(in_flight: int
     async with MemoryManager(sim) as mgr:
         owner = object()
         mgr.register(owner)
-        xs = _host(mgr, [np.full(SHAPE, b, np.float32) for b in range(24)], pinned)
-        ys = _host(mgr, [np.full(SHAPE, np.nan, np.float32) for _ in xs], pinned)
+        xs, ys = _batches(mgr, 24, pinned)
         seen = []
         async with mgr.request(owner, _requests(1), ordered=True) as response:
             async for chunk in walk_batches(response, _pairs(xs, ys), in_flight=in_flight):
@@ -645,8 +649,7 @@ async def test_walk_batches_queues_batches_without_waiting_for_the_ones_before()
     async with MemoryManager(sim) as mgr:
         owner = object()
         mgr.register(owner)
-        xs = _host(mgr, [np.full(SHAPE, b, np.float32) for b in range(8)], True)
-        ys = _host(mgr, [np.full(SHAPE, np.nan, np.float32) for _ in xs], True)
+        xs, ys = _batches(mgr, 8, True)
         async with mgr.request(owner, _requests(1), ordered=True) as response:
             gate = _gate(sim, response.stream)  # the device is held before the first batch's copy in
             async for chunk in walk_batches(response, _pairs(xs, ys), in_flight=4):
@@ -708,8 +711,7 @@ async def test_walk_batches_of_an_async_loader_that_fails_or_is_cancelled_waits_
     async with MemoryManager(sim) as mgr:
         owner = object()
         mgr.register(owner)
-        xs = _host(mgr, [np.full(SHAPE, b, np.float32) for b in range(6)], pinned)
-        ys = _host(mgr, [np.full(SHAPE, np.nan, np.float32) for _ in xs], pinned)
+        xs, ys = _batches(mgr, 6, pinned)
         stuck = anyio.Event()
 
         async def loader(fail: bool) -> Any:
@@ -802,8 +804,7 @@ async def test_walk_batches_gives_the_loop_a_turn_at_least_every_in_flight_plus_
     async with MemoryManager(backend) as mgr:
         owner = object()
         mgr.register(owner)
-        xs = [np.full(SHAPE, b, np.float32) for b in range(24)]
-        ys = [np.full(SHAPE, np.nan, np.float32) for _ in xs]
+        xs, ys = _batches(mgr, 24, False)
         async with anyio.create_task_group() as tg:
             tg.start_soon(other)
             async with mgr.request(owner, _requests(1), ordered=True) as response:
@@ -826,8 +827,7 @@ async def test_walk_batches_walks_a_batch_that_must_be_staged_once_the_others_la
     async with MemoryManager(sim) as mgr:
         owner = object()
         mgr.register(owner)
-        xs = [np.full(SHAPE, b, np.float32) for b in range(6)]
-        ys = [np.full(SHAPE, np.nan, np.float32) for _ in xs]
+        xs, ys = _batches(mgr, 6, False)
         xs[1:4] = _host(mgr, xs[1:4], True)  # pinned between pageable ones
         ys[1:4] = _host(mgr, ys[1:4], True)
         async with mgr.request(owner, _requests(1), ordered=True) as response:
