@@ -319,7 +319,6 @@ async def walk_batches(
     # the copies into and out of each array, bound once
     copy_in = {label: device.copier(array, stream, to_device=True) for label, array in response.arrays.items()}
     copy_out = {label: device.copier(array, stream, to_device=False) for label, array in response.arrays.items()}
-    contiguous = {label: _c_contiguous(array) for label, array in response.arrays.items()}
     # a batch's outputs in place, and its host arrays (a copy knows only their addresses), oldest first
     landed: collections.deque[tuple[Event, tuple[np.ndarray[Any, Any], ...]]] = collections.deque()
     unturned = 0  # batches since the walk last gave the event loop a turn
@@ -346,7 +345,7 @@ async def walk_batches(
             copies_out = None if copies_in is None else _straight_copies(copy_out, outs)
             if copies_in is None or copies_out is None:  # checked in full
                 ins, outs = _check(response, ins, "inputs"), _check(response, outs, "outputs")
-                if not _straight(response, ins, outs, contiguous):  # staged or repacked: alone, once the others landed
+                if not _straight(response, ins, outs):  # staged or repacked: alone, once the others landed
                     while landed:
                         await loop.wait(landed[0][0])
                         landed.popleft()
@@ -828,21 +827,17 @@ async def _idle(device: Device, loop: Loop, stream: Any) -> None:
 
 
 def _straight(
-    response: ArrayResponse,
-    ins: dict[str, np.ndarray[Any, Any]],
-    outs: dict[str, np.ndarray[Any, Any]],
-    contiguous: Mapping[str, bool] | None = None,
+    response: ArrayResponse, ins: dict[str, np.ndarray[Any, Any]], outs: dict[str, np.ndarray[Any, Any]]
 ) -> bool:
     """Whether every host array of a one-chunk walk goes straight to or from its device array:
-    pinned, of the device array's shape, in rows the copy engines can follow. ``contiguous``:
-    label -> whether its device array is C-contiguous, if known."""
+    pinned, of the device array's shape, in rows the copy engines can follow."""
     device, arrays = response.device, response.arrays
     for hosts in (ins, outs):
         for label, host in hosts.items():
             target = arrays[label]
             if host.shape != target.shape or not device.is_pinned(host):
                 return False
-            if host.flags.c_contiguous and (_c_contiguous(target) if contiguous is None else contiguous[label]):
+            if host.flags.c_contiguous and _c_contiguous(target):
                 continue  # one block each side (a batch stream's arrays): no geometry to work out
             if geometry(host.shape, host.itemsize, host.strides, target.strides) is None:
                 return False

@@ -822,29 +822,6 @@ async def test_walk_batches_gives_the_loop_a_turn_at_least_every_in_flight_plus_
 
 
 @pytest.mark.anyio
-async def test_walk_batches_of_a_loader_that_reuses_its_dicts_copies_what_each_batch_named() -> None:
-    # one pair of dicts, refilled with the next batch's arrays before the last batch landed: the walk took
-    # each batch's arrays when it read it (the device is held, so nothing has been copied yet)
-    ins: dict[str, np.ndarray] = {}
-    outs: dict[str, np.ndarray] = {}
-
-    def loader(xs: list[np.ndarray], ys: list[np.ndarray]) -> Any:
-        for x, y in zip(xs, ys):
-            ins["x"], outs["y"] = x, y
-            yield ins, outs
-
-    sim = SimulatorBackend(1 << 24)
-    async with MemoryManager(sim) as mgr:
-        owner = object()
-        mgr.register(owner)
-        xs, ys = _batches(mgr, 8, True)
-        await _walk_behind_a_gate(sim, mgr, owner, loader(xs, ys), 8)
-        for x, y in zip(xs, ys):
-            np.testing.assert_array_equal(y, 2 * x)
-    assert sim.used == 0
-
-
-@pytest.mark.anyio
 async def test_walk_batches_walks_a_batch_that_must_be_staged_once_the_others_landed() -> None:
     sim = SimulatorBackend(1 << 24, latency=1e-4)
     async with MemoryManager(sim) as mgr:

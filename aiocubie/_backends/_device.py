@@ -80,10 +80,13 @@ class Copier:
             and host.dtype == self.dtype
             and host.flags.c_contiguous
             and (self.to_device or host.flags.writeable)
-            and self.device.is_pinned(host)
         ):
-            return host
+            return self._ready(host)
         return None
+
+    def _ready(self, host: np.ndarray[Any, Any]) -> Any:
+        """What :meth:`queue` takes for ``host`` (of the right shape, dtype and order) if it is pinned, else None."""
+        return host if self.device.is_pinned(host) else None
 
     def queue(self, ready: Any, tag: object = None) -> None:
         """Queue the copy with a host array :meth:`straight` made ready (``tag`` as for :meth:`__call__`)."""

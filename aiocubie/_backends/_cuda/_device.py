@@ -532,17 +532,8 @@ class _BoundCopy(Copier):
         self.ptr, self.nbytes, self.handle = ptr, int(array.nbytes), stream_handle(stream)
         self.what = f"copying {self.nbytes} bytes"
 
-    def straight(self, host: Any) -> Any:
-        """The host array's address, if it is a pinned C-contiguous numpy array of the device array's
-        shape and dtype (writable, copied into) clear of the device array; else None."""
-        if (
-            type(host) is not np.ndarray
-            or host.shape != self.shape
-            or host.dtype != self.dtype
-            or not host.flags.c_contiguous
-            or not (self.to_device or host.flags.writeable)
-        ):
-            return None
+    def _ready(self, host: np.ndarray[Any, Any]) -> Any:
+        """The host array's address, if it is pinned and clear of the device array; else None."""
         address, nbytes, ptr = host_address(host), self.nbytes, self.ptr
         if address < ptr + nbytes and ptr < address + nbytes:  # a host view of managed memory: copy_strided says no
             return None

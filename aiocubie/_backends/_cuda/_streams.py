@@ -69,7 +69,7 @@ _MAX_VIEWS = 256
 
 def cupy_view(cupy: Any, stream: Any) -> Any:
     """A CuPy stream for ``stream`` (None or 0: the legacy default); it does not own the stream."""
-    ptr = int(stream.handle) if type(stream) is Stream else stream_handle(stream)
+    ptr = stream_handle(stream)
     if not ptr:
         return cupy.cuda.Stream.null
     key = (ptr, cupy.cuda.runtime.getDevice())
