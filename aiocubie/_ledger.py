@@ -119,7 +119,7 @@ class Ledger:
         if allocs is None:
             return []
         if isinstance(owner, ArrayResponse):  # a walk over it refuses from now on
-            owner._released.update(owner.arrays)  # its labels: those still held are among them
+            owner._mark_released(owner.arrays)  # its labels: those still held are among them
         first = allocs[0]  # one owner: one key and group
         vram = 0
         for alloc in allocs:

@@ -16,12 +16,13 @@ from typing import Any
 import attrs
 import numpy as np
 
-from ._errors import InvalidRequestError, RunLengthMismatchError, shown
+from ._errors import InvalidRequestError, ReleasedError, RunLengthMismatchError, shown
 
 __all__ = [
     "ArrayRequest",
     "ArrayResponse",
     "MemoryKind",
+    "ReleasedArray",
     "RequestSet",
     "check_device",
     "check_requests",
@@ -447,6 +448,43 @@ def check_requests(requests: Any) -> RequestSet:
     return RequestSet(arrays, runs or (1 if single else 0), fixed, per_run, axes, shapes, buffered)
 
 
+class ReleasedArray:
+    """What a released response's ``arrays[label]`` holds: every use raises :class:`ReleasedError`.
+
+    The response lets go of a released array, so its memory goes back even while the response
+    is kept (an ``async with mgr.request(...) as response`` variable outlives its block).
+    """
+
+    __slots__ = ("label",)
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+
+    def __repr__(self) -> str:
+        return f"<released array {self.label!r}>"
+
+    def _refuse(self, *args: object, **kwargs: object) -> Any:
+        raise ReleasedError(
+            f"array {self.label!r} of this response was released (mgr.release, free, free_all, the end of its "
+            "request's `async with`, or a context reset): its memory may hold another array's data by now. "
+            "Use the arrays inside the `async with` block, or request them again"
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):  # copy, pickle and numpy probe dunders: not there
+            raise AttributeError(name)
+        return self._refuse()
+
+    __getitem__ = __setitem__ = __len__ = __iter__ = __array__ = __bool__ = __float__ = __int__ = _refuse
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _refuse
+    __neg__ = __pos__ = __abs__ = __matmul__ = __rmatmul__ = __pow__ = __lt__ = __le__ = __gt__ = __ge__ = _refuse
+    __iadd__ = __isub__ = __imul__ = __itruediv__ = _refuse
+
+    @property
+    def __cuda_array_interface__(self) -> Any:
+        return self._refuse()
+
+
 # slots=False: a frozen class with a __dict__ is built with dict stores rather than one
 # object.__setattr__ call a field (a response is built for every request)
 @attrs.frozen(eq=False, slots=False)
@@ -511,7 +549,18 @@ class ArrayResponse:
         return frozenset(self._released)
 
     def _mark_released(self, labels: Iterable[str]) -> None:
+        """The arrays of ``labels`` were freed: the response stops holding them (an array keeps its
+        memory alive on a GPU: a response kept after its release must not), each replaced by a
+        :class:`ReleasedArray` that refuses every use."""
+        labels = list(labels)
         self._released.update(labels)
+        arrays, buffers = self.arrays, self.buffers
+        for label in labels:
+            if label in arrays:
+                arrays[label] = ReleasedArray(label)
+            buffers.pop(label, None)
+        if self._cached is not None:  # device views of the arrays
+            object.__setattr__(self, "_cached", None)
 
     def _walk_started(self) -> None:
         """A walk over these arrays begins: frees of them wait until it has ended (see :meth:`_after_walks`)."""

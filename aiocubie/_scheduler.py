@@ -248,9 +248,10 @@ class GroupScheduler:
             if self._closed:  # stopped before the task started
                 return
             while True:
-                batch = await self._collect()
                 try:
-                    await self._serve(batch)
+                    # no local for the batch: it would hold the last batch's responses, and with
+                    # them their memory, for as long as the group stays quiet
+                    await self._serve(await self._collect())
                 finally:
                     self._planning = []
                     self._warned.clear()

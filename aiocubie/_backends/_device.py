@@ -203,6 +203,10 @@ class Device(abc.ABC):
 
     # -- streams, events, copies ------------------------------------------------------------
     @abc.abstractmethod
+    def synchronize(self) -> None:
+        """Block the calling thread until every stream of the device is idle (stream-ordered frees landed)."""
+
+    @abc.abstractmethod
     def create_stream(self) -> StreamLike:
         """A new stream (a :class:`StreamLike`). Work on one stream completes in the order queued."""
 

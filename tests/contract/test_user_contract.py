@@ -7,9 +7,12 @@ kernel test needs numba (the numba extra) and skips, saying so, without it.
 
 from __future__ import annotations
 
+import gc
+import random
 import sys
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 from contractkit import Contract, to_numpy
@@ -51,6 +54,43 @@ async def test_user_reads_zeroed_arrays(contract: Contract) -> None:
             for array in response.arrays.values():
                 assert not to_numpy(array).any()
         assert mgr.stats().live_bytes == 0
+
+
+@pytest.mark.anyio
+async def test_released_batches_give_the_pool_back(contract: Contract) -> None:
+    """Several tasks a group, so batches hold several requests: once every response is released
+    the allocator's pool has nothing in use (no batch, ticket or event callback keeps an array), in
+    a quiet manager and after its exit; a new manager on the same device starts from zero."""
+    backend = contract.backend
+
+    async def storm(mgr: MemoryManager, groups: int, tasks: int) -> None:
+        async def task(i: int) -> None:
+            owner = Solver()
+            mgr.register(owner, stream_group=f"g{i % groups}")
+            rng = random.Random(i)
+            for _ in range(20):
+                runs = rng.choice([16, 64, 256, 1024])  # 64 KiB to 4 MiB of float32 rows of 1024
+                async with mgr.request(owner, {"x": ArrayRequest((runs, 1024), np.float32, zero=rng.random() < 0.5)}):
+                    await anyio.sleep(0)
+            mgr.unregister(owner)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(tasks):
+                tg.start_soon(task, i)
+
+    def in_use(mgr: MemoryManager) -> int | None:
+        backend.device.synchronize()  # stream-ordered frees land
+        return mgr.stats().pool.in_use
+
+    for groups, tasks in ((1, 2), (1, 8), (4, 8)):
+        async with MemoryManager(backend, batch_window=1e-3) as mgr:
+            start = in_use(mgr)
+            await storm(mgr, groups, tasks)
+            assert mgr.stats().live_bytes == 0
+            assert in_use(mgr) == start, f"{tasks} tasks in {groups} group(s): pool bytes kept after every release"
+        gc.collect()
+        async with MemoryManager(backend) as mgr:
+            assert in_use(mgr) == start, f"{tasks} tasks in {groups} group(s): the last manager's bytes still in use"
 
 
 @pytest.mark.anyio

@@ -29,9 +29,10 @@ from ..._requests import MemoryKind
 from .._device import Advice, Copier, Device, MemoryInfo
 from .._resource import Block, MemoryResource
 from .._strided import Geometry, geometry, refusal
+from .._waiter import StreamWaiter
 from ._arrays import device_pointer, host_address, host_array, pointer_and_contiguity, pointer_and_strides
 from ._errors import check, map_exceptions, translate
-from ._events import EVENT_OPTIONS, CudaEvent, StreamWaiter
+from ._events import EVENT_OPTIONS, CudaEvent
 from ._resources import CupyAsyncResource, CupyResource, DriverResource, HostAllocation
 from ._streams import as_stream, stream_handle
 

@@ -1,15 +1,11 @@
 """CUDA events on cuda.core, and their completion callbacks: one waiting thread per stream.
 
-The waiting thread sleeps in a blocking-sync ``Event.sync()`` (the driver wakes it; cuda.core
-releases the GIL), so nothing spins. It never calls a callback while holding a lock, and never
-lets a callback's exception kill the thread.
+The waiting thread (:class:`~aiocubie._backends._waiter.StreamWaiter`) sleeps in a blocking-sync
+``Event.sync()`` (the driver wakes it; cuda.core releases the GIL), so nothing spins.
 """
 
 from __future__ import annotations
 
-import logging
-import queue
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -17,54 +13,14 @@ from cuda.core import Event as CoreEvent
 from cuda.core import EventOptions
 
 from .._device import Event
+from .._waiter import StreamWaiter
 from ._errors import map_exceptions, translate
 
-__all__ = ["EVENT_OPTIONS", "CudaEvent", "StreamWaiter"]
-
-log = logging.getLogger("aiocubie")
+__all__ = ["EVENT_OPTIONS", "CudaEvent"]
 
 #: Blocking sync makes a waiting thread sleep in the kernel rather than spin a core; no timing
 #: makes recording cheaper.
 EVENT_OPTIONS = EventOptions(blocking_sync=True, timing_enabled=False)
-
-
-class StreamWaiter:
-    """A daemon thread that waits, in order, on the events of one stream and runs their callbacks.
-
-    Events of one stream complete in the order they were recorded, so a FIFO per stream never
-    holds a completed event behind a pending one of another stream.
-    """
-
-    def __init__(self, name: str) -> None:
-        self._queue: queue.SimpleQueue[tuple[CoreEvent, Callable[[], None]] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def submit(self, event: CoreEvent, callback: Callable[[], None]) -> None:
-        """Run ``callback`` once ``event`` completes."""
-        self._queue.put((event, callback))
-
-    def stop(self) -> None:
-        """Finish the queued waits (their events must be able to complete), then end the thread."""
-        self._queue.put(None)
-        self._thread.join()
-
-    def _run(self) -> None:
-        # Event.sync needs no current context: the event knows its own.
-        while (item := self._queue.get()) is not None:
-            event, callback = item
-            try:
-                event.sync()
-            except Exception:  # a device error: the callback still runs, and query() raises it
-                log.debug("aiocubie: waiting for an event failed", exc_info=True)
-            _run_callback(callback)
-
-
-def _run_callback(callback: Callable[[], None]) -> None:
-    try:
-        callback()
-    except Exception:  # a callback's bug must not kill the waiting thread
-        log.exception("aiocubie: an event callback raised")
 
 
 class CudaEvent(Event):
@@ -136,5 +92,6 @@ class _Hold:
         self.callback = callback
 
     def __call__(self) -> None:
-        self.owner = None  # type: ignore[assignment]
-        self.callback()
+        callback = self.callback
+        self.owner = self.callback = None  # type: ignore[assignment]
+        callback()

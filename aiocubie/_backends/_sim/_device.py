@@ -35,7 +35,7 @@ from .._strided import geometry, refusal
 from ._arrays import host_data
 from ._faults import Faults, count, real
 from ._memory import SimFaults, SimMemory, SimPool, SimShared, SimState, check_live, host_memory
-from ._streams import SimEvent, SimStream
+from ._streams import SimEvent, SimStream, _Progress
 
 __all__ = ["TIMELINE_LENGTH", "Engines", "SimDevice", "TimelineEntry"]
 
@@ -142,6 +142,7 @@ class SimDevice(Device):
         self.timeline: collections.deque[TimelineEntry] = collections.deque(maxlen=TIMELINE_LENGTH)
         self._copy_engines = {"h2d": threading.Lock(), "d2h": threading.Lock()}
         self._streams: weakref.WeakSet[SimStream] = weakref.WeakSet()  # closed on reset; not kept alive
+        self._progress: weakref.WeakSet[_Progress] = weakref.WeakSet()  # of every worker still running
 
     # -- memory ---------------------------------------------------------------------------
     def _create_resource(self, name: str) -> MemoryResource:
@@ -197,9 +198,16 @@ class SimDevice(Device):
         """The streams made here that are still alive and not closed by a reset (tests read them)."""
         return tuple(self._streams)
 
+    def synchronize(self) -> None:
+        # every worker's queue: a stream dropped (its group retired) still runs what it had queued,
+        # its stream-ordered frees among it
+        for progress in list(self._progress):
+            progress.wait_idle()
+
     def create_stream(self) -> SimStream:
         stream = SimStream(self.latency)
         self._streams.add(stream)
+        self._progress.add(stream.progress)
         return stream
 
     def record_event(self, stream: SimStream) -> SimEvent:  # type: ignore[override]

@@ -10,6 +10,7 @@ corrupt memory: a block given back twice, or given back after a context reset, i
 
 from __future__ import annotations
 
+import collections
 import threading
 import weakref
 from collections.abc import Sequence
@@ -98,6 +99,9 @@ class SimState:
     of the pool's blocks in use; ``live``: the blocks handed out and not given back, by id;
     ``pinned``: the page-locked host buffers; ``device_used``: bytes of ``device`` blocks handed out (what a
     device pool counts in use: managed blocks are not pool memory).
+
+    A block given back stays counted until the last array over it goes, as on a GPU (a CuPy
+    pointer or a cuda.core buffer frees its memory when collected): :meth:`hold_until_unused`.
     """
 
     total: int
@@ -108,14 +112,46 @@ class SimState:
     pooled: int = 0
     live: dict[int, Block] = attrs.Factory(dict)
     pinned: weakref.WeakValueDictionary[int, np.ndarray[Any, Any]] = attrs.Factory(weakref.WeakValueDictionary)
+    # blocks given back whose last holder went: (generation, bytes, device kind, pooled), settled on
+    # the next reading (a finalizer may run in any thread, in the middle of any statement: it only appends)
+    _unheld: collections.deque[tuple[int, int, bool, bool]] = attrs.Factory(collections.deque)
+    _generation: int = 0  # a reset's blocks are gone with their context: their finalizers count for nothing
 
     @property
     def free(self) -> int:
         """Device bytes no block holds (cached ones are held)."""
+        self.settle()
         return self.total - self.used - self.reserved
+
+    def hold_until_unused(self, block: Block, *, pooled: bool) -> None:
+        """``block`` was given back: its bytes go back (to the device, or to the pool's cache when
+        ``pooled``) once no array over it is left."""
+        entry = (self._generation, block.nbytes, block.kind is _DEVICE, pooled)
+        data = block.handle
+        if isinstance(data, np.ndarray) and data.size:
+            weakref.finalize(data, self._unheld.append, entry)
+        else:
+            self._unheld.append(entry)
+
+    def settle(self) -> None:
+        """Count the blocks whose last holder went since the last reading as given back."""
+        unheld = self._unheld
+        while unheld:
+            generation, nbytes, device, pooled = unheld.popleft()
+            if generation != self._generation:
+                continue
+            if pooled:
+                self.pooled -= nbytes
+                self.cached.append(nbytes)  # the pool keeps it for reuse
+            else:
+                self.used -= nbytes
+                if device:
+                    self.device_used -= nbytes
 
     def clear(self) -> None:
         """Forget every block: the context that held them is gone."""
+        self._generation += 1
+        self._unheld.clear()
         self.used = self.pooled = self.device_used = 0
         self.cached.clear()
         for block in self.live.values():
@@ -178,16 +214,15 @@ class SimMemory(MemoryResource):
                 "on a GPU that frees memory another array may be using"
             )
         if block.kind is _DEVICE or block.kind is _MANAGED:
-            state.used -= block.nbytes
-            if block.kind is _DEVICE:
-                state.device_used -= block.nbytes
             poison(block)
+            state.hold_until_unused(block, pooled=False)
 
     def release_cached(self) -> int:
         return 0
 
     def pool_facts(self) -> PoolFacts:
         """The device's stream-ordered pool as the driver's model: every device block, whoever holds it."""
+        self.state.settle()
         used = self.state.device_used
         return PoolFacts(held=used, in_use=used, largest_free=0)
 
@@ -217,6 +252,7 @@ class SimPool(ResourceAdaptor):
         if kind is not _DEVICE or not nbytes:
             return self.memory.allocate(nbytes, kind, stream)
         state = self.memory.state
+        state.settle()
         fits = [size for size in state.cached if size >= nbytes]
         if not fits:
             block = self.memory.allocate(nbytes, kind, stream)
@@ -241,12 +277,12 @@ class SimPool(ResourceAdaptor):
                 f"{block.nbytes}-byte device block given back to the pool twice, or after a context reset: "
                 "on a GPU that frees memory another array may be using"
             )
-        state.pooled -= block.nbytes
-        state.cached.append(block.nbytes)  # the pool keeps it for reuse
         poison(block)
+        state.hold_until_unused(block, pooled=True)
 
     def release_cached(self) -> int:
         state = self.memory.state
+        state.settle()
         freed = sum(state.cached)
         state.cached.clear()
         state.used -= freed
@@ -254,6 +290,7 @@ class SimPool(ResourceAdaptor):
 
     def pool_facts(self) -> PoolFacts:
         state = self.memory.state
+        state.settle()
         cached = state.cached
         return PoolFacts(held=state.pooled + sum(cached), in_use=state.pooled, largest_free=max(cached, default=0))
 

@@ -33,23 +33,42 @@ def on_worker() -> bool:
 class _Progress:
     """Items queued on a stream and items its worker finished: equal when the stream is idle."""
 
-    __slots__ = ("done", "later", "lock", "queued")
+    __slots__ = ("__weakref__", "done", "later", "lock", "queued")
 
     def __init__(self) -> None:
         self.queued = self.done = 0
         self.lock = threading.Lock()
         self.later: list[tuple[int, Callable[[], None]]] = []  # (items done by then, callback), in order
 
-    def finished(self) -> list[Callable[[], None]]:
-        """Count an item done; the callbacks it reaches (call them outside the lock)."""
+    def wait_idle(self) -> None:
+        """Block until the items queued so far are done (the worker's own thread must not call this)."""
+        idle = threading.Event()
+        with self.lock:
+            if self.done >= self.queued:
+                return
+            self.later.append((self.queued, idle.set))
+        idle.wait()
+
+    def reached(self) -> list[Callable[[], None]]:
+        """The callbacks the item being finished reaches (call them outside the lock, then :meth:`finish`)."""
+        with self.lock:
+            return self._take(self.done + 1)
+
+    def finish(self) -> list[Callable[[], None]]:
+        """Count the item done, once its callbacks ran; those registered while they ran (call them too).
+
+        Counted after the callbacks: a thread that finds the stream idle finds what they freed freed.
+        """
         with self.lock:
             self.done += 1
-            later, done = self.later, self.done
-            if not later or later[0][0] > done:
-                return []
-            reached = [callback for at, callback in later if at <= done]
-            self.later = [(at, callback) for at, callback in later if at > done]
-            return reached
+            return self._take(self.done)
+
+    def _take(self, done: int) -> list[Callable[[], None]]:
+        later = self.later
+        if not later or later[0][0] > done:
+            return []
+        self.later = [(at, callback) for at, callback in later if at > done]
+        return [callback for at, callback in later if at <= done]
 
 
 class SimStream:
@@ -121,15 +140,14 @@ class SimStream:
         stream it waits for the worker to finish what was queued before the close, as a
         real stream's copies still land after a reset: whoever frees their buffers waits here.
         """
-        progress = self._progress
-        if progress.queued == progress.done or threading.current_thread() is self._worker:
+        if threading.current_thread() is self._worker:
             return
-        if self.closed:
-            self._worker.join()
-            return
-        done = threading.Event()
-        self.enqueue(done.set)
-        done.wait()
+        self._progress.wait_idle()
+
+    @property
+    def progress(self) -> _Progress:
+        """What its worker has done: held by the worker, so it outlives a stream dropped with work queued."""
+        return self._progress
 
     def close(self) -> None:
         """Stop the worker after the work queued so far."""
@@ -147,12 +165,22 @@ def _work(work_queue: queue.SimpleQueue[Callable[[], None] | None], latency: flo
             work()
         except Exception:  # keep the stream alive: what is queued behind must still run
             log.exception("simulated stream work failed")
-        finally:
-            for callback in progress.finished():
-                try:
-                    callback()
-                except Exception:
-                    log.exception("simulated stream callback failed")
+        # dropped before the callbacks, each before the next: one may wake a thread that counts
+        # what is still held (a copy holds its arrays; a stream-ordered free, its block)
+        del work
+        _call(progress.reached())
+        _call(progress.finish())
+
+
+def _call(callbacks: list[Callable[[], None]]) -> None:
+    callbacks.reverse()
+    while callbacks:
+        callback = callbacks.pop()
+        try:
+            callback()
+        except Exception:
+            log.exception("simulated stream callback failed")
+        del callback
 
 
 class SimEvent(Event):
