@@ -38,9 +38,9 @@ __all__ = [
     "poison",
 ]
 
-#: The memory of device and managed blocks given back, or lost to a context reset, by id: the
-#: simulator's arrays over it refuse every use from the host at once (on a GPU it may hold
-#: another array's data by now).
+#: The memory of blocks given back, or lost to a context reset, by id: the simulator's arrays over
+#: it refuse every use from the host at once (on a GPU it may hold another array's data by now),
+#: and copies refuse the numpy arrays of host kinds over it.
 _RELEASED: weakref.WeakValueDictionary[int, np.ndarray[Any, Any]] = weakref.WeakValueDictionary()
 #: The same memory once its free ran: on its stream, after the work queued there before the free
 #: (a stream-ordered free, as the driver's pool does it). What an engine runs must not touch it.
@@ -48,12 +48,13 @@ _FREED: weakref.WeakValueDictionary[int, np.ndarray[Any, Any]] = weakref.WeakVal
 
 
 def poison(block: Block, *, now: bool = False) -> None:
-    """Mark the memory of a freed device or managed ``block``: from now on every use of a simulator
-    array over it from the host raises :class:`ReleasedError`; once the block's stream reaches the
-    free (at once with ``now``, for a block of no stream or a lost context), it is filled with
-    ``0xFF`` (NaN in floats) and work an engine runs on it fails too (see :func:`check_live`)."""
+    """Mark the memory of a freed ``block``, of any kind: from now on every use of a simulator
+    array over it from the host raises :class:`ReleasedError` (a numpy array of a host kind cannot
+    refuse, but copies refuse it); once the block's stream reaches the free (at once with ``now``,
+    for a block of no stream or a lost context), it is filled with ``0xFF`` (NaN in floats) and
+    work an engine runs on it fails too (see :func:`check_live`)."""
     data = block.handle
-    if (block.kind is _DEVICE or block.kind is _MANAGED) and isinstance(data, np.ndarray) and data.size:
+    if isinstance(data, np.ndarray) and data.size:
         _RELEASED[id(data)] = data
 
         def freed() -> None:
@@ -181,7 +182,7 @@ class SimMemory(MemoryResource):
             state.used -= block.nbytes
             if block.kind is _DEVICE:
                 state.device_used -= block.nbytes
-            poison(block)
+        poison(block)
 
     def release_cached(self) -> int:
         return 0
