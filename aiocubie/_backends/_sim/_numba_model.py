@@ -65,8 +65,9 @@ def numba_model() -> type[Any]:
 
         def _live(self) -> np.ndarray[Any, Any]:
             """The memory, refused once released (a view of it as much as a read)."""
-            check_live(self._ary)
-            return self._ary
+            data: np.ndarray[Any, Any] = self._ary
+            check_live(data)
+            return data
 
         def _host(self) -> np.ndarray[Any, Any]:
             """The memory for a host read or write, once the array's stream has caught up."""
