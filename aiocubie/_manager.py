@@ -491,7 +491,9 @@ class MemoryManager:
     def release(self, response: ArrayResponse) -> None:
         """Free the arrays of ``response``. Idempotent.
 
-        :class:`InvalidRequestError` for a request that was never awaited (a forgotten ``await``).
+        :class:`InvalidRequestError` for a request that was never awaited (a forgotten ``await``),
+        and for anything but a response this manager handed out: an array, the ``arrays`` dict, a
+        label (free one with :meth:`free`), None, another manager's response.
         """
         self._release.release(response)
 

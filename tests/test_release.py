@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from simkit import Part, needs_numba
 
-from aiocubie import ArrayRequest, MemoryManager, ReleasedError
+from aiocubie import ArrayRequest, InvalidRequestError, MemoryManager, ReleasedError
 
 
 @pytest.mark.anyio
@@ -86,3 +86,30 @@ async def test_a_released_numba_array_refuses_views_and_reads(anyio_backend: str
         mgr.release(response)
         with pytest.raises(ReleasedError, match="released"):
             use(array)
+
+
+@pytest.mark.anyio
+async def test_release_refuses_what_is_not_one_of_its_responses(anyio_backend: str) -> None:
+    async with MemoryManager("simulator") as mgr, MemoryManager("simulator") as other:
+        part, stranger = Part(), Part()
+        mgr.register(part)
+        other.register(stranger)
+        response = await mgr.request(part, {"x": ArrayRequest((4,), np.float32)})
+        foreign = await other.request(stranger, {"x": ArrayRequest((4,), np.float32)})
+        for wrong, words in [
+            (response.arrays["x"], "(of type SimCupyArray)"),
+            (response.arrays, "(of type dict)"),
+            ("x", "got 'x' (a label)"),
+            (None, "got None (of type NoneType)"),
+            (42, "got 42 (of type int)"),
+        ]:
+            with pytest.raises(InvalidRequestError, match="pass the response itself") as caught:
+                mgr.release(wrong)  # type: ignore[arg-type]
+            assert words in str(caught.value) and "mgr.free(label, instance)" in str(caught.value)
+        with pytest.raises(InvalidRequestError, match="did not hand out"):
+            mgr.release(foreign)
+        assert mgr.stats().live_bytes == 16 and other.stats().live_bytes == 16  # still held, both
+        mgr.release(response)
+        mgr.release(response)  # twice: nothing more to free
+        other.release(foreign)
+        assert mgr.stats().live_bytes == other.stats().live_bytes == 0
