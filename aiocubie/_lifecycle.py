@@ -61,6 +61,7 @@ class Lifecycle:
         self._release = release
         self._closed = False  # close() was called: never runs again
         self._backend_closed = False  # our own backend was closed when the last `async with` ended
+        self._exited = False  # served, and its `async with` ended
 
     async def enter(self) -> None:
         """Start serving in the calling task (see ``MemoryManager.__aenter__``).
@@ -84,6 +85,7 @@ class Lifecycle:
         self._registry.on_collected = partial(loop.call_soon_threadsafe_or_drop, registration.reap_collected)
         registration.reap()
         self._groups.start()
+        self._exited = False
 
     async def aclose(self) -> None:
         """Stop serving (see ``MemoryManager.aclose``).
@@ -99,13 +101,19 @@ class Lifecycle:
             if foreign is not None:
                 raise ManagerStateError(f"aclose() from another thread: {foreign}")
             self._shut_down()
+            self._exited = True
         await self._serving.exit()
 
     def _shut_down(self) -> None:
         """Fail every open request, free every array, stop every scheduler (sync: no await)."""
         self._serving.loop = None
         self._registry.on_collected = None
-        self._groups.close(ManagerStateError("the memory manager was closed before the request was served"))
+        self._groups.close(
+            ManagerStateError(
+                "the memory manager was closed (it exited: the end of its `async with`, or aclose()) before "
+                "the request was served"
+            )
+        )
         self._release.free_all()
         if self._owns_backend:
             self._backend.close()
@@ -130,6 +138,11 @@ class Lifecycle:
         """Why a request awaited now cannot be served (``loop``: the serving loop, or None)."""
         if self._closed:
             return ManagerStateError("the memory manager was closed with close(): make a new MemoryManager")
+        if loop is None and self._exited:
+            return ManagerStateError(
+                "the memory manager is not running: it exited (the end of its `async with`, or aclose()); "
+                "make requests inside `async with mgr:` (a manager can be entered again)"
+            )
         if loop is None:
             return ManagerStateError("the memory manager is not running: use `async with MemoryManager() as mgr:`")
         return ManagerStateError(f"a request awaited from another thread: {loop.foreign()}")
