@@ -115,6 +115,15 @@ def _shape(value: int | Sequence[int]) -> tuple[int, ...]:
     return tuple(int(d) for d in dims)
 
 
+#: The scalar types GPU arrays have (CuPy's, numba's, torch's), little-endian.
+_GPU_TYPES = frozenset(
+    {
+        np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64,
+        np.float16, np.float32, np.float64, np.complex64, np.complex128,
+    }
+)  # fmt: skip
+
+
 def _dtype(value: Any) -> np.dtype[Any]:
     if value is None:  # np.dtype(None) is float64: too easy to get by accident
         raise InvalidRequestError("dtype is required: pass e.g. np.float32")
@@ -122,11 +131,32 @@ def _dtype(value: Any) -> np.dtype[Any]:
         dtype: np.dtype[Any] = np.dtype(value)
     except (TypeError, ValueError, SyntaxError) as exc:  # numpy parses "f4,i4" strings as Python
         raise InvalidRequestError(f"dtype {value!r} is not a numpy dtype: {exc}") from None
-    if dtype.kind not in "biufc" or dtype.hasobject:
-        raise InvalidRequestError(
-            f"dtype {dtype} is not supported on the GPU: use a boolean, integer, float or complex dtype"
-        )
+    if dtype.type not in _GPU_TYPES or not dtype.isnative:
+        raise InvalidRequestError(_unsupported(value, dtype))
     return dtype
+
+
+def _unsupported(value: Any, dtype: np.dtype[Any]) -> str:
+    """Why no GPU array has ``dtype`` (given as ``value``), and what to use instead.
+
+    They would compute correctly on the simulator (numpy has them) and corrupt on a GPU.
+    """
+    given = f"dtype {shown(value)}" + ("" if str(value) == str(dtype) else f" ({dtype})")
+    if dtype.type in _GPU_TYPES:
+        native = dtype.newbyteorder("<")
+        return (
+            f"{given} is big-endian: GPU arrays are little-endian; use {native.str!r} (np.{native.name}), "
+            f"and convert host data with .astype(np.{native.name})"
+        )
+    if dtype.type is np.longdouble or dtype.type is np.clongdouble:
+        instead = "complex128" if dtype.kind == "c" else "float64"
+        return f"{given} is numpy's long double, not supported on the GPU: use np.{instead}"
+    if dtype.names is not None or dtype.subdtype is not None:
+        return f"{given} is a structured or sub-array dtype, not supported on the GPU: request one array per field"
+    return (
+        f"{given} is not supported on the GPU: use a boolean, integer, float (16, 32 or 64 bits) or "
+        "complex (64 or 128 bits) dtype"
+    )
 
 
 def _kind(value: MemoryKind | str) -> MemoryKind:

@@ -126,7 +126,6 @@ class TestDtype:
             "float32",
             "f8",
             "<i4",
-            ">f8",
             np.dtype("c16"),
         ],
     )
