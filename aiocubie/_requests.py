@@ -439,12 +439,18 @@ def check_requests(requests: Any) -> RequestSet:
     Raises
     ------
     InvalidRequestError
-        If ``requests`` is not a mapping of non-empty string labels to ArrayRequest.
+        If ``requests`` is not a non-empty mapping of non-empty string labels to ArrayRequest.
     RunLengthMismatchError
         If its chunkable arrays disagree on the run length.
     """
     if not isinstance(requests, Mapping):
         raise InvalidRequestError(f"requests must be a mapping of label -> ArrayRequest, got {type(requests).__name__}")
+    if not requests:
+        raise InvalidRequestError(
+            f"the requests hold no array ({shown(requests)}): ask for at least one, e.g. "
+            "{'x': ArrayRequest((n,), np.float32)}; a member with nothing to ask gets its group's batch "
+            "plans from its ready hook (register(instance, ready_hook=...))"
+        )
     arrays: dict[str, ArrayRequest] = {}
     axes: dict[str, int | None] = {}
     shapes: dict[str, tuple[int, ...]] = {}

@@ -63,3 +63,15 @@ async def test_a_list_as_a_walk_input_is_called_a_list(anyio_backend: str, given
         message = str(caught.value)
         assert f"inputs['x'] is a {type(given).__name__}, read as" in message
         assert "as a numpy array (np.asarray(x, dtype=np.float32))" in message
+
+
+@pytest.mark.anyio
+async def test_a_request_for_no_arrays_is_refused_at_the_call(anyio_backend: str) -> None:
+    async with MemoryManager("simulator") as mgr:
+        part = Part()
+        mgr.register(part)
+        with pytest.raises(InvalidRequestError, match="hold no array") as caught:
+            mgr.request(part, {})
+        assert "ready_hook" in str(caught.value)
+        with pytest.raises(InvalidRequestError, match="hold no array"):
+            mgr.allocate_all(part, {})
