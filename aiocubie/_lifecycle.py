@@ -8,6 +8,7 @@ says why a request cannot be served now. It serves nothing itself and never reac
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 from ._backends import Backend
 from ._completion import Loop
@@ -19,6 +20,8 @@ from ._release import Release
 from ._serving import Serving
 
 __all__ = ["Lifecycle"]
+
+_CLOSED = "the memory manager was closed with close(): make a new MemoryManager"
 
 
 class Lifecycle:
@@ -72,7 +75,7 @@ class Lifecycle:
             If the manager was closed, or serves already.
         """
         if self._closed:
-            raise ManagerStateError("this manager was closed with close(): make a new MemoryManager")
+            raise ManagerStateError(_CLOSED)
         serving = self._serving
         if serving.task_group is not None:
             raise ManagerStateError("this manager is already running (or its `async with` has not ended yet)")
@@ -134,10 +137,33 @@ class Lifecycle:
         if self._owns_backend:
             self._backend.close()
 
+    def check_streams(self) -> None:
+        """Refuse work on the streams once the backend the manager made was closed with them (at its
+        exit, or close()): say so, and what to do.
+
+        Raises
+        ------
+        ManagerStateError
+            After the exit (until the manager is entered again), or after close().
+        """
+        if self._closed and self._owns_backend:
+            raise ManagerStateError(_CLOSED)
+        if self._backend_closed:
+            raise ManagerStateError(
+                "the memory manager exited (the end of its `async with`, or aclose()) and closed the backend "
+                "it made, its streams with it: allocate, copy and wait inside `async with mgr:` (entering it "
+                "again gives new streams)"
+            )
+
+    def stream_of(self, instance: object) -> Any:
+        """The stream of ``instance``'s group, while it is open (see :meth:`check_streams`)."""
+        self.check_streams()
+        return self._registration.stream_of(instance)
+
     def refusal(self, loop: Loop | None) -> ManagerStateError:
         """Why a request awaited now cannot be served (``loop``: the serving loop, or None)."""
         if self._closed:
-            return ManagerStateError("the memory manager was closed with close(): make a new MemoryManager")
+            return ManagerStateError(_CLOSED)
         if loop is None and self._exited:
             return ManagerStateError(
                 "the memory manager is not running: it exited (the end of its `async with`, or aclose()); "
