@@ -141,7 +141,8 @@ def _unsupported(value: Any, dtype: np.dtype[Any]) -> str:
 
     They would compute correctly on the simulator (numpy has them) and corrupt on a GPU.
     """
-    given = f"dtype {shown(value)}" + ("" if str(value) == str(dtype) else f" ({dtype})")
+    named = isinstance(value, np.dtype) or str(value) == str(dtype)
+    given = f"dtype {str(dtype)!r}" if named else f"dtype {shown(value)} ({dtype})"
     if dtype.type in _GPU_TYPES:
         native = dtype.newbyteorder("<")
         return (

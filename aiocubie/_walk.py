@@ -816,8 +816,8 @@ def _check_live(response: ArrayResponse) -> None:
         released = response.released
         raise ReleasedError(
             f"walk_chunks: the response's arrays {sorted(released)} were released (mgr.release, free, "
-            "free_all, the end of its `async with`, its manager's exit, or a context reset): walk inside the `async with "
-            "mgr.request(...)` block, or before releasing the response"
+            "free_all, the end of its `async with`, its manager's exit, or a context reset): walk inside "
+            "the `async with mgr.request(...)` block, or before releasing the response"
         )
 
 

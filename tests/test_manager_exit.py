@@ -21,7 +21,7 @@ async def test_use_after_the_exit_says_the_manager_exited(anyio_backend: str) ->
         stream = mgr.get_stream(part)
     assert mgr.backend.device.resets == 0  # type: ignore[attr-defined]
     # a kernel launched on the stream (a walk body in another task, say) hears it from the stream itself
-    with pytest.raises(BackendError, match="the MemoryManager that made it exited") as caught:
+    with pytest.raises(BackendError, match="a MemoryManager closes the backend it made when it exits") as caught:
         mgr.backend.launch(stream)  # type: ignore[attr-defined]
     assert "context reset" not in str(caught.value) and "inside its `async with`" in str(caught.value)
     with pytest.raises(ManagerStateError, match="exited .* closed the backend it made") as refused:

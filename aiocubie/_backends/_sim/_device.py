@@ -435,8 +435,9 @@ class SimDevice(Device):
 
     def close(self) -> None:
         self._close_streams(
-            "with its backend: the MemoryManager that made it exited (its `async with` ended, or close()). "
-            "Use a manager's streams and arrays inside its `async with` (entering it again gives new streams)"
+            "with its backend, as a MemoryManager closes the backend it made when it exits (the end of its "
+            "`async with`, or close()): use a manager's streams and arrays inside its `async with` (entering "
+            "it again gives new streams)"
         )
 
     def _close_streams(self, why: str) -> None:

@@ -81,9 +81,9 @@ def check_live(data: np.ndarray[Any, Any]) -> None:
             return
         raise ReleasedError(
             f"this {data.shape} {data.dtype} array was released (mgr.release, free, free_all, the end of "
-            "its request's `async with`, its manager's exit, or a context reset) and is used after: on a GPU its memory may "
-            "hold another array's data by now. Keep the response until you are done with its arrays, or "
-            "request them again"
+            "its request's `async with`, its manager's exit, or a context reset) and is used after: on a "
+            "GPU its memory may hold another array's data by now. Keep the response until you are done "
+            "with its arrays, or request them again"
         )
 
 
