@@ -173,16 +173,12 @@ class DeviceSet:
         Raises
         ------
         ConfigurationError
-            If the set does not hold ``device``.
+            If ``device`` is not a device number (an int >= 0), or the set does not hold it.
         """
-        try:
-            if isinstance(device, bool):  # True == 1 as a key: refused, as the constructor does
-                raise TypeError(device)
-            return self._managers[device]
-        except (KeyError, TypeError):
-            raise ConfigurationError(
-                f"device {shown(device)} is not in this set: it holds {list(self._managers)}"
-            ) from None
+        found = self._managers.get(parse_device(device))  # 1.0 and True refused, as the constructor refuses them
+        if found is None:
+            raise ConfigurationError(f"device {shown(device)} is not in this set: it holds {list(self._managers)}")
+        return found
 
     def members(self) -> dict[int, int]:
         """Device id -> how many components are registered there."""

@@ -47,6 +47,9 @@ class RequestEntry:
     refusal : callable
         ``refusal(loop)``: the ManagerStateError for a request awaited while the manager does not
         serve in the calling thread (``loop``: the serving loop, or None).
+    check_streams : callable
+        Raises ManagerStateError once the streams were closed with the backend (an allocation now
+        would be queued on them).
     """
 
     def __init__(
@@ -57,6 +60,7 @@ class RequestEntry:
         release: Release,
         serving: Serving,
         refusal: Callable[[Loop | None], ManagerStateError],
+        check_streams: Callable[[], None],
     ) -> None:
         self._registration = registration
         self._account = account
@@ -64,6 +68,7 @@ class RequestEntry:
         self._release = release
         self._serving = serving
         self._refusal = refusal
+        self._check_streams = check_streams
         # id(dict) -> (the dict, its labels, its requests, its RequestSet): a loader's requests,
         # made once and asked for batch after batch, are checked once (see :meth:`_checked`)
         self._checked_sets: dict[int, tuple[object, tuple[str, ...], tuple[ArrayRequest, ...], RequestSet]] = {}
@@ -128,6 +133,7 @@ class RequestEntry:
     def allocate_all(self, instance: object, requests: Mapping[str, ArrayRequest], replace: bool) -> ArrayResponse:
         """Allocate ``requests`` now, unbatched and unchunked (see ``MemoryManager.allocate_all``)."""
         self._account.refuse_in_reclaim("allocate_all()")
+        self._check_streams()
         checked = self._checked(requests)
         member = self._registration.member(instance)
         if _flag("replace", replace):

@@ -95,16 +95,16 @@ _NAMES = ("group", "instance", "label", "memory_kind")
 _COUNTS = ("chunks", "chunk_length", "group_live", "instance_live")
 
 
-def _check_loaded(event: HistoryEvent) -> None:
-    """Refuse a loaded event whose fields have the wrong types (so that ``series`` cannot fail later)."""
+def _wrong_fields(event: HistoryEvent) -> list[str]:
+    """``name=value`` of each field of a loaded event of the wrong type (refused: ``series`` would fail later)."""
 
     def number(value: Any, optional: bool, real: bool = False) -> bool:
         if value is None:
             return optional
         return not isinstance(value, bool) and isinstance(value, (int, float) if real else int)
 
-    bad = [
-        name
+    return [
+        f"{name}={shown(getattr(event, name))}"
         for name, ok in (
             ("time", number(event.time, False, real=True) and math.isfinite(event.time)),
             ("nbytes", number(event.nbytes, False)),
@@ -114,8 +114,6 @@ def _check_loaded(event: HistoryEvent) -> None:
         )
         if not ok
     ]
-    if bad:
-        raise ValueError(f"event {event.kind.value!r} has fields of the wrong type: {', '.join(bad)}")
 
 
 @attrs.frozen
@@ -167,19 +165,32 @@ class History:
         ConfigurationError
             If ``data`` is not such a mapping (naming what is wrong).
         """
+        return cls._read(data, "the data")
+
+    @classmethod
+    def _read(cls, data: Any, source: str) -> History:
+        """The history in ``data``, read from ``source`` (named in the errors)."""
         try:
             if data.get("format") != FORMAT:
                 raise ConfigurationError(
-                    f"not an aiocubie history of format {FORMAT} (format {shown(data.get('format'))}): "
-                    "write it with mgr.history().to_json(path)"
+                    f"{source} is not an aiocubie history of format {FORMAT} (format "
+                    f"{shown(data.get('format'))}): write it with mgr.history().to_json(path)"
                 )
             events = tuple(HistoryEvent(**event) for event in data["events"])
-            for event in events:
-                _check_loaded(event)
+            for index, event in enumerate(events):
+                wrong = _wrong_fields(event)
+                if wrong:
+                    raise ConfigurationError(
+                        f"{source} is not an aiocubie history: event {index} ({event.kind.value!r}) has fields "
+                        f"of the wrong type: {', '.join(wrong)} (times are finite numbers of seconds, byte "
+                        "counts integers, names strings)"
+                    )
             return cls(events, float(data["wall_base"]), int(data["max_entries"]), int(data["dropped"]))
+        except ConfigurationError:
+            raise
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ConfigurationError(
-                f"not an aiocubie history: {exc!r}; write one with mgr.history().to_json(path)"
+                f"{source} is not an aiocubie history: {exc!r}; write one with mgr.history().to_json(path)"
             ) from exc
 
     @classmethod
@@ -189,7 +200,8 @@ class History:
         Raises
         ------
         ConfigurationError
-            If ``path`` is not a path, or the file is not JSON or not a history.
+            If ``path`` is not a path, or the file is not JSON or not a history (naming the file,
+            and the event and value that are wrong).
         """
         if not isinstance(path, (str, os.PathLike)):
             raise ConfigurationError(f"History.load reads a file: pass its path, got {shown(path)}")
@@ -202,7 +214,7 @@ class History:
             ) from exc
         except OSError as exc:
             raise ConfigurationError(f"cannot read the history {os.fspath(path)!r}: {exc.strerror or exc}") from exc
-        return cls.from_dict(data)
+        return cls._read(data, repr(os.fspath(path)))
 
     def series(self, by: str = "group") -> dict[str, tuple[list[float], list[int]]]:
         """Live VRAM bytes over time of each group (``by="group"``) or instance (``"instance"``).

@@ -113,6 +113,10 @@ class Ledger:
         if total:
             self.peak = self.live
 
+    def holds(self, owner: object) -> bool:
+        """Whether ``owner`` holds allocations here."""
+        return id(owner) in self._by_owner
+
     def pop_owner(self, owner: object) -> list[Allocation]:
         """Remove and return everything ``owner`` holds (nothing if already released)."""
         allocs = self._by_owner.pop(id(owner), None)

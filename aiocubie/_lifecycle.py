@@ -8,6 +8,7 @@ says why a request cannot be served now. It serves nothing itself and never reac
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 from ._backends import Backend
 from ._completion import Loop
@@ -19,6 +20,8 @@ from ._release import Release
 from ._serving import Serving
 
 __all__ = ["Lifecycle"]
+
+_CLOSED = "the memory manager was closed with close(): make a new MemoryManager"
 
 
 class Lifecycle:
@@ -61,6 +64,7 @@ class Lifecycle:
         self._release = release
         self._closed = False  # close() was called: never runs again
         self._backend_closed = False  # our own backend was closed when the last `async with` ended
+        self._exited = False  # served, and its `async with` ended
 
     async def enter(self) -> None:
         """Start serving in the calling task (see ``MemoryManager.__aenter__``).
@@ -71,7 +75,7 @@ class Lifecycle:
             If the manager was closed, or serves already.
         """
         if self._closed:
-            raise ManagerStateError("this manager was closed with close(): make a new MemoryManager")
+            raise ManagerStateError(_CLOSED)
         serving = self._serving
         if serving.task_group is not None:
             raise ManagerStateError("this manager is already running (or its `async with` has not ended yet)")
@@ -84,6 +88,7 @@ class Lifecycle:
         self._registry.on_collected = partial(loop.call_soon_threadsafe_or_drop, registration.reap_collected)
         registration.reap()
         self._groups.start()
+        self._exited = False
 
     async def aclose(self) -> None:
         """Stop serving (see ``MemoryManager.aclose``).
@@ -99,13 +104,19 @@ class Lifecycle:
             if foreign is not None:
                 raise ManagerStateError(f"aclose() from another thread: {foreign}")
             self._shut_down()
+            self._exited = True
         await self._serving.exit()
 
     def _shut_down(self) -> None:
         """Fail every open request, free every array, stop every scheduler (sync: no await)."""
         self._serving.loop = None
         self._registry.on_collected = None
-        self._groups.close(ManagerStateError("the memory manager was closed before the request was served"))
+        self._groups.close(
+            ManagerStateError(
+                "the memory manager was closed (it exited: the end of its `async with`, or aclose()) before "
+                "the request was served"
+            )
+        )
         self._release.free_all()
         if self._owns_backend:
             self._backend.close()
@@ -126,10 +137,38 @@ class Lifecycle:
         if self._owns_backend:
             self._backend.close()
 
+    def check_streams(self) -> None:
+        """Refuse work on the streams once the backend the manager made was closed with them (at its
+        exit, or close()): say so, and what to do.
+
+        Raises
+        ------
+        ManagerStateError
+            After the exit (until the manager is entered again), or after close().
+        """
+        if self._closed and self._owns_backend:
+            raise ManagerStateError(_CLOSED)
+        if self._backend_closed:
+            raise ManagerStateError(
+                "the memory manager exited (the end of its `async with`, or aclose()) and closed the backend "
+                "it made, its streams with it: allocate, copy and wait inside `async with mgr:` (entering it "
+                "again gives new streams)"
+            )
+
+    def stream_of(self, instance: object) -> Any:
+        """The stream of ``instance``'s group, while it is open (see :meth:`check_streams`)."""
+        self.check_streams()
+        return self._registration.stream_of(instance)
+
     def refusal(self, loop: Loop | None) -> ManagerStateError:
         """Why a request awaited now cannot be served (``loop``: the serving loop, or None)."""
         if self._closed:
-            return ManagerStateError("the memory manager was closed with close(): make a new MemoryManager")
+            return ManagerStateError(_CLOSED)
+        if loop is None and self._exited:
+            return ManagerStateError(
+                "the memory manager is not running: it exited (the end of its `async with`, or aclose()); "
+                "make requests inside `async with mgr:` (a manager can be entered again)"
+            )
         if loop is None:
             return ManagerStateError("the memory manager is not running: use `async with MemoryManager() as mgr:`")
         return ManagerStateError(f"a request awaited from another thread: {loop.foreign()}")

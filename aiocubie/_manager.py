@@ -137,10 +137,12 @@ class MemoryManager:
         self._observer = observer = Observer(given.device, account, registry, telemetry)
         self._groups = groups = StreamGroups(registry, account, serving, observer.group_left)
         self._registration = registration = Registration(registry, account, groups, observer.member_left)
-        self._transfers = Transfers(given.device, serving, registration.stream_of)
         self._release = release = Release(registration, account, groups)
         self._lifecycle = lifecycle = Lifecycle(given, owns_backend, serving, registry, registration, groups, release)
-        self._entry = RequestEntry(registration, account, groups, release, serving, lifecycle.refusal)
+        self._transfers = Transfers(given.device, serving, lifecycle.stream_of)
+        self._entry = RequestEntry(
+            registration, account, groups, release, serving, lifecycle.refusal, lifecycle.check_streams
+        )
         self._limits = Limits(registry, registration, account, groups)
         self._reset = ContextReset(registry, account, groups, hooks, release)
         self._libraries = LibraryScopes(account, registry)
@@ -491,7 +493,9 @@ class MemoryManager:
     def release(self, response: ArrayResponse) -> None:
         """Free the arrays of ``response``. Idempotent.
 
-        :class:`InvalidRequestError` for a request that was never awaited (a forgotten ``await``).
+        :class:`InvalidRequestError` for a request that was never awaited (a forgotten ``await``),
+        and for anything but a response this manager handed out: an array, the ``arrays`` dict, a
+        label (free one with :meth:`free`), None, another manager's response.
         """
         self._release.release(response)
 

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ._errors import ConfigurationError
+from ._errors import ConfigurationError, shown
 from ._history import EventKind, History, HistoryEvent
 from ._stats import format_bytes
 
@@ -55,9 +55,13 @@ def render(history: History, out: str | os.PathLike[str]) -> Path:
     Raises
     ------
     ConfigurationError
-        If ``out`` does not end in .html, .htm, .png, .svg or .pdf, if matplotlib is needed and not installed (``pip install 'aiocubie[plot]'``, or write
+        If ``history`` is not a History, if ``out`` does not end in .html, .htm, .png, .svg or .pdf, if matplotlib is needed and not installed (``pip install 'aiocubie[plot]'``, or write
         ``.html``), or the history has no memory events to draw.
     """
+    if not isinstance(history, History):
+        raise ConfigurationError(
+            f"render_history draws a History, got {shown(history)}: pass mgr.history() (or History.load(path))"
+        )
     path = check_out(out)
     if path.suffix.lower() in _PAGES:
         path.write_text(to_html(history), encoding="utf-8")

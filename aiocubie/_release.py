@@ -8,7 +8,7 @@ does the freeing; this keeps no state and never reaches the manager.
 from __future__ import annotations
 
 from ._accounting import DeviceAccount
-from ._errors import InvalidRequestError
+from ._errors import InvalidRequestError, shown
 from ._groups import PendingRequest, StreamGroups
 from ._registration import Registration
 from ._registry import Member
@@ -36,18 +36,31 @@ class Release:
         self._groups = groups
 
     def release(self, response: ArrayResponse) -> None:
-        """Free the arrays of ``response`` (see ``MemoryManager.release``).
+        """Free the arrays of ``response`` (see ``MemoryManager.release``); nothing if released already.
 
         Raises
         ------
         InvalidRequestError
-            For a request that was never awaited.
+            For a request that was never awaited, or anything but a response this manager handed
+            out (an array, the ``arrays`` dict, a label, None, another manager's response).
         """
         if isinstance(response, PendingRequest):
             raise InvalidRequestError(
                 "release() was given a request that was not awaited, not an ArrayResponse: write "
                 "`response = await mgr.request(...)` first (or `async with mgr.request(...) as response:`, "
                 "which releases on exit)"
+            )
+        if not isinstance(response, ArrayResponse):
+            given = "a label" if isinstance(response, str) else f"of type {type(response).__name__}"
+            raise InvalidRequestError(
+                f"release() takes the ArrayResponse a request resolved to, got {shown(response)} ({given}): "
+                "pass the response itself (mgr.release(response)), or free one label's arrays with "
+                "mgr.free(label, instance)"
+            )
+        if not self._account.ledger.holds(response) and response.arrays and not response.released:
+            raise InvalidRequestError(
+                "release() was given a response this manager did not hand out (another manager's, or one "
+                "built by hand): release it with the manager that handed it out"
             )
         self._account.release(response)
 

@@ -116,6 +116,15 @@ def _shape(value: int | Sequence[int]) -> tuple[int, ...]:
     return tuple(int(d) for d in dims)
 
 
+#: The scalar types GPU arrays have (CuPy's, numba's, torch's), little-endian.
+_GPU_TYPES = frozenset(
+    {
+        np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64,
+        np.float16, np.float32, np.float64, np.complex64, np.complex128,
+    }
+)  # fmt: skip
+
+
 def _dtype(value: Any) -> np.dtype[Any]:
     if value is None:  # np.dtype(None) is float64: too easy to get by accident
         raise InvalidRequestError("dtype is required: pass e.g. np.float32")
@@ -123,11 +132,33 @@ def _dtype(value: Any) -> np.dtype[Any]:
         dtype: np.dtype[Any] = np.dtype(value)
     except (TypeError, ValueError, SyntaxError) as exc:  # numpy parses "f4,i4" strings as Python
         raise InvalidRequestError(f"dtype {value!r} is not a numpy dtype: {exc}") from None
-    if dtype.kind not in "biufc" or dtype.hasobject:
-        raise InvalidRequestError(
-            f"dtype {dtype} is not supported on the GPU: use a boolean, integer, float or complex dtype"
-        )
+    if dtype.type not in _GPU_TYPES or not dtype.isnative:
+        raise InvalidRequestError(_unsupported(value, dtype))
     return dtype
+
+
+def _unsupported(value: Any, dtype: np.dtype[Any]) -> str:
+    """Why no GPU array has ``dtype`` (given as ``value``), and what to use instead.
+
+    They would compute correctly on the simulator (numpy has them) and corrupt on a GPU.
+    """
+    named = isinstance(value, np.dtype) or str(value) == str(dtype)
+    given = f"dtype {str(dtype)!r}" if named else f"dtype {shown(value)} ({dtype})"
+    if dtype.type in _GPU_TYPES:
+        native = dtype.newbyteorder("<")
+        return (
+            f"{given} is big-endian: GPU arrays are little-endian; use {native.str!r} (np.{native.name}), "
+            f"and convert host data with .astype(np.{native.name})"
+        )
+    if dtype.type is np.longdouble or dtype.type is np.clongdouble:
+        instead = "complex128" if dtype.kind == "c" else "float64"
+        return f"{given} is numpy's long double, not supported on the GPU: use np.{instead}"
+    if dtype.names is not None or dtype.subdtype is not None:
+        return f"{given} is a structured or sub-array dtype, not supported on the GPU: request one array per field"
+    return (
+        f"{given} is not supported on the GPU: use a boolean, integer, float (16, 32 or 64 bits) or "
+        "complex (64 or 128 bits) dtype"
+    )
 
 
 def _kind(value: MemoryKind | str) -> MemoryKind:
@@ -410,12 +441,18 @@ def check_requests(requests: Any) -> RequestSet:
     Raises
     ------
     InvalidRequestError
-        If ``requests`` is not a mapping of non-empty string labels to ArrayRequest.
+        If ``requests`` is not a non-empty mapping of non-empty string labels to ArrayRequest.
     RunLengthMismatchError
         If its chunkable arrays disagree on the run length.
     """
     if not isinstance(requests, Mapping):
         raise InvalidRequestError(f"requests must be a mapping of label -> ArrayRequest, got {type(requests).__name__}")
+    if not requests:
+        raise InvalidRequestError(
+            f"the requests hold no array ({shown(requests)}): ask for at least one, e.g. "
+            "{'x': ArrayRequest((n,), np.float32)}; a member with nothing to ask gets its group's batch "
+            "plans from its ready hook (register(instance, ready_hook=...))"
+        )
     arrays: dict[str, ArrayRequest] = {}
     axes: dict[str, int | None] = {}
     shapes: dict[str, tuple[int, ...]] = {}

@@ -412,6 +412,7 @@ def _check(response: ArrayResponse, arrays: Any, role: str) -> dict[str, np.ndar
             raise InvalidRequestError(
                 f"outputs[{label!r}] is a {type(host).__name__}: outputs are numpy arrays the walk writes into"
             )
+        given = "" if isinstance(host, np.ndarray) else f"a {type(host).__name__}, read as "
         try:
             host = np.asarray(host)
         except (TypeError, ValueError) as exc:  # ragged lists, objects numpy cannot read
@@ -419,8 +420,9 @@ def _check(response: ArrayResponse, arrays: Any, role: str) -> dict[str, np.ndar
         full, dtype = expected[label]
         if host.shape != full or host.dtype != dtype:
             raise InvalidRequestError(
-                f"{role}[{label!r}] is {shown(host.shape)} {host.dtype}, but the request was for "
+                f"{role}[{label!r}] is {given}{shown(host.shape)} {host.dtype}, but the request was for "
                 f"{full} {dtype}: pass the full-size (unchunked) host array"
+                + (f" as a numpy array (np.asarray(x, dtype=np.{dtype.name}))" if given else "")
             )
         if role == "outputs" and not host.flags.writeable:
             raise InvalidRequestError(
@@ -498,6 +500,14 @@ def walk_requests(
             f"labels is a list of labels, got {shown(labels)}"
             + (f": labels=[{labels!r}] for one" if isinstance(labels, str) else "")
         )
+    if labels is not None:
+        labels = list(labels)
+        for label in labels:
+            if not isinstance(label, str):
+                raise InvalidRequestError(
+                    f"labels holds {shown(label)}, which is not a label: labels is a flat list of the "
+                    f"requests' labels, e.g. labels={list(requests)[:2]!r}"
+                )
     chosen = set(requests) if labels is None else set(labels)
     unknown = chosen - set(requests)
     if unknown:
@@ -806,8 +816,8 @@ def _check_live(response: ArrayResponse) -> None:
         released = response.released
         raise ReleasedError(
             f"walk_chunks: the response's arrays {sorted(released)} were released (mgr.release, free, "
-            "free_all, the end of its `async with`, or a context reset): walk inside the `async with "
-            "mgr.request(...)` block, or before releasing the response"
+            "free_all, the end of its `async with`, its manager's exit, or a context reset): walk inside "
+            "the `async with mgr.request(...)` block, or before releasing the response"
         )
 
 

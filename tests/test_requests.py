@@ -126,7 +126,6 @@ class TestDtype:
             "float32",
             "f8",
             "<i4",
-            ">f8",
             np.dtype("c16"),
         ],
     )
@@ -332,9 +331,9 @@ class TestCheckRequests:
         assert out.chunk_axes == {"a": 1, "b": None, "h": 1}
         assert out.chunked_shapes(2) == {"a": (2, 2), "b": (3,), "h": (7, 2)}
 
-    def test_empty_mapping_ok(self) -> None:
-        out = check_requests({})
-        assert (out.arrays, out.runs, out.fixed, out.per_run) == ({}, 0, 0, 0)
+    def test_empty_mapping_refused(self) -> None:
+        with pytest.raises(InvalidRequestError, match=r"the requests hold no array \(\{\}\): ask for at least one"):
+            check_requests({})
 
     def test_run_length_mismatch_found_at_once(self) -> None:
         with pytest.raises(RunLengthMismatchError, match="'a' has 5 runs .* 'b' has 6"):

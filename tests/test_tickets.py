@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from aiocubie import AllocationError, ArrayResponse
-from aiocubie._requests import check_requests
+from aiocubie._requests import RequestSet
 from aiocubie._stats import Counters
 from aiocubie._tickets import State, Ticket
 
 
 def ticket() -> Ticket:
-    return Ticket(1, check_requests({}), (Counters(), Counters()))
+    return Ticket(1, RequestSet({}, 0, 0, 0), (Counters(), Counters()))
 
 
 def response() -> ArrayResponse:
@@ -28,7 +28,7 @@ def test_the_happy_path() -> None:
 
 
 def test_an_ordered_ticket_is_ready_once_allocated() -> None:
-    t, r = Ticket(1, check_requests({}), (Counters(), Counters()), ordered=True), response()
+    t, r = Ticket(1, RequestSet({}, 0, 0, 0), (Counters(), Counters()), ordered=True), response()
     t.allocate(r)  # usable by work queued on the stream from now on: nothing waits for the event
     assert t.state is State.READY and t.done and t.result() is r
     assert t.ready() is None and t.state is State.READY  # the batch's event, reached later, changes nothing

@@ -439,11 +439,18 @@ class SimDevice(Device):
         self.resets += 1
         self.sticky = None
         self.state.clear()
-        self.close()
+        self._close_streams("by a context reset: call mgr.reinit_streams()")
 
     def close(self) -> None:
+        self._close_streams(
+            "with its backend, as a MemoryManager closes the backend it made when it exits (the end of its "
+            "`async with`, or close()): use a manager's streams and arrays inside its `async with` (entering "
+            "it again gives new streams)"
+        )
+
+    def _close_streams(self, why: str) -> None:
         for stream in list(self._streams):
-            stream.close()
+            stream.close(why)
         self._streams.clear()
 
 

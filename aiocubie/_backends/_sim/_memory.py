@@ -39,9 +39,9 @@ __all__ = [
     "poison",
 ]
 
-#: The memory of device and managed blocks given back, or lost to a context reset, by id: the
-#: simulator's arrays over it refuse every use from the host at once (on a GPU it may hold
-#: another array's data by now).
+#: The memory of blocks given back, or lost to a context reset, by id: the simulator's arrays over
+#: it refuse every use from the host at once (on a GPU it may hold another array's data by now),
+#: and copies refuse the numpy arrays of host kinds over it.
 _RELEASED: weakref.WeakValueDictionary[int, np.ndarray[Any, Any]] = weakref.WeakValueDictionary()
 #: The same memory once its free ran: on its stream, after the work queued there before the free
 #: (a stream-ordered free, as the driver's pool does it). What an engine runs must not touch it.
@@ -49,12 +49,13 @@ _FREED: weakref.WeakValueDictionary[int, np.ndarray[Any, Any]] = weakref.WeakVal
 
 
 def poison(block: Block, *, now: bool = False) -> None:
-    """Mark the memory of a freed device or managed ``block``: from now on every use of a simulator
-    array over it from the host raises :class:`ReleasedError`; once the block's stream reaches the
-    free (at once with ``now``, for a block of no stream or a lost context), it is filled with
-    ``0xFF`` (NaN in floats) and work an engine runs on it fails too (see :func:`check_live`)."""
+    """Mark the memory of a freed ``block``, of any kind: from now on every use of a simulator
+    array over it from the host raises :class:`ReleasedError` (a numpy array of a host kind cannot
+    refuse, but copies refuse it); once the block's stream reaches the free (at once with ``now``,
+    for a block of no stream or a lost context), it is filled with ``0xFF`` (NaN in floats) and
+    work an engine runs on it fails too (see :func:`check_live`)."""
     data = block.handle
-    if (block.kind is _DEVICE or block.kind is _MANAGED) and isinstance(data, np.ndarray) and data.size:
+    if isinstance(data, np.ndarray) and data.size:
         _RELEASED[id(data)] = data
 
         def freed() -> None:
@@ -81,9 +82,9 @@ def check_live(data: np.ndarray[Any, Any]) -> None:
             return
         raise ReleasedError(
             f"this {data.shape} {data.dtype} array was released (mgr.release, free, free_all, the end of "
-            "its request's `async with`, or a context reset) and is used after: on a GPU its memory may "
-            "hold another array's data by now. Keep the response until you are done with its arrays, or "
-            "request them again"
+            "its request's `async with`, its manager's exit, or a context reset) and is used after: on a "
+            "GPU its memory may hold another array's data by now. Keep the response until you are done "
+            "with its arrays, or request them again"
         )
 
 
@@ -214,7 +215,8 @@ class SimMemory(MemoryResource):
                 "on a GPU that frees memory another array may be using"
             )
         if block.kind is _DEVICE or block.kind is _MANAGED:
-            poison(block)
+        poison(block)
+        if block.kind is _DEVICE or block.kind is _MANAGED:
             state.hold_until_unused(block, pooled=False)
 
     def release_cached(self) -> int:

@@ -63,38 +63,55 @@ def numba_model() -> type[Any]:
         def _view(self, ary: np.ndarray[Any, Any]) -> Any:
             return SimNumbaArray(ary, self.stream)
 
-        def __getitem__(self, idx: Any) -> Any:
-            check_live(self._ary)
+        def _live(self) -> np.ndarray[Any, Any]:
+            """The memory, refused once released (a view of it as much as a read)."""
+            data: np.ndarray[Any, Any] = self._ary
+            check_live(data)
+            return data
+
+        def _host(self) -> np.ndarray[Any, Any]:
+            """The memory for a host read or write, once the array's stream has caught up."""
+            data = self._live()
             sync(self.stream or None)
-            value = self._ary[idx]
+            return data
+
+        def __getitem__(self, idx: Any) -> Any:
+            value = self._host()[idx]
             return self._view(value) if isinstance(value, np.ndarray) else value
 
         def __setitem__(self, idx: Any, value: Any) -> None:
-            check_live(self._ary)
-            sync(self.stream or None)
-            self._ary[idx] = value
+            self._host()[idx] = value
+
+        def __repr__(self) -> str:
+            return repr(self._host())
+
+        def __str__(self) -> str:
+            return str(self._host())
 
         def copy_to_host(self, ary: Any = None, stream: Any = 0) -> Any:
-            check_live(self._ary)
-            sync(self.stream or None)
+            self._host()
             return super().copy_to_host(ary, stream)
+
+        def copy_to_device(self, ary: Any, stream: Any = 0) -> None:
+            self._host()
+            super().copy_to_device(ary, stream)
 
         def bind(self, stream: Any = 0) -> Any:
             return SimNumbaArray(self._ary, stream)
 
         def transpose(self, axes: Any = None) -> Any:
-            return self._view(np.transpose(self._ary, axes=axes))
+            return self._view(np.transpose(self._live(), axes=axes))
 
         def ravel(self, *args: Any, **kwargs: Any) -> Any:
-            return self._view(self._ary.ravel(*args, **kwargs))
+            return self._view(self._live().ravel(*args, **kwargs))
 
         def reshape(self, *args: Any, **kwargs: Any) -> Any:
-            return self._view(self._ary.reshape(*args, **kwargs))
+            return self._view(self._live().reshape(*args, **kwargs))
 
         def view(self, *args: Any, **kwargs: Any) -> Any:
-            return self._view(self._ary.view(*args, **kwargs))
+            return self._view(self._live().view(*args, **kwargs))
 
         def split(self, section: int, stream: Any = 0) -> list[Any]:
-            return [self._view(a) for a in np.split(self._ary, range(section, len(self), section))]
+            return [self._view(a) for a in np.split(self._live(), range(section, len(self), section))]
 
     return SimNumbaArray

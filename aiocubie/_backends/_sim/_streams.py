@@ -85,6 +85,7 @@ class SimStream:
         self.handle = 0x5100 + self.id
         self.latency = latency
         self.closed = False
+        self._closed_by = ""  # why, for the error of work queued after the close
         self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._progress = _Progress()
         # The worker holds the queue, not the stream: a stream nobody holds any more is
@@ -117,7 +118,7 @@ class SimStream:
     def enqueue(self, work: Callable[[], None]) -> None:
         """Queue ``work`` to run after everything queued before it, ``latency`` seconds later."""
         if self.closed:
-            raise BackendError(f"{self!r} was closed by a context reset: call reinit_streams()")
+            raise BackendError(f"{self!r} was closed {self._closed_by}")
         with self._progress.lock:
             self._progress.queued += 1
         self._queue.put(work)
@@ -149,10 +150,12 @@ class SimStream:
         """What its worker has done: held by the worker, so it outlives a stream dropped with work queued."""
         return self._progress
 
-    def close(self) -> None:
-        """Stop the worker after the work queued so far."""
+    def close(self, why: str) -> None:
+        """Stop the worker after the work queued so far; work queued later is refused, saying ``why``
+        (what closed it and what to do)."""
         if not self.closed:
             self.closed = True
+            self._closed_by = why
             self._queue.put(None)
 
 

@@ -1,0 +1,45 @@
+"""After a manager's ``async with`` ends: what is used after says that the manager exited, and what to do."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from simkit import Part
+
+from aiocubie import ArrayRequest, BackendError, ManagerStateError, MemoryManager, ReleasedError
+
+
+@pytest.mark.anyio
+async def test_use_after_the_exit_says_the_manager_exited(anyio_backend: str) -> None:
+    async with MemoryManager("simulator") as mgr:
+        part = Part()
+        mgr.register(part)
+        response = await mgr.request(part, {"x": ArrayRequest((4,), np.float32)})
+        stream = mgr.get_stream(part)
+    assert mgr.backend.device.resets == 0  # type: ignore[attr-defined]
+    # a kernel launched on the stream (a walk body in another task, say) hears it from the stream itself
+    with pytest.raises(BackendError, match="a MemoryManager closes the backend it made when it exits") as caught:
+        mgr.backend.launch(stream)  # type: ignore[attr-defined]
+    assert "context reset" not in str(caught.value) and "inside its `async with`" in str(caught.value)
+    with pytest.raises(ManagerStateError, match="exited .* closed the backend it made") as refused:
+        mgr.allocate(part, ArrayRequest((4,), "f4"))
+    assert "inside `async with mgr:`" in str(refused.value)
+    host = np.zeros(4, np.float32)
+    waits: list[Callable[[], Awaitable[Any]]] = [
+        lambda: mgr.sync_stream(part),
+        lambda: mgr.to_device(part, [host], [response.arrays["x"]]),
+        lambda: mgr.from_device(part, [response.arrays["x"]], [host]),
+    ]
+    for wait in waits:
+        with pytest.raises(ManagerStateError, match="exited .* closed the backend it made"):
+            await wait()
+    with pytest.raises(ManagerStateError, match=r"not running: it exited \(the end of its `async with`"):
+        await mgr.request(part, {"y": ArrayRequest((4,), np.float32)})
+    with pytest.raises(ReleasedError, match="its manager's exit"):
+        response.arrays["x"].get()
+    async with mgr:  # entered again: new streams
+        await mgr.sync_stream(part)
+        assert mgr.allocate(part, ArrayRequest((4,), "f4")).shape == (4,)

@@ -1,0 +1,115 @@
+"""Release: a released response's arrays fail loudly on the simulator, whatever their kind and array type,
+and ``mgr.release`` takes only this manager's responses."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from simkit import Part, needs_numba
+
+from aiocubie import ArrayRequest, InvalidRequestError, MemoryManager, ReleasedError
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "use",
+    [
+        lambda x: x.get(),
+        lambda x: x.fill(1.0),
+        lambda x: x + 1,
+        lambda x: x.set(np.ones(4, np.float32)),
+        lambda x: x[1:],
+        repr,
+    ],
+    ids=["get", "fill", "add", "set", "slice", "repr"],
+)
+async def test_a_released_mapped_array_refuses_every_use(anyio_backend: str, use: Callable[[Any], Any]) -> None:
+    async with MemoryManager("simulator") as mgr:
+        part = Part()
+        mgr.register(part)
+        response = await mgr.request(part, {"x": ArrayRequest((4,), np.float32, kind="mapped")})
+        mapped = response.arrays["x"]
+        mgr.release(response)
+        with pytest.raises(ReleasedError, match="released"):
+            use(mapped)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", ["mapped", "pinned", "host"])
+async def test_copies_refuse_a_released_response_array_of_any_kind(anyio_backend: str, kind: str) -> None:
+    async with MemoryManager("simulator") as mgr:
+        part = Part()
+        mgr.register(part)
+        response = await mgr.request(part, {"x": ArrayRequest((4,), np.float32, kind=kind)})
+        device = (await mgr.request(part, {"d": ArrayRequest((4,), np.float32)})).arrays["d"]
+        released = response.arrays["x"]
+        mgr.release(response)
+        with pytest.raises(ReleasedError, match="released"):
+            await mgr.from_device(part, [released], [np.zeros(4, np.float32)])
+        with pytest.raises(ReleasedError, match="released"):
+            await mgr.to_device(part, [released], [device])
+        with pytest.raises(ReleasedError, match="released"):
+            await mgr.to_device(part, [np.zeros(4, np.float32)], [released])
+        await mgr.sync_stream(part)
+        if isinstance(released, np.ndarray):  # a numpy array cannot refuse: its memory is poisoned instead
+            assert np.isnan(released).all()
+
+
+@needs_numba
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "use",
+    [
+        repr,
+        str,
+        lambda x: x.T,
+        lambda x: x.reshape(2, 3),
+        lambda x: x.ravel(),
+        lambda x: x.view(np.int32),
+        lambda x: x.split(1),
+        lambda x: x[0],
+        lambda x: x.copy_to_host(),
+        lambda x: x.copy_to_device(np.ones((3, 2), np.float32)),
+    ],
+    ids=["repr", "str", "T", "reshape", "ravel", "view", "split", "index", "copy_to_host", "copy_to_device"],
+)
+async def test_a_released_numba_array_refuses_views_and_reads(anyio_backend: str, use: Callable[[Any], Any]) -> None:
+    async with MemoryManager("simulator", array_type="numba") as mgr:
+        part = Part()
+        mgr.register(part)
+        response = await mgr.request(part, {"x": ArrayRequest((3, 2), np.float32)})
+        array = response.arrays["x"]
+        use(array)  # live: fine
+        mgr.release(response)
+        with pytest.raises(ReleasedError, match="released"):
+            use(array)
+
+
+@pytest.mark.anyio
+async def test_release_refuses_what_is_not_one_of_its_responses(anyio_backend: str) -> None:
+    async with MemoryManager("simulator") as mgr, MemoryManager("simulator") as other:
+        part, stranger = Part(), Part()
+        mgr.register(part)
+        other.register(stranger)
+        response = await mgr.request(part, {"x": ArrayRequest((4,), np.float32)})
+        foreign = await other.request(stranger, {"x": ArrayRequest((4,), np.float32)})
+        for wrong, words in [
+            (response.arrays["x"], "(of type SimCupyArray)"),
+            (response.arrays, "(of type dict)"),
+            ("x", "got 'x' (a label)"),
+            (None, "got None (of type NoneType)"),
+            (42, "got 42 (of type int)"),
+        ]:
+            with pytest.raises(InvalidRequestError, match="pass the response itself") as caught:
+                mgr.release(wrong)  # type: ignore[arg-type]
+            assert words in str(caught.value) and "mgr.free(label, instance)" in str(caught.value)
+        with pytest.raises(InvalidRequestError, match="did not hand out"):
+            mgr.release(foreign)
+        assert mgr.stats().live_bytes == 16 and other.stats().live_bytes == 16  # still held, both
+        mgr.release(response)
+        mgr.release(response)  # twice: nothing more to free
+        other.release(foreign)
+        assert mgr.stats().live_bytes == other.stats().live_bytes == 0
