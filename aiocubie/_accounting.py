@@ -304,13 +304,15 @@ class DeviceAccount:
         """The device's memory now, the blocks the resource caches counted as free (they serve requests).
 
         Under a ``memory_limit``: a device of that many bytes, of which the pool's bytes in use
-        (every library's, where the pool says them; else this manager's own) are taken.
+        (every library's, where the pool says them; else this manager's own) and this manager's
+        managed memory (never pool memory) are taken.
         """
         info, pool, limit = self.device.memory_info(), self.resource.pool_facts(), self.options.memory_limit
         free = info.free + (pool.cached or 0)
         if limit is None:
             return MemoryInfo(free=free, total=info.total)
-        used = max(pool.in_use or 0, self.ledger.bytes_of(MemoryKind.DEVICE))
+        ledger = self.ledger
+        used = max(pool.in_use or 0, ledger.bytes_of(MemoryKind.DEVICE)) + ledger.bytes_of(MemoryKind.MANAGED)
         return MemoryInfo(free=max(0, min(free, limit - used)), total=min(info.total, limit))
 
     def other_bytes(self, in_use: int | None) -> int | None:

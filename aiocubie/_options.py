@@ -160,7 +160,7 @@ class Options:
         The device bytes the manager budgets (None: the whole device). Caps are proportions of
         it, and the planner never offers more than it leaves: free memory is at most
         ``memory_limit`` minus what the pool has in use (every library's bytes where the pool
-        says them, else the manager's own). For a share of a GPU, an RMM pool's maximum size,
+        says them, else the manager's own) and the manager's managed memory. For a share of a GPU, an RMM pool's maximum size,
         or dask-cuda's ``device_memory_limit`` (``aiocubie.dask.ManagerPlugin(budget=...)``).
 
     Examples
