@@ -58,7 +58,7 @@ class DeviceAccount:
         free-memory reading is reused (and by the schedulers); changed with :meth:`configure`.
     on_release : callable
         Called with no argument after memory is released while batches may wait for it
-        (active mode, policy wait).
+        (policy wait).
     reclaim_hooks : list of callable, optional
         Called in order when an allocation is out of memory even after the pool's cached
         blocks were released (see :data:`ReclaimHook`); read live.
@@ -360,10 +360,13 @@ class DeviceAccount:
         """Bytes the next batch of a group of ``members`` may take (see :func:`offered_bytes`).
 
         ``as_if_empty``: what it would be offered if its members held nothing (what a batch
-        waiting for memory waits for).
+        waiting for memory waits for); in passive mode, if this manager held nothing (every
+        group draws from the same free memory).
         """
         options = self.options
         if not options.active:  # passive: what is free
+            if as_if_empty:
+                free += self.ledger.live
             available = free
         elif as_if_empty:
             free += self.ledger.held(members)  # what they hold would be free
