@@ -11,6 +11,7 @@ import pytest
 from simkit import HANG_GUARD, TOTAL, Part, assert_all_released, vec, wait_until
 
 from aiocubie import ArrayResponse, MemoryManager, SimulatorBackend, UnchunkableTooLargeError
+from aiocubie._waiting import WaitingLine
 
 KB = 1000
 
@@ -167,3 +168,20 @@ async def test_a_request_that_could_never_fit_fails_at_once(sim: SimulatorBacken
         assert "release arrays" in message
         mgr.release(held)
         assert_all_released(mgr, sim)
+
+
+def test_the_waiting_line_is_one_fifo_that_wakes_the_next_when_its_head_leaves() -> None:
+    woken: list[None] = []
+    line = WaitingLine(lambda: woken.append(None))
+    first, second, third = object(), object(), object()
+    assert line.first(first) and not line  # an empty line holds no one back
+    for batch in (first, second, third, first):  # joining twice keeps the first place
+        line.join(batch)
+    assert len(line) == 3 and line.first(first) and not line.first(second)
+    line.leave(second)  # withdrawn from the middle: nobody new at the head, nobody woken
+    assert len(line) == 2 and not woken
+    line.leave(first)  # the head went: the next may fit now
+    assert line.first(third) and len(woken) == 1
+    line.leave(third)
+    line.leave(third)  # leaving twice is harmless
+    assert not line and len(woken) == 1  # nobody left to wake
