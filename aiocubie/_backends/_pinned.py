@@ -96,7 +96,6 @@ class PinnedPool:
             If the host cannot pin a new buffer.
         """
         nbytes = max(int(nbytes), 1)
-        dropped: list[np.ndarray[Any, Any]] = []
         with self._lock:
             dropped = self._drain()
             at = bisect.bisect_left(self._free, (nbytes, -1))
