@@ -58,7 +58,7 @@ class DeviceAccount:
         free-memory reading is reused (and by the schedulers); changed with :meth:`configure`.
     on_release : callable
         Called with no argument after memory is released while batches may wait for it
-        (active mode, policy wait).
+        (policy wait).
     reclaim_hooks : list of callable, optional
         Called in order when an allocation is out of memory even after the pool's cached
         blocks were released (see :data:`ReclaimHook`); read live.
@@ -304,13 +304,15 @@ class DeviceAccount:
         """The device's memory now, the blocks the resource caches counted as free (they serve requests).
 
         Under a ``memory_limit``: a device of that many bytes, of which the pool's bytes in use
-        (every library's, where the pool says them; else this manager's own) are taken.
+        (every library's, where the pool says them; else this manager's own) and this manager's
+        managed memory (never pool memory) are taken.
         """
         info, pool, limit = self.device.memory_info(), self.resource.pool_facts(), self.options.memory_limit
         free = info.free + (pool.cached or 0)
         if limit is None:
             return MemoryInfo(free=free, total=info.total)
-        used = max(pool.in_use or 0, self.ledger.bytes_of(MemoryKind.DEVICE))
+        ledger = self.ledger
+        used = max(pool.in_use or 0, ledger.bytes_of(MemoryKind.DEVICE)) + ledger.bytes_of(MemoryKind.MANAGED)
         return MemoryInfo(free=max(0, min(free, limit - used)), total=min(info.total, limit))
 
     def other_bytes(self, in_use: int | None) -> int | None:
@@ -358,10 +360,13 @@ class DeviceAccount:
         """Bytes the next batch of a group of ``members`` may take (see :func:`offered_bytes`).
 
         ``as_if_empty``: what it would be offered if its members held nothing (what a batch
-        waiting for memory waits for).
+        waiting for memory waits for); in passive mode, if this manager held nothing (every
+        group draws from the same free memory).
         """
         options = self.options
         if not options.active:  # passive: what is free
+            if as_if_empty:
+                free += self.ledger.live
             available = free
         elif as_if_empty:
             free += self.ledger.held(members)  # what they hold would be free

@@ -25,6 +25,7 @@ from ._scheduler import GroupScheduler
 from ._serving import Serving
 from ._stats import GroupStatistics
 from ._tickets import State, Ticket
+from ._waiting import WaitingLine
 
 __all__ = ["PendingRequest", "StreamGroups"]
 
@@ -126,6 +127,7 @@ class StreamGroups:
         self._on_retired = on_retired
         self.schedulers: dict[str, GroupScheduler] = {}  # one per live group, while serving
         self._draining: list[GroupScheduler] = []  # of emptied groups, until their flights land
+        self._line = WaitingLine(self.changed)  # batches waiting for memory across groups (passive, wait)
 
     # -- schedulers ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -144,7 +146,7 @@ class StreamGroups:
         serving = self._serving
         assert serving.task_group is not None and serving.loop is not None
         scheduler = GroupScheduler(
-            group, self._registry.members, self._account, serving.loop, serving.task_group.start_soon
+            group, self._registry.members, self._account, serving.loop, serving.task_group.start_soon, self._line
         )
         self.schedulers[group.name] = scheduler
         serving.task_group.start_soon(scheduler.run, name=f"aiocubie scheduler {group.name!r}")
@@ -234,7 +236,7 @@ class StreamGroups:
         account = self._account
         free = account.free_memory(fresh=True)
         offered = account.offered(group.members, free)
-        plan = plan_chunks(requests.runs, requests.fixed, requests.per_run, offered, free=free)
+        plan = plan_chunks(requests.runs, requests.fixed, requests.per_run, offered, passive=not account.options.active)
         if plan.chunks > 1:
             raise InsufficientMemoryError(
                 f"allocate_all needs {plan.full_bytes} bytes whole but group {member.group!r} is "

@@ -275,7 +275,7 @@ class MemoryManager:
 
     @property
     def policy(self) -> Policy:
-        """The active-mode policy (change it with :meth:`set_policy`)."""
+        """The policy (see :class:`Policy`; change it with :meth:`set_policy`)."""
         return self._account.options.policy
 
     @property
@@ -288,7 +288,7 @@ class MemoryManager:
         self._limits.configure(mode=mode)
 
     def set_policy(self, policy: Policy | str) -> None:
-        """Set the active-mode policy: ``"chunk"``, ``"wait"`` or ``"fail"`` (:class:`ConfigurationError` else)."""
+        """Set the policy (see :class:`Policy`): ``"chunk"``, ``"wait"`` or ``"fail"`` (:class:`ConfigurationError` else)."""
         self._limits.configure(policy=policy)
 
     def proportion(self, instance: object) -> float:

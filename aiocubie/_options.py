@@ -58,12 +58,15 @@ ENVIRONMENT = {
 
 
 class Policy(str, enum.Enum):
-    """What an active-mode batch does when it does not fit the group's headroom now.
+    """What a batch does when it does not fit the group's headroom (active) or the free memory (passive) now.
 
     ``chunk``: plan against the headroom there is (more, smaller chunks).
     ``wait``: wait, first come first served, until enough memory is released for the plan the
-    batch would get if the group held nothing.
-    ``fail``: raise :class:`InsufficientMemoryError` unless the batch fits whole.
+    batch would get if the group held nothing (active mode; the group's own queue), or if this
+    manager held nothing (passive mode; one line for every group). A batch that could not fit
+    even then fails at once.
+    ``fail``: raise :class:`InsufficientMemoryError` unless the batch fits whole (active mode;
+    in passive mode it chunks).
     """
 
     CHUNK = "chunk"
@@ -145,7 +148,7 @@ class Options:
         Passive (the default): use free memory, chunk only when needed. Active: each group is
         limited to the sum of its members' caps minus what they hold.
     policy : Policy
-        What an active-mode batch does when it does not fit now (see :class:`Policy`).
+        What a batch does when it does not fit now (see :class:`Policy`).
     headroom : float
         Fraction of the available memory a batch leaves unused, in [0, 1).
     batch_window : float
@@ -160,7 +163,7 @@ class Options:
         The device bytes the manager budgets (None: the whole device). Caps are proportions of
         it, and the planner never offers more than it leaves: free memory is at most
         ``memory_limit`` minus what the pool has in use (every library's bytes where the pool
-        says them, else the manager's own). For a share of a GPU, an RMM pool's maximum size,
+        says them, else the manager's own) and the manager's managed memory. For a share of a GPU, an RMM pool's maximum size,
         or dask-cuda's ``device_memory_limit`` (``aiocubie.dask.ManagerPlugin(budget=...)``).
 
     Examples
@@ -179,13 +182,13 @@ class Options:
 
     #: True in active mode.
     active: bool = attrs.field(init=False, eq=False, repr=False)
-    #: True when a batch that does not fit waits for memory (active mode, policy wait).
+    #: True when a batch that does not fit waits for memory (policy wait).
     waits: bool = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         # read on every request: computed once
         object.__setattr__(self, "active", self.mode is LimitMode.ACTIVE)
-        object.__setattr__(self, "waits", self.active and self.policy is Policy.WAIT)
+        object.__setattr__(self, "waits", self.policy is Policy.WAIT)
 
     def replace(self, **changes: Any) -> Options:
         """A copy with ``changes`` applied, validated like the original."""

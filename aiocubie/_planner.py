@@ -7,19 +7,26 @@ the bytes offered; host kinds are chunked in lockstep but cost no VRAM.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 from ._errors import InsufficientMemoryError, UnchunkableTooLargeError, warn
 from ._requests import ArrayRequest, run_length
 
-__all__ = ["ChunkPlan", "offered_bytes", "plan_batch", "plan_chunks"]
+__all__ = ["ChunkPlan", "chunk_axis_hint", "offered_bytes", "plan_batch", "plan_chunks"]
 
 # What "offered" means, for error messages (a group's cap is more than it is offered).
 _OFFER = "what the group may use now, less the headroom and the allocator's granule"
 
-#: Above this many times the free memory, a request draws a warning (as cubie does).
+#: What frees room in passive mode, where a group may use all the free memory.
+_PASSIVE_REMEDY = (
+    "release arrays (this manager's, or other programs' on the device) or raise memory_limit if one is set"
+)
+
+#: Above this many times the free memory, a planned batch draws a warning (as cubie does).
 OVERSUBSCRIPTION_WARNING = 20
+#: A chunk axis this many times shorter than another axis of its array is likely the wrong one.
+AXIS_HINT_RATIO = 8
 
 
 class ChunkPlan(NamedTuple):
@@ -98,12 +105,13 @@ def plan_batch(
     UnchunkableTooLargeError
         If the unchunkable arrays alone exceed ``offered``.
     InsufficientMemoryError
-        If not even one run fits beside the unchunkable arrays.
+        If not even one run fits beside the unchunkable arrays (with a hint where a chunk axis
+        looks wrong, see :func:`chunk_axis_hint`).
 
     Warns
     -----
     AiocubieWarning
-        If the batch asks for more than 20 times ``free``.
+        If the batch is planned and asks for more than 20 times ``free`` (never before an error).
     """
     items = [(label, req) for requests in batch.values() for label, req in requests.items()]
     runs = run_length(items)
@@ -111,20 +119,50 @@ def plan_batch(
     fixed = sum(req.fixed_bytes for req in vram)
     per_run = sum(req.bytes_per_run for req in vram)
     buffered = sum(req.bytes_per_run * req.buffers for req in vram)
-    return plan_chunks(runs, fixed, per_run, offered, buffered=buffered, free=free)
+    plan = plan_chunks(runs, fixed, per_run, offered, buffered=buffered, hint=lambda: chunk_axis_hint(items))
+    if free is not None:
+        warn_if_oversubscribed(plan, free)
+    return plan
 
 
-def warn_if_oversubscribed(full: int, free: int) -> None:
-    """Warn (at the caller's line) when a batch of ``full`` bytes is over 20x the ``free`` bytes."""
-    if full > OVERSUBSCRIPTION_WARNING * max(free, 1):
+def warn_if_oversubscribed(plan: ChunkPlan, free: int) -> None:
+    """Warn (at the caller's line) when a planned batch asks for over 20x the ``free`` bytes."""
+    if plan.full_bytes > OVERSUBSCRIPTION_WARNING * max(free, 1):
         warn(
-            f"the batch asks for {full} bytes, more than {OVERSUBSCRIPTION_WARNING}x the "
-            f"{free} bytes free: it will be walked in many small chunks, if it can be planned at all"
+            f"the batch asks for {plan.full_bytes} bytes, more than {OVERSUBSCRIPTION_WARNING}x the "
+            f"{free} bytes free: it is walked in {plan.chunks} chunks of {plan.chunk_length} runs"
         )
 
 
+def chunk_axis_hint(items: Iterable[tuple[str, ArrayRequest]]) -> str:
+    """A hint for "not even one run fits" when an array's chunk axis looks like the wrong one.
+
+    An array whose chunk axis (0 by default) is :data:`AXIS_HINT_RATIO` times shorter than
+    another of its axes probably has its runs along that other axis. Returns "" if none does.
+    """
+    for label, request in items:
+        if request.runs is None or request.runs < 2 or not request.uses_vram:  # 0 or 1 run: not chunked
+            continue
+        axis, shape = request.chunk_axis, request.shape
+        longest = max((a for a in range(len(shape)) if a != axis), key=lambda a: shape[a], default=None)
+        if longest is not None and shape[longest] >= AXIS_HINT_RATIO * max(shape[axis], 1):
+            return (
+                f". {label!r} (shape {shape}) is chunked along axis {axis}, of {shape[axis]} runs, while "
+                f"axis {longest} has {shape[longest]}: if its runs lie along axis {longest}, pass "
+                f"chunk_axis={longest}"
+            )
+    return ""
+
+
 def plan_chunks(
-    runs: int, fixed: int, per_run: int, offered: int, *, buffered: int | None = None, free: int | None = None
+    runs: int,
+    fixed: int,
+    per_run: int,
+    offered: int,
+    *,
+    buffered: int | None = None,
+    hint: Callable[[], str] | None = None,
+    passive: bool = False,
 ) -> ChunkPlan:
     """Plan a batch from its totals (see :func:`plan_batch`, which computes them).
 
@@ -143,20 +181,22 @@ def plan_chunks(
         chunked plan budgets per run. When every chunkable array asks for ``d`` buffers
         (``buffered = d * per_run``), a chunked plan has more than ``d`` chunks, so all
         ``d`` buffers are used, and it is the plan with the fewest chunks that fits them.
-    free : int, optional
-        Free device memory, only for the 20x oversubscription warning.
+    hint : callable, optional
+        Called for a sentence that ends the "not even one run fits" error (see
+        :func:`chunk_axis_hint`); only then, so a plan that fits pays nothing for it.
+    passive : bool
+        Planned in passive mode (free memory, no proportions): the errors' remedies say so.
     """
     if offered < 0:
         raise ValueError(f"offered must be >= 0 bytes, got {offered}")
     full = fixed + per_run * runs
-    if free is not None:
-        warn_if_oversubscribed(full, free)
     if full <= offered:
         return ChunkPlan(runs, 1, runs, offered, full, full)
+    remedy = _PASSIVE_REMEDY if passive else "free memory or raise the group's proportion"
     if fixed > offered:
         raise UnchunkableTooLargeError(
             f"the unchunkable arrays of the batch need {fixed} bytes but only {offered} are "
-            f"offered ({_OFFER}): free memory, raise the group's proportion, or make them chunkable"
+            f"offered ({_OFFER}): {remedy}, or make them chunkable"
         )
     step = per_run if buffered is None else max(buffered, per_run)
     max_chunk = (offered - fixed) // step
@@ -164,8 +204,9 @@ def plan_chunks(
         extra = f" ({step // max(per_run, 1)} chunk buffers each)" if step > per_run else ""
         raise InsufficientMemoryError(
             f"not even one run fits: one run needs {step} bytes{extra} beside {fixed} unchunkable, "
-            f"and {offered} are offered ({_OFFER}); free memory or raise the group's proportion"
+            f"and {offered} are offered ({_OFFER}); {remedy}"
             + (", or ask for fewer buffers (a shallower walk)" if extra else "")
+            + (hint() if hint is not None else "")
         )
     chunks = -(-runs // max_chunk)
     chunk_length = -(-runs // chunks)

@@ -37,11 +37,12 @@ from ._errors import (
     warn,
 )
 from ._options import Policy
-from ._planner import ChunkPlan, plan_chunks, warn_if_oversubscribed
+from ._planner import ChunkPlan, chunk_axis_hint, plan_chunks
 from ._registry import Group, Member, await_hook, call_hook
 from ._requests import ArrayResponse, RequestSet
 from ._stats import format_bytes
 from ._tickets import State, Ticket
+from ._waiting import WaitingLine
 
 __all__ = ["GroupScheduler"]
 
@@ -83,6 +84,9 @@ class GroupScheduler:
         The running loop's primitives (signals, thread-safe calls, checkpoints).
     spawn : callable
         ``spawn(async_fn, *args)`` starts a task that someone owns (async ready hooks).
+    line : WaitingLine
+        The batches of every group waiting for memory in passive mode under policy wait, first
+        come first served: this group's batch joins it when it does not fit, and is served at its head.
     """
 
     def __init__(
@@ -92,6 +96,7 @@ class GroupScheduler:
         account: DeviceAccount,
         loop: Loop,
         spawn: Spawn,
+        line: WaitingLine,
     ) -> None:
         self.group = group
         self.name = group.name
@@ -99,6 +104,7 @@ class GroupScheduler:
         self._account = account
         self._loop = loop
         self._spawn = spawn
+        self._line = line
         self.queue: deque[Ticket] = deque()
         self._wake = loop.signal()
         self._changed = loop.signal()  # memory released or a waiting ticket withdrawn
@@ -134,7 +140,7 @@ class GroupScheduler:
                 if ticket.state is not _PENDING:  # ended by a reclaim hook of the last attempt (its member left)
                     return
                 plan = self._try_plan(batch)
-                if plan is None:  # it must wait for memory: the group's task does that
+                if plan is None or self._behind():  # it must wait for memory: the group's task does that
                     ticket.leftover = True
                     self.queue.append(ticket)
                     self._wake.set()
@@ -378,18 +384,35 @@ class GroupScheduler:
 
     # -- planning ------------------------------------------------------------------------------
     async def _plan(self) -> ChunkPlan | None:
-        """One plan for the live tickets of the batch; under the wait policy, wait for room."""
-        while batch := [t for t in self._planning if t.state is _PENDING]:
-            plan = self._try_plan(batch)
-            if plan is not None:
-                return plan
-            # not enough room yet: wait for a release (or re-read the device now and then)
-            with anyio.move_on_after(0.05):
-                await self._sleep("_changed")
-        return None
+        """One plan for the live tickets of the batch; under the wait policy, wait for room.
+
+        In passive mode a batch that waits joins the waiting line of every group, and is served
+        only at its head (first come, first served); it leaves the line when it ends, however.
+        """
+        try:
+            while batch := [t for t in self._planning if t.state is _PENDING]:
+                plan = self._try_plan(batch)
+                if plan is not None and not self._behind():
+                    return plan
+                options = self._account.options
+                if options.waits and not options.active:
+                    self._line.join(self)
+                # not enough room yet: wait for a release (or re-read the device now and then)
+                with anyio.move_on_after(0.05):
+                    await self._sleep("_changed")
+            return None
+        finally:
+            self._line.leave(self)
+
+    def _behind(self) -> bool:
+        """True if another group's batch waits for memory ahead of this one's (passive, policy wait)."""
+        if not self._line:
+            return False
+        options = self._account.options
+        return options.waits and not options.active and not self._line.first(self)
 
     def _try_plan(self, batch: list[Ticket]) -> ChunkPlan | None:
-        """The plan for ``batch`` now, or None if it must wait for memory (active mode, wait).
+        """The plan for ``batch`` now, or None if it must wait for memory (policy wait).
 
         Raises the planning error when it cannot fit, or (policy fail) not whole.
         """
@@ -430,7 +453,7 @@ class GroupScheduler:
         if full <= offered and 2 * full <= free:
             # the usual batch: it fits whole in what the group is offered, and takes at most half
             # of what the cached reading says is free: the plan of one chunk, whatever the policy
-            # (what plan_chunks and the checks below give it, without them; no warning: 20x > 1/2)
+            # (what plan_chunks and the checks below give it, without them)
             whole = ChunkPlan(runs, 1, runs, offered, full, full)
             if memo is not None:
                 self._memo = (memo, whole)
@@ -441,28 +464,30 @@ class GroupScheduler:
         if plan is None or plan.chunks > 1 or 2 * plan.planned_bytes > free:
             plan, offered, free = self._plan_against(runs, fixed, per_run, buffered, fresh=True)
         options = account.options
-        try:
-            if plan is None and options.active and options.policy is not Policy.WAIT:
-                self._check_under_cap(members)
-            if options.policy is Policy.CHUNK or not options.active:
-                plan = plan or plan_chunks(runs, fixed, per_run, offered, buffered=buffered)  # raises why it cannot fit
-            elif plan is None or plan.chunks > 1:
-                if options.policy is Policy.FAIL:
-                    raise InsufficientMemoryError(
-                        f"policy 'fail': the batch needs {fixed + per_run * runs} bytes whole but group "
-                        f"{self.name!r} is offered {offered}; release memory, or use policy 'chunk' or 'wait'"
-                    )
-                # policy wait: take the best plan there could be (raises if even that cannot fit)
-                empty = account.offered(members, free, as_if_empty=True)
-                best = plan_chunks(runs, fixed, per_run, empty, buffered=buffered)
-                if plan is None or plan.planned_bytes < best.planned_bytes:
-                    self._warn_if_waiting_on_itself(batch, empty, best, (runs, fixed, per_run, buffered))
-                    return None
-        except PlanningError:
-            # as cubie does: the warning comes before the refusal, so a batch far too large says so
-            warn_if_oversubscribed(fixed + per_run * runs, free)
-            raise
-        warn_if_oversubscribed(plan.full_bytes, free)  # once per batch, at the caller's line
+        passive = not options.active
+
+        def hint() -> str:  # for "not even one run fits": is a chunk axis wrong?
+            return chunk_axis_hint((label, r) for t in batch for label, r in t.requests.arrays.items())
+
+        if plan is None and not passive and options.policy is not Policy.WAIT:
+            self._check_under_cap(members)
+        if options.policy is Policy.CHUNK or (passive and options.policy is Policy.FAIL):
+            # raises why it cannot fit
+            return plan or plan_chunks(runs, fixed, per_run, offered, buffered=buffered, hint=hint, passive=passive)
+        if plan is not None and plan.chunks == 1:
+            return plan
+        if options.policy is Policy.FAIL:
+            raise InsufficientMemoryError(
+                f"policy 'fail': the batch needs {fixed + per_run * runs} bytes whole but group "
+                f"{self.name!r} is offered {offered}; release memory, or use policy 'chunk' or 'wait'"
+            )
+        # policy wait: take the best plan there could be once memory is released (raises at
+        # once if even that cannot fit: bigger than the device, its memory_limit or the group's cap)
+        empty = account.offered(members, free, as_if_empty=True)
+        best = plan_chunks(runs, fixed, per_run, empty, buffered=buffered, hint=hint, passive=passive)
+        if plan is None or plan.planned_bytes < best.planned_bytes:
+            self._warn_if_waiting_on_itself(batch, empty, best, (runs, fixed, per_run, buffered))
+            return None
         return plan
 
     def _warn_if_waiting_on_itself(

@@ -11,6 +11,7 @@ import ctypes
 import functools
 import os
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -37,6 +38,8 @@ _SIMULATOR = threading.Lock()
 CUBIE_HEADROOM = _cubie.CHUNK_HEADROOM_FRACTION
 #: cubie's allocation granule (``ALLOCATION_GRANULE_BYTES``), for a simulator that plans as cubie does.
 CUBIE_GRANULE = _cubie.ALLOCATION_GRANULE_BYTES
+#: Above this many times the free memory, a solve's batch draws a warning, as cubie's manager warns.
+OVERSUBSCRIPTION = 20
 
 
 class _Loop:
@@ -312,7 +315,8 @@ class CubieMemoryManager(_cubie.MemoryManager):  # type: ignore[misc]
                 batch[instance_id] = (self._instance(instance_id), _requests(device, partition))
         if self._loop is None:
             raise aiocubie.ManagerStateError("this cubie memory manager is closed")
-        responses = self._loop.wait(self._allocate, group, batch) if batch else {}
+        responses, free = self._loop.wait(self._allocate, group, batch) if batch else ({}, 0)
+        _warn_if_oversubscribed(batch, responses, free)
         if partition is not None:
             chunk_length, chunks = partition
         else:
@@ -341,8 +345,12 @@ class CubieMemoryManager(_cubie.MemoryManager):  # type: ignore[misc]
                 settings.allocation_ready_hook(CubieResponse(arr={}, chunks=chunks, chunk_length=chunk_length))
 
     async def _allocate(self, group: str, batch: Mapping[int, tuple[Any, dict[str, aiocubie.ArrayRequest]]]) -> Any:
-        """One aiocubie batch of the owner's requests (on the loop): submit all, then close it."""
+        """One aiocubie batch of the owner's requests (on the loop): submit all, then close it.
+
+        Returns the responses by instance id, and the free memory before the batch.
+        """
         mgr, responses, errors = self.aiocubie, {}, []
+        free = mgr.memory_info().free
 
         async def one(instance_id: int, instance: Any, requests: dict[str, Any], *, task_status: Any) -> None:
             pending = mgr.request(instance, requests, replace=True)
@@ -360,7 +368,7 @@ class CubieMemoryManager(_cubie.MemoryManager):  # type: ignore[misc]
             for response in responses.values():
                 mgr.release(response)
             raise errors[0]
-        return responses
+        return responses, free
 
     def _to_cubie(self, array: Any, stream: Any) -> Any:
         """aiocubie's array as a cubie device array, without a copy."""
@@ -401,6 +409,22 @@ class CubieMemoryManager(_cubie.MemoryManager):  # type: ignore[misc]
         for instance_id, settings in list(self.registry.items()):
             self._free_arrays(instance_id, settings)
         super().free_all()
+
+
+def _warn_if_oversubscribed(
+    batch: Mapping[int, tuple[Any, dict[str, aiocubie.ArrayRequest]]], responses: Mapping[int, Any], free: int
+) -> None:
+    """Warn, as cubie's manager does, when a planned batch asks for over 20x the memory that was free."""
+    full = sum(request.nbytes for _, requests in batch.values() for request in requests.values())
+    response = next(iter(responses.values()), None)
+    if response is not None and full > OVERSUBSCRIPTION * max(free, 1):
+        warnings.warn(
+            f"the solve's batch asks for {full} bytes, more than {OVERSUBSCRIPTION}x the {free} bytes free: "
+            f"it is walked in {response.chunks} chunks of {response.chunk_length} runs (give the solver more "
+            "memory, or solve fewer runs at a time)",
+            aiocubie.AiocubieWarning,
+            stacklevel=3,
+        )
 
 
 def _requests(requests: Mapping[str, CubieRequest], partition: tuple[int, int] | None) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import importlib.util
 import os
 import tempfile
 import threading
+import warnings
 from typing import Any
 
 import anyio
@@ -160,16 +161,32 @@ def test_a_solve_on_its_own_loop_thread_shares_stats_and_frees_everything(system
 
 
 def test_a_batch_that_cannot_fit_raises_aiocubies_error(system: Any) -> None:
-    """Not even one run fits: the solve raises aiocubie's planning error itself (not in a group)."""
+    """Not even one run fits: the solve raises aiocubie's planning error itself (not in a group),
+    with no oversubscription warning before it."""
     mm = CubieMemoryManager(backend=aiocubie.SimulatorBackend(total=48))  # one run needs more
     try:
         solver = Solver(system, algorithm="euler", memory_manager=mm)
-        with (
-            pytest.warns(aiocubie.AiocubieWarning, match="20x"),
-            pytest.raises(aiocubie.PlanningError, match="offered"),
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", aiocubie.AiocubieWarning)
+            with pytest.raises(aiocubie.PlanningError, match="offered"):
+                solver.solve(*_inputs(), **SOLVE)
+        assert mm.aiocubie.stats().groups["solver"].live_bytes == 0
+        solver.close()
+    finally:
+        mm.close()
+
+
+def test_a_solve_over_20x_the_free_memory_is_warned_about_with_its_plan(system: Any) -> None:
+    """As cubie's manager warns: a solve's batch planned in chunks over 20x the free memory says so."""
+    whole = _whole_bytes(system)
+    mm = CubieMemoryManager(backend=aiocubie.SimulatorBackend(total=whole // 22, granule=0))
+    try:
+        solver = Solver(system, algorithm="euler", memory_manager=mm)
+        with pytest.warns(
+            aiocubie.AiocubieWarning, match=r"more than 20x the \d+ bytes free: it is walked in \d+ chunks"
         ):
             solver.solve(*_inputs(), **SOLVE)
-        assert mm.aiocubie.stats().groups["solver"].live_bytes == 0
+        assert solver.kernel.run_params.num_chunks > 20
         solver.close()
     finally:
         mm.close()

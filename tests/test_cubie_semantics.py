@@ -2,11 +2,13 @@
 
 Each test is the regression test of one gap a cubie program met: how length-1 run axes are
 batched, what a one-run batch reports, owner-scoped notifications, replacing a label,
-``manual_proportion`` and ``update``, the 20x warning before a refusal, and where a request
+``manual_proportion`` and ``update``, no 20x warning before a refusal, and where a request
 moved to another group is counted.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import anyio
 import numpy as np
@@ -14,7 +16,6 @@ import pytest
 from simkit import HANG_GUARD
 
 from aiocubie import (
-    AiocubieWarning,
     ArrayRequest,
     BudgetError,
     ConfigurationError,
@@ -72,18 +73,23 @@ async def test_a_one_run_batch_reports_one_run(sim: SimulatorBackend) -> None:
         assert response.arrays["out"].shape == (5, 2, 1)
 
 
-# -- the 20x warning before a refusal -----------------------------------------------------------
+# -- no 20x warning before a refusal, nor for a batch walked in many chunks ----------------------
 @pytest.mark.anyio
-async def test_the_manager_warns_20x_before_refusing(sim: SimulatorBackend) -> None:
-    """As cubie's manager does: a batch over 20x the free memory is warned about, then refused."""
+async def test_the_manager_refuses_without_an_oversubscription_warning(sim: SimulatorBackend) -> None:
+    """The error says it all: no warning comes before it (the cubie adapter warns for solves)."""
     solver = Part()
     async with MemoryManager(sim) as mgr:
         mgr.register(solver)
         too_big = {"table": ArrayRequest((30_000_000,), "u1", unchunkable=True)}  # 30x the device
-        with pytest.warns(AiocubieWarning, match="more than 20x"), pytest.raises(UnchunkableTooLargeError):
-            await mgr.request(solver, too_big)
-        with pytest.warns(AiocubieWarning, match="more than 20x"), pytest.raises(InsufficientMemoryError):
-            await mgr.request(solver, {"runs": ArrayRequest((200_000, 25), "f8", chunk_axis=1)})  # a run: 1.6 MB
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(UnchunkableTooLargeError):
+                await mgr.request(solver, too_big)
+            with pytest.raises(InsufficientMemoryError, match="chunk_axis=0"):  # a run: 1.6 MB, along axis 1
+                await mgr.request(solver, {"runs": ArrayRequest((200_000, 25), "f8", chunk_axis=1)})
+            # the library's normal use: 40 MB walked through 256 KiB chunks
+            async with mgr.request(solver, {"x": ArrayRequest((1_000_000, 40), "u1")}) as response:
+                assert response.chunks > 20
 
 
 # -- a request moved by change_stream_group -----------------------------------------------------

@@ -30,6 +30,7 @@ from aiocubie._requests import check_requests
 from aiocubie._scheduler import GroupScheduler
 from aiocubie._stats import Telemetry
 from aiocubie._tickets import State, Ticket
+from aiocubie._waiting import WaitingLine
 
 pytestmark = pytest.mark.anyio
 
@@ -49,7 +50,8 @@ class Rig:
         for part in self.parts:
             self.account.budget.add(id(part), None)
             self.registry.add(part, group="g", name=None, invalidate_hook=None, ready_hook=None)
-        self.scheduler = GroupScheduler(self.group, self.registry.members, self.account, Loop(), tg.start_soon)
+        line = WaitingLine(lambda: self.scheduler.changed())
+        self.scheduler = GroupScheduler(self.group, self.registry.members, self.account, Loop(), tg.start_soon, line)
         self.tg = tg
 
     def ticket(self, part: Part, **arrays: Any) -> Ticket:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -19,7 +21,7 @@ from aiocubie._errors import (
     RunLengthMismatchError,
     UnchunkableTooLargeError,
 )
-from aiocubie._planner import OVERSUBSCRIPTION_WARNING, ChunkPlan, offered_bytes, plan_batch
+from aiocubie._planner import OVERSUBSCRIPTION_WARNING, ChunkPlan, offered_bytes, plan_batch, plan_chunks
 from aiocubie._requests import ArrayRequest, ArrayResponse, MemoryKind, check_requests
 
 FAST = settings(max_examples=200, deadline=None)
@@ -32,6 +34,14 @@ def _warnings_are_errors() -> Any:
     """An unexpected AiocubieWarning fails the test; expected ones use pytest.warns."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", AiocubieWarning)
+        yield
+
+
+@contextlib.contextmanager
+def no_warning() -> Iterator[None]:
+    """Any warning inside fails the test."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         yield
 
 
@@ -222,21 +232,49 @@ class TestPlanErrors:
 
     def test_oversubscription_boundary(self) -> None:
         batch = {"a": {"x": req((2100,), "int8")}}
-        assert plan_batch(batch, offered=100, free=105).chunks == 21  # exactly 20x: no warning
-        plan_batch(batch, offered=10**6)  # free unknown: no warning
+        with no_warning():
+            assert plan_batch(batch, offered=100, free=105).chunks == 21  # exactly 20x
+            plan_batch(batch, offered=10**6)  # free unknown
 
-    def test_oversubscription_warning_before_error(self) -> None:
+    def test_no_oversubscription_warning_before_an_error(self) -> None:
         batch = {"a": {"x": req((1000,), "int8"), "p": req((500,), "int8", unchunkable=True)}}
-        with pytest.warns(AiocubieWarning), pytest.raises(UnchunkableTooLargeError):
+        with no_warning(), pytest.raises(UnchunkableTooLargeError):
             plan_batch(batch, offered=10, free=10)
+        with no_warning(), pytest.raises(InsufficientMemoryError):
+            plan_batch({"a": {"x": req((1000, 50), "int8")}}, offered=10, free=10)
 
     def test_oversubscription_zero_free(self) -> None:
         with pytest.warns(AiocubieWarning):
             plan_batch({"a": {"x": req((21,), "int8")}}, offered=21, free=0)
-        plan_batch({"a": {"x": req((20,), "int8")}}, offered=20, free=0)
+        with no_warning():
+            plan_batch({"a": {"x": req((20,), "int8")}}, offered=20, free=0)
 
     def test_oversubscription_counts_only_vram(self) -> None:
-        plan_batch({"a": {"x": req((10**6,), "int8", kind="pinned")}}, offered=0, free=1)
+        with no_warning():
+            plan_batch({"a": {"x": req((10**6,), "int8", kind="pinned")}}, offered=0, free=1)
+        with pytest.warns(AiocubieWarning, match="1000000 bytes, more than 20x the 1 bytes free"):
+            plan_batch({"a": {"x": req((10**6,), "int8", kind="managed")}}, offered=10**6, free=1)
+
+    def test_not_even_one_run_hints_at_a_chunk_axis_that_looks_wrong(self) -> None:
+        # 8 "runs" of a million elements: the runs are along axis 1, but chunk_axis defaults to 0
+        batch = {"a": {"state": req((8, 10**6), "float32")}}
+        with pytest.raises(InsufficientMemoryError, match="not even one run fits") as info:
+            plan_batch(batch, offered=10**6)
+        assert "'state' (shape (8, 1000000)) is chunked along axis 0, of 8 runs" in str(info.value)
+        assert "pass chunk_axis=1" in str(info.value)
+        assert plan_batch({"a": {"state": req((8, 10**6), "float32", chunk_axis=1)}}, offered=10**6).chunks == 32
+
+    def test_not_even_one_run_gives_no_hint_for_a_likely_axis(self) -> None:
+        with pytest.raises(InsufficientMemoryError) as info:
+            plan_batch({"a": {"state": req((1000, 100), "float32")}}, offered=100)
+        assert "chunk_axis=" not in str(info.value)
+
+    def test_the_remedy_of_a_passive_plan_names_no_proportion(self) -> None:
+        with pytest.raises(UnchunkableTooLargeError) as info:
+            plan_chunks(0, 100, 0, 99, passive=True)
+        assert "proportion" not in str(info.value) and "release arrays" in str(info.value)
+        with pytest.raises(UnchunkableTooLargeError, match="raise the group's proportion"):
+            plan_chunks(0, 100, 0, 99)
 
 
 # -- host kinds ------------------------------------------------------------------------------
@@ -381,8 +419,9 @@ def test_plan_is_correct_and_minimal(data: st.DataObject) -> None:
 
     result, warned = _plan(batch, offered, free)
 
-    # the 20x warning, whatever else happens
-    assert bool(warned) == (free is not None and full > 20 * max(free, 1))
+    # the 20x warning, for a batch planned (never before an error)
+    planned = not isinstance(result, Exception)
+    assert bool(warned) == (planned and free is not None and full > 20 * max(free, 1))
 
     fits = full <= offered
     if isinstance(result, UnchunkableTooLargeError):

@@ -4,7 +4,9 @@ Sizes are never rounded up (to powers of two or otherwise): a buffer is reused f
 covers, and a new one is pinned only when no free buffer does. It holds at most ``KEEP`` (1.1)
 times the most ever in use at once: past that it unpins its smallest free buffers, when a buffer
 comes back and before it pins a new one. It never frees a buffer that is in use, and it does not
-know about streams: callers give a buffer back once the copies that use it are done.
+know about streams: callers give a buffer back once the copies that use it are done. A leased
+array's finalizer takes no lock (a garbage collection may run it in a thread that holds the
+pool's lock): it queues the buffer, and the pool takes it back at its next call or reading.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import bisect
 import threading
 import weakref
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -56,7 +59,33 @@ class PinnedPool:
         self._free: list[tuple[int, int, np.ndarray[Any, Any]]] = []  # (size, id, buffer), sorted
         self._lent: dict[int, tuple[np.ndarray[Any, Any], int]] = {}  # id -> (buffer, asked)
         self._lock = threading.Lock()
-        self.held = self.in_use = self.peak_in_use = self.pinned = 0
+        # buffers of collected leases, queued by their finalizers (deque.append is atomic and
+        # takes no lock), taken back under the lock by the pool's next call or reading
+        self._returned: deque[np.ndarray[Any, Any]] = deque()
+        self._held = self._in_use = self._peak_in_use = self._pinned = 0
+
+    @property
+    def held(self) -> int:
+        """Bytes of every buffer the pool holds, in use or free."""
+        self._settle()
+        return self._held
+
+    @property
+    def in_use(self) -> int:
+        """Bytes asked for by the buffers handed out and not given back."""
+        self._settle()
+        return self._in_use
+
+    @property
+    def peak_in_use(self) -> int:
+        """The most ``in_use`` has been since the pool was made or :meth:`reset_peak`."""
+        self._settle()
+        return self._peak_in_use
+
+    @property
+    def pinned(self) -> int:
+        """How many buffers the pool has pinned in all."""
+        return self._pinned
 
     def acquire(self, nbytes: int) -> np.ndarray[Any, Any]:
         """A page-locked buffer of at least ``nbytes`` bytes (its first ``nbytes`` are yours).
@@ -67,23 +96,23 @@ class PinnedPool:
             If the host cannot pin a new buffer.
         """
         nbytes = max(int(nbytes), 1)
-        dropped: list[np.ndarray[Any, Any]] = []
         with self._lock:
+            dropped = self._drain()
             at = bisect.bisect_left(self._free, (nbytes, -1))
             buffer = self._free.pop(at)[2] if at < len(self._free) else None
             if buffer is None:  # a miss: the free buffers left are all too small for it
-                peak = max(self.peak_in_use, self.in_use + nbytes)
-                dropped = self._trim(KEEP * peak - nbytes)
+                peak = max(self._peak_in_use, self._in_use + nbytes)
+                dropped += self._trim(KEEP * peak - nbytes)
         dropped.clear()  # unpinned as they are collected, outside the lock
         if buffer is None:
             buffer = self._allocate(nbytes)  # outside the lock: pinning takes milliseconds
             with self._lock:
-                self.held += buffer.nbytes
-                self.pinned += 1
+                self._held += buffer.nbytes
+                self._pinned += 1
         with self._lock:
             self._lent[id(buffer)] = (buffer, nbytes)
-            self.in_use += nbytes
-            self.peak_in_use = max(self.peak_in_use, self.in_use)
+            self._in_use += nbytes
+            self._peak_in_use = max(self._peak_in_use, self._in_use)
         return buffer
 
     def lease(self, nbytes: int) -> np.ndarray[Any, Any]:
@@ -96,43 +125,67 @@ class PinnedPool:
         """
         buffer = self.acquire(nbytes)
         owner = _Lease(buffer, max(int(nbytes), 0))
-        weakref.finalize(owner, self.release, buffer)
+        weakref.finalize(owner, self._returned.append, buffer)  # no lock: see _drain
         array: np.ndarray[Any, Any] = np.asarray(owner)
         return array
 
     def release(self, buffer: np.ndarray[Any, Any]) -> None:
         """Give ``buffer`` back for reuse; nothing may read or write it any more."""
-        with self._lock:
-            entry = self._lent.pop(id(buffer), None)
+        self._returned.append(buffer)
+        self._settle()
+
+    def _settle(self) -> None:
+        """Take back the buffers given back since the last call (see :meth:`_drain`)."""
+        if self._returned:
+            with self._lock:
+                dropped = self._drain()
+            dropped.clear()  # unpinned as they are collected, outside the lock
+
+    def _drain(self) -> list[np.ndarray[Any, Any]]:
+        """Take back every queued buffer (under the lock); return the free ones trimmed to keep.
+
+        Finalizers and :meth:`release` queue the buffers: a finalizer may run in any thread at
+        any allocation (a garbage collection), that one holding the lock included, so it must not
+        take the lock itself.
+        """
+        returned, lent = self._returned, self._lent
+        if not returned:
+            return []
+        while returned:
+            buffer = returned.popleft()
+            entry = lent.pop(id(buffer), None)
             if entry is None:
-                return
-            self.in_use -= entry[1]
+                continue
+            self._in_use -= entry[1]
             bisect.insort(self._free, (buffer.nbytes, id(buffer), buffer))
-            dropped = self._trim(KEEP * self.peak_in_use)
-        dropped.clear()  # unpinned as they are collected, outside the lock
+        return self._trim(KEEP * self._peak_in_use)
 
     def _trim(self, limit: float) -> list[np.ndarray[Any, Any]]:
         """Take free buffers out, the smallest first, until ``held <= limit`` (under the lock)."""
         dropped: list[np.ndarray[Any, Any]] = []
         free = self._free
-        while free and self.held > limit:
+        while free and self._held > limit:
             size, _, buffer = free.pop(0)
-            self.held -= size
+            self._held -= size
             dropped.append(buffer)
         return dropped
 
     def clear(self) -> int:
         """Unpin every free buffer (buffers in use stay); return the bytes released."""
         with self._lock:
+            dropped = self._drain()
             free, self._free = self._free, []
             released = sum(size for size, _, _ in free)
-            self.held -= released
+            self._held -= released
+        dropped.clear()
         return released
 
     def reset_peak(self) -> None:
         """Start measuring :attr:`peak_in_use` again from what is in use now."""
         with self._lock:
-            self.peak_in_use = self.in_use
+            dropped = self._drain()
+            self._peak_in_use = self._in_use
+        dropped.clear()
 
 
 class _Lease:

@@ -1,0 +1,187 @@
+"""Policy "wait" in passive mode: a batch that does not fit the free memory waits for releases,
+first come first served across stream groups; cancellable; one that could never fit fails at once.
+
+On asyncio and trio. ``fail_after`` only guards hangs; nothing is asserted on time.
+"""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from simkit import HANG_GUARD, TOTAL, Part, assert_all_released, vec, wait_until
+
+from aiocubie import ArrayResponse, MemoryManager, SimulatorBackend, UnchunkableTooLargeError
+from aiocubie._waiting import WaitingLine
+
+KB = 1000
+
+
+def blob(nbytes: int) -> dict[str, object]:
+    """One unchunkable device array of ``nbytes`` bytes."""
+    return {"blob": vec(nbytes, "u1", unchunkable=True)}
+
+
+def passive_wait(sim: SimulatorBackend, **options: object) -> MemoryManager:
+    return MemoryManager(sim, policy="wait", batch_window=0, free_cache_seconds=0, **options)  # type: ignore[arg-type]
+
+
+def waiting(mgr: MemoryManager) -> int:
+    """Requests waiting for memory in every group (being planned, not allocated)."""
+    return sum(group.planning for group in mgr.statistics().groups.values())
+
+
+class Asker:
+    """Awaits one request in a task; keeps the response, the error, and the order it ended in."""
+
+    def __init__(self, mgr: MemoryManager, part: Part, nbytes: int, ended: list[str], name: str) -> None:
+        self.mgr, self.part, self.nbytes, self.ended, self.name = mgr, part, nbytes, ended, name
+        self.response: ArrayResponse | None = None
+        self.error: BaseException | None = None
+        self.scope = anyio.CancelScope()
+
+    async def __call__(self) -> None:
+        with self.scope:
+            try:
+                self.response = await self.mgr.request(self.part, blob(self.nbytes))
+            except Exception as exc:
+                self.error = exc
+            self.ended.append(self.name)
+
+
+@pytest.mark.anyio
+async def test_a_request_waits_for_another_groups_release_then_is_served(sim: SimulatorBackend) -> None:
+    a, b = Part(), Part()
+    async with passive_wait(sim) as mgr:
+        mgr.register(a, stream_group="a")
+        mgr.register(b, stream_group="b")
+        held = await mgr.request(a, blob(800 * KB))
+        ended: list[str] = []
+        asker = Asker(mgr, b, 500 * KB, ended, "b")
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(asker)
+                await wait_until(lambda: waiting(mgr) == 1)
+                assert not ended  # waits: not refused, not served
+                mgr.release(held)
+        assert asker.error is None and asker.response is not None
+        assert asker.response.arrays["blob"].nbytes == 500 * KB
+        mgr.release(asker.response)
+        assert_all_released(mgr, sim)
+
+
+@pytest.mark.anyio
+async def test_set_policy_wait_makes_a_passive_request_wait(sim: SimulatorBackend) -> None:
+    a, b = Part(), Part()
+    async with MemoryManager(sim, batch_window=0, free_cache_seconds=0) as mgr:
+        mgr.register(a, stream_group="a")
+        mgr.register(b, stream_group="b")
+        held = await mgr.request(a, blob(800 * KB))
+        with pytest.raises(UnchunkableTooLargeError):  # policy chunk: refused at once
+            await mgr.request(b, blob(500 * KB))
+        mgr.set_policy("wait")
+        ended: list[str] = []
+        asker = Asker(mgr, b, 500 * KB, ended, "b")
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(asker)
+                await wait_until(lambda: waiting(mgr) == 1)
+                mgr.release(held)
+        assert asker.response is not None
+        mgr.release(asker.response)
+        assert_all_released(mgr, sim)
+
+
+@pytest.mark.anyio
+async def test_waiting_requests_are_served_first_come_first_served_across_groups(sim: SimulatorBackend) -> None:
+    a, b, c = Part(), Part(), Part()
+    async with passive_wait(sim) as mgr:
+        for part, group in ((a, "a"), (b, "b"), (c, "c")):
+            mgr.register(part, stream_group=group)
+        first, second = await mgr.request(a, blob(400 * KB)), await mgr.request(a, blob(400 * KB))
+        ended: list[str] = []
+        # the big one first; the second one needs less, but not so little that both fit at once
+        big, small = Asker(mgr, b, 600 * KB, ended, "big"), Asker(mgr, c, 450 * KB, ended, "small")
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(big)
+                await wait_until(lambda: waiting(mgr) == 1)
+                tg.start_soon(small)
+                await wait_until(lambda: waiting(mgr) == 2)
+                mgr.release(first)  # room for the small one, not the big one: it stays behind the big one
+                await anyio.sleep(0.1)
+                assert not ended and waiting(mgr) == 2
+                mgr.release(second)
+                await wait_until(lambda: big.response is not None)
+                await anyio.sleep(0.05)
+                assert ended == ["big"] and waiting(mgr) == 1  # no room left for the small one
+                mgr.release(big.response)
+        assert ended == ["big", "small"] and small.response is not None
+        mgr.release(small.response)
+        assert_all_released(mgr, sim)
+
+
+@pytest.mark.anyio
+async def test_a_request_cancelled_while_waiting_leaks_nothing_and_lets_the_next_go(sim: SimulatorBackend) -> None:
+    a, b, c = Part(), Part(), Part()
+    async with passive_wait(sim) as mgr:
+        for part, group in ((a, "a"), (b, "b"), (c, "c")):
+            mgr.register(part, stream_group=group)
+        first, second = await mgr.request(a, blob(400 * KB)), await mgr.request(a, blob(400 * KB))
+        ended: list[str] = []
+        big, small = Asker(mgr, b, 600 * KB, ended, "big"), Asker(mgr, c, 300 * KB, ended, "small")
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(big)
+                await wait_until(lambda: waiting(mgr) == 1)
+                tg.start_soon(small)
+                await wait_until(lambda: waiting(mgr) == 2)
+                mgr.release(first)  # the small one fits, behind the big one
+                big.scope.cancel()  # the head of the line goes: the small one is served now
+        assert ended == ["small"] and big.response is None and big.error is None
+        assert small.response is not None
+        with anyio.fail_after(HANG_GUARD):
+            with anyio.move_on_after(0.05):  # a timeout while waiting: withdrawn too
+                await mgr.request(b, blob(600 * KB))
+        assert waiting(mgr) == 0
+        mgr.release(small.response)
+        mgr.release(second)
+        assert_all_released(mgr, sim)
+        with anyio.fail_after(HANG_GUARD):  # the line holds nothing of them: a new request is served
+            async with mgr.request(b, blob(600 * KB)) as response:
+                assert response.arrays["blob"].nbytes == 600 * KB
+        assert_all_released(mgr, sim)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("limit", [None, 500 * KB])
+async def test_a_request_that_could_never_fit_fails_at_once(sim: SimulatorBackend, limit: int | None) -> None:
+    a, b = Part(), Part()
+    budget = TOTAL if limit is None else limit
+    async with passive_wait(sim, memory_limit=limit) as mgr:
+        mgr.register(a, stream_group="a")
+        mgr.register(b, stream_group="b")
+        held = await mgr.request(a, blob(budget // 2))
+        with anyio.fail_after(HANG_GUARD), pytest.raises(UnchunkableTooLargeError) as info:
+            await mgr.request(b, blob(budget + 1))  # more than the device (or the limit) has
+        message = str(info.value)
+        assert f"need {budget + 1} bytes" in message and "proportion" not in message
+        assert "release arrays" in message
+        mgr.release(held)
+        assert_all_released(mgr, sim)
+
+
+def test_the_waiting_line_is_one_fifo_that_wakes_the_next_when_its_head_leaves() -> None:
+    woken: list[None] = []
+    line = WaitingLine(lambda: woken.append(None))
+    first, second, third = object(), object(), object()
+    assert line.first(first) and not line  # an empty line holds no one back
+    for batch in (first, second, third, first):  # joining twice keeps the first place
+        line.join(batch)
+    assert len(line) == 3 and line.first(first) and not line.first(second)
+    line.leave(second)  # withdrawn from the middle: nobody new at the head, nobody woken
+    assert len(line) == 2 and not woken
+    line.leave(first)  # the head went: the next may fit now
+    assert line.first(third) and len(woken) == 1
+    line.leave(third)
+    line.leave(third)  # leaving twice is harmless
+    assert not line and len(woken) == 1  # nobody left to wake
