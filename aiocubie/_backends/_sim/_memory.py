@@ -214,7 +214,6 @@ class SimMemory(MemoryResource):
                 f"{block.nbytes}-byte {block.kind.value} block given back twice, or after a context reset: "
                 "on a GPU that frees memory another array may be using"
             )
-        if block.kind is _DEVICE or block.kind is _MANAGED:
         poison(block)
         if block.kind is _DEVICE or block.kind is _MANAGED:
             state.hold_until_unused(block, pooled=False)
