@@ -387,7 +387,11 @@ class GroupScheduler:
         """One plan for the live tickets of the batch; under the wait policy, wait for room.
 
         In passive mode a batch that waits joins the waiting line of every group, and is served
-        only at its head (first come, first served); it leaves the line when it ends, however.
+        only at its head (first come, first served among waiting batches); it leaves the line when
+        it ends, however. A batch that fits when it is planned never waits behind the line: a
+        waiting batch cannot hold up the releases it waits for (a component that holds memory and
+        asks again before releasing it would wait on itself), at the price that steady traffic of
+        batches that fit may serve ahead of a large waiting one.
         """
         try:
             while batch := [t for t in self._planning if t.state is _PENDING]:
@@ -405,11 +409,9 @@ class GroupScheduler:
             self._line.leave(self)
 
     def _behind(self) -> bool:
-        """True if another group's batch waits for memory ahead of this one's (passive, policy wait)."""
-        if not self._line:
-            return False
-        options = self._account.options
-        return options.waits and not options.active and not self._line.first(self)
+        """True if this group's batch waits for memory behind another group's (passive, policy wait)."""
+        line = self._line
+        return bool(line) and self in line and not line.first(self)
 
     def _try_plan(self, batch: list[Ticket]) -> ChunkPlan | None:
         """The plan for ``batch`` now, or None if it must wait for memory (policy wait).

@@ -28,6 +28,9 @@ class WaitingLine:
     def __len__(self) -> int:
         return len(self._line)
 
+    def __contains__(self, batch: Hashable) -> bool:
+        return batch in self._line
+
     def join(self, batch: Hashable) -> None:
         """``batch`` waits, behind every batch that waits already (nothing if it is in line)."""
         if batch not in self._line:

@@ -70,6 +70,29 @@ async def test_a_request_waits_for_another_groups_release_then_is_served(sim: Si
 
 
 @pytest.mark.anyio
+async def test_a_request_that_fits_is_not_held_behind_a_waiting_one(sim: SimulatorBackend) -> None:
+    """The holder of the memory a batch waits for may ask again before it releases: served, no deadlock."""
+    a, b = Part(), Part()
+    async with passive_wait(sim) as mgr:
+        mgr.register(a, stream_group="a")
+        mgr.register(b, stream_group="b")
+        held = await mgr.request(a, blob(700 * KB))
+        ended: list[str] = []
+        asker = Asker(mgr, b, 500 * KB, ended, "b")
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(asker)
+                await wait_until(lambda: waiting(mgr) == 1)
+                more = await mgr.request(a, blob(100 * KB))  # fits: served while b waits
+                assert not ended
+                mgr.release(more)
+                mgr.release(held)
+        assert asker.error is None and asker.response is not None
+        mgr.release(asker.response)
+        assert_all_released(mgr, sim)
+
+
+@pytest.mark.anyio
 async def test_set_policy_wait_makes_a_passive_request_wait(sim: SimulatorBackend) -> None:
     a, b = Part(), Part()
     async with MemoryManager(sim, batch_window=0, free_cache_seconds=0) as mgr:
