@@ -503,7 +503,7 @@ class ReleasedArray:
     def _refuse(self, *args: object, **kwargs: object) -> Any:
         raise ReleasedError(
             f"array {self.label!r} of this response was released (mgr.release, free, free_all, the end of its "
-            "request's `async with`, or a context reset): its memory may hold another array's data by now. "
+            "request's `async with`, its manager's exit, or a context reset): its memory may hold another array's data by now. "
             "Use the arrays inside the `async with` block, or request them again"
         )
 

@@ -191,6 +191,7 @@ async def walk_chunks(
             "walk_chunks walks a response a manager served (it copies with that manager's device); "
             "this one was built by hand"
         )
+    _check_live(response)  # before the checks read its arrays: a released one holds none
     ins = _check(response, {} if inputs is None else inputs, "inputs")
     outs = _check(response, {} if outputs is None else outputs, "outputs")
     rotation = _depth(response, ins, outs, depth)

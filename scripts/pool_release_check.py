@@ -35,11 +35,13 @@ async def storm(
 ) -> int:
     """Run the storm; return how many requests were cancelled."""
     cancelled = 0
+    owners = [Component() for _ in range(tasks)]  # registered all along: the readings find their groups live
+    for i, owner in enumerate(owners):
+        mgr.register(owner, stream_group=f"g{i % groups}")
 
     async def task(i: int) -> None:
         nonlocal cancelled
-        owner = Component()
-        mgr.register(owner, stream_group=f"g{i % groups}")
+        owner = owners[i]
         rng = random.Random(i)
         for _ in range(20):
             nbytes = rng.choice([64 << 10, 1 << 20, 4 << 20, top])
@@ -53,7 +55,6 @@ async def storm(
                             response.arrays["x"].fill(1.0)
                     await anyio.sleep(0)
             cancelled += scope.cancelled_caught
-        mgr.unregister(owner)
 
     async with anyio.create_task_group() as tg:
         for i in range(tasks):

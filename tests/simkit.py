@@ -88,8 +88,10 @@ async def interrupt_in_flight(
 
 
 def assert_all_released(mgr: MemoryManager, sim: SimulatorBackend) -> None:
-    """Accounting is back to exactly zero, in the manager and on the device."""
+    """Accounting is back to exactly zero, in the manager and on the device (once the streams'
+    queued frees ran: a block goes back when its stream reaches its free, as on a GPU)."""
     assert mgr.stats().live_bytes == 0
+    sim.device.synchronize()
     assert sim.used == 0
 
 
@@ -116,4 +118,7 @@ class ByHand:
         _, block = self.blocks.get(id(array), (None, None))
         if block is None:
             raise AssertionError(f"not allocated here: {type(array).__name__}")
+        # the handle stays behind (it would keep the memory in the pool's use); a second free of
+        # the array hands the resource a stand-in, which it refuses as a block given back twice
+        self.blocks[id(array)] = (None, Block(block.ptr, block.nbytes, block.kind, block.stream, None))
         self.resource.deallocate(block)

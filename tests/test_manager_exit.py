@@ -18,6 +18,7 @@ async def test_use_after_the_exit_says_the_manager_exited(anyio_backend: str) ->
         part = Part()
         mgr.register(part)
         response = await mgr.request(part, {"x": ArrayRequest((4,), np.float32)})
+        x = response.arrays["x"]  # kept past the exit (the response lets go of it)
         stream = mgr.get_stream(part)
     assert mgr.backend.device.resets == 0  # type: ignore[attr-defined]
     # a kernel launched on the stream (a walk body in another task, say) hears it from the stream itself
@@ -30,16 +31,17 @@ async def test_use_after_the_exit_says_the_manager_exited(anyio_backend: str) ->
     host = np.zeros(4, np.float32)
     waits: list[Callable[[], Awaitable[Any]]] = [
         lambda: mgr.sync_stream(part),
-        lambda: mgr.to_device(part, [host], [response.arrays["x"]]),
-        lambda: mgr.from_device(part, [response.arrays["x"]], [host]),
+        lambda: mgr.to_device(part, [host], [x]),
+        lambda: mgr.from_device(part, [x], [host]),
     ]
     for wait in waits:
         with pytest.raises(ManagerStateError, match="exited .* closed the backend it made"):
             await wait()
     with pytest.raises(ManagerStateError, match=r"not running: it exited \(the end of its `async with`"):
         await mgr.request(part, {"y": ArrayRequest((4,), np.float32)})
-    with pytest.raises(ReleasedError, match="its manager's exit"):
-        response.arrays["x"].get()
+    for use in (x.get, lambda: response.arrays["x"].get()):
+        with pytest.raises(ReleasedError, match="its manager's exit"):
+            use()
     async with mgr:  # entered again: new streams
         await mgr.sync_stream(part)
         assert mgr.allocate(part, ArrayRequest((4,), "f4")).shape == (4,)

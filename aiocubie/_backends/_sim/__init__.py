@@ -173,13 +173,11 @@ class SimulatorBackend(Backend):
     def used(self) -> int:
         """Device bytes of blocks in use (those a pool caches not counted)."""
         state = self.device.state
-        state.settle()
         return state.used - sum(state.cached)
 
     @property
     def cached(self) -> list[int]:
         """Sizes of the free device blocks the pool caches (allocators ``cupy`` and ``cupy_async``)."""
-        self.device.state.settle()
         return self.device.state.cached
 
     @property

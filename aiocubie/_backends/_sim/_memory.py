@@ -57,10 +57,13 @@ def poison(block: Block, *, now: bool = False) -> None:
     data = block.handle
     if isinstance(data, np.ndarray) and data.size:
         _RELEASED[id(data)] = data
+        held = weakref.ref(data)  # the free holds no memory: only arrays over it do (SimState.linger)
 
         def freed() -> None:
-            data.fill(0xFF)
-            _FREED[id(data)] = data
+            memory = held()
+            if memory is not None:
+                memory.fill(0xFF)
+                _FREED[id(memory)] = memory
 
         stream = block.stream
         if now or not isinstance(stream, SimStream):
@@ -101,8 +104,9 @@ class SimState:
     ``pinned``: the page-locked host buffers; ``device_used``: bytes of ``device`` blocks handed out (what a
     device pool counts in use: managed blocks are not pool memory).
 
-    A block given back stays counted until the last array over it goes, as on a GPU (a CuPy
-    pointer or a cuda.core buffer frees its memory when collected): :meth:`hold_until_unused`.
+    ``lingering``: bytes of device blocks given back while an array over them is still alive: a
+    GPU's pool has them in use until the last holder goes (a CuPy pointer or a cuda.core buffer
+    frees its memory when collected), so :meth:`~SimMemory.pool_facts` counts them in use.
     """
 
     total: int
@@ -113,46 +117,38 @@ class SimState:
     pooled: int = 0
     live: dict[int, Block] = attrs.Factory(dict)
     pinned: weakref.WeakValueDictionary[int, np.ndarray[Any, Any]] = attrs.Factory(weakref.WeakValueDictionary)
-    # blocks given back whose last holder went: (generation, bytes, device kind, pooled), settled on
-    # the next reading (a finalizer may run in any thread, in the middle of any statement: it only appends)
-    _unheld: collections.deque[tuple[int, int, bool, bool]] = attrs.Factory(collections.deque)
+    lingering: int = 0
+    # (generation, bytes) of lingering blocks whose last holder went, settled on the next reading (a
+    # finalizer may run in any thread, in the middle of any statement: it only appends)
+    _unheld: collections.deque[tuple[int, int]] = attrs.Factory(collections.deque)
     _generation: int = 0  # a reset's blocks are gone with their context: their finalizers count for nothing
 
     @property
     def free(self) -> int:
         """Device bytes no block holds (cached ones are held)."""
-        self.settle()
         return self.total - self.used - self.reserved
 
-    def hold_until_unused(self, block: Block, *, pooled: bool) -> None:
-        """``block`` was given back: its bytes go back (to the device, or to the pool's cache when
-        ``pooled``) once no array over it is left."""
-        entry = (self._generation, block.nbytes, block.kind is _DEVICE, pooled)
+    def linger(self, block: Block) -> None:
+        """Device ``block`` was given back: count it in the pool's use until no array over it is left."""
         data = block.handle
-        if isinstance(data, np.ndarray) and data.size:
-            weakref.finalize(data, self._unheld.append, entry)
-        else:
-            self._unheld.append(entry)
+        if block.kind is _DEVICE and isinstance(data, np.ndarray) and data.size:
+            self.lingering += block.nbytes
+            weakref.finalize(data, self._unheld.append, (self._generation, block.nbytes))
 
-    def settle(self) -> None:
-        """Count the blocks whose last holder went since the last reading as given back."""
+    def settle(self) -> int:
+        """The lingering bytes, once those whose last holder went since the last reading are let go."""
         unheld = self._unheld
         while unheld:
-            generation, nbytes, device, pooled = unheld.popleft()
-            if generation != self._generation:
-                continue
-            if pooled:
-                self.pooled -= nbytes
-                self.cached.append(nbytes)  # the pool keeps it for reuse
-            else:
-                self.used -= nbytes
-                if device:
-                    self.device_used -= nbytes
+            generation, nbytes = unheld.popleft()
+            if generation == self._generation:
+                self.lingering -= nbytes
+        return self.lingering
 
     def clear(self) -> None:
         """Forget every block: the context that held them is gone."""
         self._generation += 1
         self._unheld.clear()
+        self.lingering = 0
         self.used = self.pooled = self.device_used = 0
         self.cached.clear()
         for block in self.live.values():
@@ -214,17 +210,19 @@ class SimMemory(MemoryResource):
                 f"{block.nbytes}-byte {block.kind.value} block given back twice, or after a context reset: "
                 "on a GPU that frees memory another array may be using"
             )
-        poison(block)
         if block.kind is _DEVICE or block.kind is _MANAGED:
-            state.hold_until_unused(block, pooled=False)
+            state.used -= block.nbytes
+            if block.kind is _DEVICE:
+                state.device_used -= block.nbytes
+            state.linger(block)
+        poison(block)
 
     def release_cached(self) -> int:
         return 0
 
     def pool_facts(self) -> PoolFacts:
         """The device's stream-ordered pool as the driver's model: every device block, whoever holds it."""
-        self.state.settle()
-        used = self.state.device_used
+        used = self.state.device_used + self.state.settle()
         return PoolFacts(held=used, in_use=used, largest_free=0)
 
 
@@ -253,7 +251,6 @@ class SimPool(ResourceAdaptor):
         if kind is not _DEVICE or not nbytes:
             return self.memory.allocate(nbytes, kind, stream)
         state = self.memory.state
-        state.settle()
         fits = [size for size in state.cached if size >= nbytes]
         if not fits:
             block = self.memory.allocate(nbytes, kind, stream)
@@ -278,12 +275,13 @@ class SimPool(ResourceAdaptor):
                 f"{block.nbytes}-byte device block given back to the pool twice, or after a context reset: "
                 "on a GPU that frees memory another array may be using"
             )
+        state.pooled -= block.nbytes
+        state.cached.append(block.nbytes)  # the pool keeps it for reuse
+        state.linger(block)
         poison(block)
-        state.hold_until_unused(block, pooled=True)
 
     def release_cached(self) -> int:
         state = self.memory.state
-        state.settle()
         freed = sum(state.cached)
         state.cached.clear()
         state.used -= freed
@@ -291,9 +289,10 @@ class SimPool(ResourceAdaptor):
 
     def pool_facts(self) -> PoolFacts:
         state = self.memory.state
-        state.settle()
         cached = state.cached
-        return PoolFacts(held=state.pooled + sum(cached), in_use=state.pooled, largest_free=max(cached, default=0))
+        return PoolFacts(
+            held=state.pooled + sum(cached), in_use=state.pooled + state.settle(), largest_free=max(cached, default=0)
+        )
 
 
 class SimShared(ResourceAdaptor):
