@@ -14,7 +14,7 @@ import math
 import os
 import time
 import traceback
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -167,19 +167,19 @@ class History:
         ConfigurationError
             If ``data`` is not such a mapping (naming what is wrong).
         """
+        if not isinstance(data, Mapping) or data.get("format") != FORMAT:
+            found = f"format {shown(data.get('format'))}" if isinstance(data, Mapping) else f"a {type(data).__name__}"
+            raise ConfigurationError(
+                f"not an aiocubie history of format {FORMAT} ({found}): write one with mgr.history().to_json(path)"
+            )
         try:
-            if data.get("format") != FORMAT:
-                raise ConfigurationError(
-                    f"not an aiocubie history of format {FORMAT} (format {shown(data.get('format'))}): "
-                    "write it with mgr.history().to_json(path)"
-                )
             events = tuple(HistoryEvent(**event) for event in data["events"])
             for event in events:
                 _check_loaded(event)
             return cls(events, float(data["wall_base"]), int(data["max_entries"]), int(data["dropped"]))
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ConfigurationError(
-                f"not an aiocubie history: {exc!r}; write one with mgr.history().to_json(path)"
+                f"not an aiocubie history ({type(exc).__name__}: {exc}): write one with mgr.history().to_json(path)"
             ) from exc
 
     @classmethod
