@@ -6,6 +6,7 @@ which must not leak into this test process.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -237,9 +238,11 @@ def test_demo_budget_takes_whole_numbers_and_units(text: str, nbytes: int) -> No
 
 @pytest.mark.parametrize("text", ["1.5", "1e-3", "1MiBs", "lots", "1e999999"])
 def test_demo_budget_says_what_it_accepts(text: str) -> None:
-    with pytest.raises(Exception, match=r"not a whole number of bytes: give one such as .* 1e6, or one with a unit"):
+    with pytest.raises(
+        argparse.ArgumentTypeError, match=r"not a whole number of bytes: give one such as .* 1e6, or one with a unit"
+    ):
         _cli._bytes(text)
-    with pytest.raises(Exception, match=r"must be at least 1"):
+    with pytest.raises(argparse.ArgumentTypeError, match=r"must be at least 1"):
         _cli._bytes("0")
 
 
