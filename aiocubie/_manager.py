@@ -378,7 +378,7 @@ class MemoryManager:
 
     @property
     def allocator(self) -> str:
-        """The memory resource in use: ``"driver"``, ``"cupy"``, ``"cupy_async"`` or ``"numba"``."""
+        """The memory resource in use: ``"driver"``, ``"cupy"``, ``"cupy_async"``, ``"numba"`` or ``"rmm"``."""
         return self._account.resource_name
 
     # -- stream groups ---------------------------------------------------------------------
