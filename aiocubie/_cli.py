@@ -8,10 +8,12 @@ prints aiocubie's errors as one line each (with ``--debug``, their tracebacks to
 from __future__ import annotations
 
 import argparse
+import decimal
 import importlib.metadata
 import json
 import os
 import platform
+import re
 import sys
 import traceback
 from collections.abc import Iterator, Sequence
@@ -140,13 +142,43 @@ def _environment_backend() -> str:
     return name
 
 
-def _positive(text: str) -> int:
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+
+
+def _whole(text: str, units: bool) -> int | None:
+    """``text`` as a whole number (``20000``, ``20_000``, ``2e4``; with ``units``, ``512KiB``, ``1MiB``, ``1GB``)."""
+    match = re.fullmatch(r"\s*([0-9_.eE+-]*?)\s*([A-Za-z]*)\s*", text)
+    if match is None:
+        return None
+    number, unit = match.groups()
+    if unit.lower() not in _UNITS or (unit and not units):
+        return None
     try:
-        value = int(text.replace("_", ""))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        value = decimal.Decimal(number.replace("_", "")) * _UNITS[unit.lower()]
+    except (decimal.InvalidOperation, decimal.Overflow):
+        return None
+    whole = value.is_finite() and value.adjusted() < 30 and value == value.to_integral_value()  # 1e999999999: no
+    return int(value) if whole else None
+
+
+def _positive(text: str) -> int:
+    value = _whole(text, units=False)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number: give one such as 20000, 20_000 or 2e4")
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text} must be at least 1")
+    return value
+
+
+def _bytes(text: str) -> int:
+    value = _whole(text, units=True)
+    if value is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number of bytes: give one such as 1048576, 1_048_576 or 1e6, or one with a "
+            "unit: 512KiB, 1MiB, 1GB (KiB, MiB, GiB: powers of 1024; kB, MB, GB: of 1000)"
+        )
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} must be at least 1 byte")
     return value
 
 
@@ -181,11 +213,11 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--batches", type=_positive, default=3, help="batches through the pipeline (default 3)")
     demo.add_argument(
         "--budget",
-        type=_positive,
+        type=_bytes,
         default=None,
         metavar="BYTES",
-        help="device memory in bytes the components share (default: 1 MiB simulated; on a GPU, 160 MiB "
-        "or a quarter of the device, if less)",
+        help="device memory the components share, in bytes or with a unit: 65536, 512KiB, 1MiB, 1e6 (default: "
+        "1MiB simulated; on a GPU, 160MiB or a quarter of the device, if less)",
     )
     demo.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     demo.add_argument("--force", action="store_true", help="run a plan of very many small chunks anyway")

@@ -26,7 +26,7 @@ from numba import cuda
 from numba.core.errors import NumbaPerformanceWarning
 
 from ._backends import Engines, SimulatorBackend
-from ._errors import ConfigurationError
+from ._errors import ConfigurationError, PlanningError
 from ._manager import MemoryManager
 from ._planner import offered_bytes, plan_batch
 from ._recorder import Recorder
@@ -460,16 +460,25 @@ def _print_table(rows: list[list[str]], title: str) -> None:
     console.print(table)
 
 
-def _announce_plan(mgr: MemoryManager, share: float, runs: int, batches: int, force: bool) -> None:
+def _announce_plan(mgr: MemoryManager, share: float, runs: int, batches: int, force: bool, budget: int) -> None:
     """Print how each group's batches will be chunked; refuse absurd plans unless forced."""
     info = mgr.memory_info()
+    headroom, granule = mgr.options.headroom, mgr.backend.device.granule
     chunks = 0
     plans = []
     for group, makers in GROUPS.items():
         cap = math.floor(share * info.total) * len(makers)  # a group's cap: its members' caps together
-        offered = offered_bytes(cap, info.free, headroom=mgr.options.headroom, granule=mgr.backend.device.granule)
+        offered = offered_bytes(cap, info.free, headroom=headroom, granule=granule)
         batch = {index: walk_requests(make(runs), DEFAULT_DEPTH) for index, make in enumerate(makers)}
-        plan = plan_batch(batch, offered)  # a plan that cannot fit raises here, saying why
+        try:
+            plan = plan_batch(batch, offered)
+        except PlanningError:
+            least = _least_budget(runs, headroom, granule)
+            raise ConfigurationError(
+                f"--budget {budget:,} bytes is too small for the demo: group {group!r} may use {offered:,} bytes "
+                f"of it, not enough for one run of its components with their chunk buffers. Give --budget "
+                f"{least >> 10}KiB or more (the default on the simulator is 1MiB)"
+            ) from None
         chunks += plan.chunks * batches * len(makers)
         plans.append(f"{group} {plan.chunks:,} x {plan.chunk_length:,}")
     estimate = ""
@@ -482,6 +491,21 @@ def _announce_plan(mgr: MemoryManager, share: float, runs: int, batches: int, fo
             f"the budget cuts this workload into about {chunks:,} chunks (over {MAX_CHUNKS:,}): raise --budget, "
             "lower --runs, or pass --force to run it anyway"
         )
+
+
+def _least_budget(runs: int, headroom: float, granule: int) -> int:
+    """About the smallest budget (a power of two, of at least 1 KiB) in which every group can plan a batch."""
+    budget = 1 << 10
+    while True:
+        try:
+            for makers in GROUPS.values():
+                cap = math.floor(SHARE * budget) * len(makers)
+                batch = {index: walk_requests(make(runs), DEFAULT_DEPTH) for index, make in enumerate(makers)}
+                plan_batch(batch, offered_bytes(cap, budget, headroom=headroom, granule=granule))
+        except PlanningError:
+            budget *= 2
+        else:
+            return budget
 
 
 def _plot(recorder: Recorder, snapshot: Snapshot, path: Path) -> str:
@@ -555,7 +579,7 @@ def run_demo(
         f"each component capped at {share:.3g} of {mgr.memory_info().total:,}"
     )
     try:
-        _announce_plan(mgr, share, runs, batches, force)
+        _announce_plan(mgr, share, runs, batches, force, budget)
     except BaseException:
         mgr.close()
         raise

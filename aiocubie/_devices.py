@@ -68,11 +68,13 @@ class DeviceSet:
 
     Examples
     --------
+    >>> import anyio
+    >>> from aiocubie import DeviceSet
     >>> async def main():
     ...     async with DeviceSet([0, 1], backend="simulator") as devices:
     ...         a, b = object(), object()
     ...         return devices.register(a), devices.register(b)
-    >>> anyio.run(main)  # doctest: +SKIP
+    >>> anyio.run(main)
     (0, 1)
     """
 

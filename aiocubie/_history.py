@@ -14,7 +14,7 @@ import math
 import os
 import time
 import traceback
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -170,12 +170,13 @@ class History:
     @classmethod
     def _read(cls, data: Any, source: str) -> History:
         """The history in ``data``, read from ``source`` (named in the errors)."""
+        if not isinstance(data, Mapping) or data.get("format") != FORMAT:
+            found = f"format {shown(data.get('format'))}" if isinstance(data, Mapping) else f"a {type(data).__name__}"
+            raise ConfigurationError(
+                f"{source} is not an aiocubie history of format {FORMAT} ({found}): write one with "
+                "mgr.history().to_json(path)"
+            )
         try:
-            if data.get("format") != FORMAT:
-                raise ConfigurationError(
-                    f"{source} is not an aiocubie history of format {FORMAT} (format "
-                    f"{shown(data.get('format'))}): write it with mgr.history().to_json(path)"
-                )
             events = tuple(HistoryEvent(**event) for event in data["events"])
             for index, event in enumerate(events):
                 wrong = _wrong_fields(event)
@@ -190,7 +191,8 @@ class History:
             raise
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ConfigurationError(
-                f"{source} is not an aiocubie history: {exc!r}; write one with mgr.history().to_json(path)"
+                f"{source} is not an aiocubie history ({type(exc).__name__}: {exc}): write one with "
+                "mgr.history().to_json(path)"
             ) from exc
 
     @classmethod

@@ -60,7 +60,7 @@ class MemoryManager:
     memory_limit : int, optional
         The device bytes this manager budgets (None: the whole device): caps are proportions of
         it and plans fit in it, other libraries' bytes in the pool taken (see :class:`Options`).
-    allocator : {"default", "driver", "cupy", "cupy_async", "numba"}, optional
+    allocator : {"default", "driver", "cupy", "cupy_async", "numba", "rmm"}, optional
         Allocator plugin to start with. Not given: ``AIOCUBIE_ALLOCATOR`` for a backend the
         manager creates (a backend passed in keeps its own).
     array_type : {"cupy", "numba"}, optional
@@ -73,6 +73,8 @@ class MemoryManager:
 
     Examples
     --------
+    >>> import anyio
+    >>> from aiocubie import ArrayRequest, MemoryManager
     >>> async def main():
     ...     async with MemoryManager(backend="simulator") as mgr:
     ...         solver = object()
@@ -378,7 +380,7 @@ class MemoryManager:
 
     @property
     def allocator(self) -> str:
-        """The memory resource in use: ``"driver"``, ``"cupy"``, ``"cupy_async"`` or ``"numba"``."""
+        """The memory resource in use: ``"driver"``, ``"cupy"``, ``"cupy_async"``, ``"numba"`` or ``"rmm"``."""
         return self._account.resource_name
 
     # -- stream groups ---------------------------------------------------------------------
@@ -718,7 +720,7 @@ _default_lock = threading.Lock()
 
 
 def default_manager() -> MemoryManager:
-    """The process-wide manager (``backend="auto"``), created on first use.
+    """The process-wide manager, created on first use (its backend: ``AIOCUBIE_BACKEND``, else "auto").
 
     Like any manager it serves requests inside ``async with default_manager():``.
     """

@@ -41,9 +41,19 @@ class Recorder:
 
     Examples
     --------
-    >>> async with Recorder(mgr, interval=0.005) as recorder:   # doctest: +SKIP
-    ...     await pipeline(mgr)
-    >>> times, live = recorder.series("solve")                  # doctest: +SKIP
+    >>> import anyio
+    >>> from aiocubie import ArrayRequest, MemoryManager, Recorder, SimulatorBackend
+    >>> async def main():
+    ...     with SimulatorBackend(total=1 << 20) as sim:
+    ...         async with MemoryManager(sim) as mgr, Recorder(mgr, interval=0.005) as recorder:
+    ...             solver = object()
+    ...             mgr.register(solver, stream_group="solve")
+    ...             async with mgr.request(solver, {"x": ArrayRequest((1024,), "float32")}):
+    ...                 await anyio.sleep(0.02)
+    ...     return recorder.series("solve")
+    >>> times, live = anyio.run(main)
+    >>> max(live)  # 4 KiB live while the request was held
+    4096
     """
 
     def __init__(self, mgr: MemoryManager, interval: float = 0.01) -> None:

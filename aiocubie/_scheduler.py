@@ -525,8 +525,7 @@ class GroupScheduler:
             "that awaits it holds those arrays (a request nested in another's `async with`), it waits forever: "
             "release them first, ask for less, or use policy 'chunk'"
         )
-        log.warning("%s", message)
-        warn(message)
+        warn(message)  # a warning, not a log line too: printed once
 
     def _check_under_cap(self, members: set[int]) -> None:
         """Raise if the group holds more than its cap: it starts no batch until back under."""

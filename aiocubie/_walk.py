@@ -167,9 +167,25 @@ async def walk_chunks(
 
     Examples
     --------
-    >>> async with mgr.request(solver, walk_requests(requests)) as response:   # doctest: +SKIP
-    ...     async for chunk in walk_chunks(response, inputs={"x": x}, outputs={"y": y}):
-    ...         kernel[blocks, threads, chunk.stream](chunk.device["x"], chunk.device["y"])
+    On the simulator (on a GPU, launch a kernel on ``chunk.stream`` in the body instead):
+
+    >>> import anyio
+    >>> import numpy as np
+    >>> from aiocubie import ArrayRequest, MemoryManager, SimulatorBackend, walk_chunks, walk_requests
+    >>> x = np.arange(4096, dtype=np.float32).reshape(64, 64)
+    >>> y = np.empty_like(x)
+    >>> async def main():
+    ...     with SimulatorBackend(total=16 << 10) as sim:  # 16 KiB: the 32 KiB walk is chunked
+    ...         async with MemoryManager(sim) as mgr:
+    ...             solver = object()
+    ...             mgr.register(solver)
+    ...             requests = walk_requests({"x": ArrayRequest.like(x), "y": ArrayRequest.like(y)})
+    ...             async with mgr.request(solver, requests) as response:
+    ...                 async for chunk in walk_chunks(response, inputs={"x": x}, outputs={"y": y}):
+    ...                     chunk.device["y"][...] = 2 * chunk.device["x"]
+    ...                 return response.chunks > 1
+    >>> anyio.run(main), bool((y == 2 * x).all())
+    (True, True)
     """
     if len(legacy) == 2 and not isinstance(response, ArrayResponse):  # walk_chunks(mgr, instance, response)
         warn(
@@ -292,10 +308,26 @@ async def walk_batches(
 
     Examples
     --------
-    >>> async with mgr.request(loader, requests, ordered=True) as response:   # doctest: +SKIP
-    ...     pairs = (({"x": x}, {"y": y}) for x, y in zip(xs, ys))
-    ...     async for chunk in walk_batches(response, pairs):
-    ...         kernel[blocks, threads, chunk.stream](chunk.device["x"], chunk.device["y"])
+    On the simulator (on a GPU, launch a kernel on ``chunk.stream`` in the body instead):
+
+    >>> import anyio
+    >>> import numpy as np
+    >>> from aiocubie import ArrayRequest, MemoryManager, SimulatorBackend, walk_batches
+    >>> xs = [np.full((256,), b, np.float32) for b in range(8)]
+    >>> ys = [np.empty_like(x) for x in xs]
+    >>> async def main():
+    ...     with SimulatorBackend(total=1 << 20) as sim:
+    ...         async with MemoryManager(sim) as mgr:
+    ...             loader = object()
+    ...             mgr.register(loader)
+    ...             requests = {"x": ArrayRequest.like(xs[0]), "y": ArrayRequest.like(ys[0])}
+    ...             async with mgr.request(loader, requests, ordered=True) as response:
+    ...                 pairs = (({"x": x}, {"y": y}) for x, y in zip(xs, ys))
+    ...                 async for chunk in walk_batches(response, pairs):
+    ...                     chunk.device["y"][...] = chunk.device["x"] + 1
+    >>> anyio.run(main)
+    >>> [float(y[0]) for y in ys]
+    [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
     """
     if not isinstance(response, ArrayResponse) or response.device is None:
         raise InvalidRequestError(

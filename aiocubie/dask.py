@@ -92,6 +92,8 @@ class ManagerPlugin(WorkerPlugin):
 
     Examples
     --------
+    Needs a Dask cluster with a GPU a worker (not run by the doctests):
+
     >>> client.register_plugin(ManagerPlugin(mode="active", policy="wait"))  # doctest: +SKIP
     >>> async def task(i):
     ...     mgr = get_manager()

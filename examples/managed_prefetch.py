@@ -11,6 +11,7 @@ from __future__ import annotations
 import anyio
 import numpy as np
 
+import aiocubie
 from aiocubie import ArrayRequest, MemoryManager
 
 
@@ -19,7 +20,8 @@ class Model:
 
 
 async def main() -> None:
-    async with MemoryManager("auto") as mgr:
+    backend = "cuda" if aiocubie.gpu_status()[0] else "simulator"  # the simulator chosen, not fallen back to
+    async with MemoryManager(backend) as mgr:
         model = Model()
         mgr.register(model, stream_group="model")
         request = {"table": ArrayRequest((1024, 64), np.float32, kind="managed", unchunkable=True)}

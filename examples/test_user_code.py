@@ -1,7 +1,9 @@
 """Testing your own aiocubie code with pytest-asyncio and the aiocubie.testing fixtures.
 
 Run: python -m pytest examples/test_user_code.py
-(In your project, put ``pytest_plugins = ["aiocubie.testing"]`` in the root conftest.py.)
+The fixtures load in every pytest session once aiocubie is installed (a ``pytest11`` entry point):
+no ``pytest_plugins`` line is needed. These tests use pytest-asyncio (``pip install pytest-asyncio``;
+the ``test`` extra brings it); ``@pytest.mark.anyio`` tests use ``aiocubie_manager`` instead.
 """
 
 from __future__ import annotations
@@ -10,8 +12,6 @@ import numpy as np
 import pytest
 
 from aiocubie import AllocationError, ArrayRequest, MemoryManager, walk_chunks
-
-pytest_plugins = ["aiocubie.testing"]
 
 
 class Smoother:

@@ -15,7 +15,7 @@ import anyio
 import numpy as np
 import pytest
 
-from aiocubie import ArrayRequest, MemoryKind, MemoryManager, SimulatorBackend
+from aiocubie import AiocubieWarning, ArrayRequest, MemoryKind, MemoryManager, SimulatorBackend
 from aiocubie._backends import Backend, Block, MemoryResource
 
 TOTAL = 1_000_000  # bytes of the simulated device
@@ -26,6 +26,17 @@ needs_numba = pytest.mark.skipif(
     importlib.util.find_spec("numba") is None, reason="needs numba, the numba extra: pip install 'aiocubie[numba]'"
 )
 HANG_GUARD = 10  # seconds: only a hung test takes this long
+
+#: The AiocubieWarning of a request that waits (policy "wait") for memory its own member holds.
+WAITS_ON_ITSELF = "waits for memory its own requester"
+#: For a test that provokes that warning on purpose (the member's memory held by another of its
+#: tasks, released later) and checks something else: AiocubieWarnings are errors in the tests.
+ignore_waits_on_itself = pytest.mark.filterwarnings(f"ignore:.*{WAITS_ON_ITSELF}:aiocubie.AiocubieWarning")
+
+
+def warns_waits_on_itself() -> pytest.WarningsRecorder:
+    """``pytest.warns`` for the warning of a request waiting on memory its own member holds."""
+    return pytest.warns(AiocubieWarning, match=WAITS_ON_ITSELF)
 
 
 class Part:

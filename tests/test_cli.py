@@ -6,6 +6,7 @@ which must not leak into this test process.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -154,7 +155,8 @@ def test_version() -> None:
 def test_an_aiocubie_error_inside_a_task_group_is_one_line_without_traceback() -> None:
     result = _run("demo", "--backend", "simulator", "--budget", "100", "--no-progress")
     assert result.returncode == 1
-    assert "aiocubie demo: the unchunkable arrays of the batch need" in result.stderr
+    assert "aiocubie demo: --budget 100 bytes is too small for the demo" in result.stderr
+    assert "Give --budget 1KiB or more" in result.stderr
     assert "Traceback" not in result.stderr and "ExceptionGroup" not in result.stderr
     debug = _run("--debug", "demo", "--backend", "simulator", "--budget", "100", "--no-progress")
     assert debug.returncode == 1 and "Traceback" in debug.stderr
@@ -217,3 +219,36 @@ def test_the_demo_sizes_its_workload_to_the_device() -> None:
     assert workload_size("cuda", 256 << 20, None, None) == (GPU_RUNS * 64 // 160, 64 << 20)  # a quarter of it
     assert workload_size("cuda", 80 << 30, 1000, 1 << 20) == (1000, 1 << 20)
     assert workload_size("cuda", 80 << 30, None, 1 << 20) == (DEFAULT_RUNS, 1 << 20)
+
+
+@pytest.mark.parametrize(
+    ("text", "nbytes"),
+    [
+        ("65536", 65536),
+        ("1_048_576", 1 << 20),
+        ("1e6", 10**6),
+        ("512KiB", 512 << 10),
+        ("1MiB", 1 << 20),
+        ("1GB", 10**9),
+    ],
+)
+def test_demo_budget_takes_whole_numbers_and_units(text: str, nbytes: int) -> None:
+    assert _cli._bytes(text) == nbytes
+
+
+@pytest.mark.parametrize("text", ["1.5", "1e-3", "1MiBs", "lots", "1e999999"])
+def test_demo_budget_says_what_it_accepts(text: str) -> None:
+    with pytest.raises(
+        argparse.ArgumentTypeError, match=r"not a whole number of bytes: give one such as .* 1e6, or one with a unit"
+    ):
+        _cli._bytes(text)
+    with pytest.raises(argparse.ArgumentTypeError, match=r"must be at least 1"):
+        _cli._bytes("0")
+
+
+def test_history_of_another_file_says_so_once(tmp_path: Path) -> None:
+    (tmp_path / "other.json").write_text("{}")
+    result = _run("history", str(tmp_path / "other.json"))
+    assert result.returncode == 1
+    assert result.stderr.count("not an aiocubie history") == 1, result.stderr
+    assert "format None" in result.stderr and "mgr.history().to_json(path)" in result.stderr

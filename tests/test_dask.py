@@ -136,6 +136,8 @@ def get_worker_address() -> str:
     return str(get_worker().address)
 
 
+# the waiting task's component holds the first task's memory (in the worker's thread: no pytest.warns)
+@pytest.mark.filterwarnings("ignore:.*waits for memory its own requester:aiocubie.AiocubieWarning")
 def test_a_task_cancelled_by_dask_withdraws_its_request() -> None:
     async def main() -> None:
         async with cluster(1, ManagerPlugin(backend="simulator", mode="active", policy="wait", batch_window=0)) as (

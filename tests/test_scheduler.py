@@ -11,7 +11,7 @@ import math
 
 import anyio
 import pytest
-from simkit import HANG_GUARD, TOTAL, Part, assert_all_released, hold_stream, vec, wait_until
+from simkit import HANG_GUARD, TOTAL, Part, assert_all_released, hold_stream, vec, wait_until, warns_waits_on_itself
 
 from aiocubie import (
     AllocationError,
@@ -237,7 +237,7 @@ async def test_a_waiting_group_never_blocks_another(sim: SimulatorBackend) -> No
         mgr.register(other, stream_group="other")
         held = mgr.allocate_all(small, {"held": vec(10_000)})  # 80_000 of its cap
         waiting = Asker(mgr, small, {"x": vec(5_000)})  # 40_000: fits the cap, not what is left
-        with anyio.fail_after(HANG_GUARD):
+        with anyio.fail_after(HANG_GUARD), warns_waits_on_itself():
             async with anyio.create_task_group() as tg:
                 tg.start_soon(waiting)
                 await wait_until(lambda: mgr.stats().groups["small"].requests == 1)
@@ -334,7 +334,7 @@ async def test_policy_wait_is_first_come_first_served(sim: SimulatorBackend) -> 
         big = Asker(mgr, part, {"x": vec(5_000)})  # must wait for the release
         small = Asker(mgr, part, {"x": vec(100)})  # would fit now, but asked later
         order: list[Asker] = []
-        with anyio.fail_after(HANG_GUARD):
+        with anyio.fail_after(HANG_GUARD), warns_waits_on_itself():
             async with anyio.create_task_group() as tg:
                 tg.start_soon(big, order)
                 await wait_until(lambda: mgr.stats().groups["default"].requests == 1)
@@ -478,11 +478,12 @@ async def test_cancelled_while_waiting_for_memory(sim: SimulatorBackend) -> None
         held = mgr.allocate_all(part, {"held": vec(10_000)})
         waiting = Asker(mgr, part, {"x": vec(5_000)})
         with anyio.fail_after(HANG_GUARD):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(waiting)
-                await wait_until(lambda: mgr.stats().groups["default"].requests == 1)
-                await settle()
-                waiting.scope.cancel()
+            with warns_waits_on_itself():
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(waiting)
+                    await wait_until(lambda: mgr.stats().groups["default"].requests == 1)
+                    await settle()
+                    waiting.scope.cancel()
             assert waiting.response is None and sim.used == 80_000
             mgr.release(held)
             assert_all_released(mgr, sim)

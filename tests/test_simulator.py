@@ -550,3 +550,12 @@ def test_a_kernel_that_runs_on_freed_memory_sticks(sim: SimulatorBackend, mem: B
     gate.set()
     other.synchronize()
     assert sim.device.sticky is not None and "'late'" in sim.device.sticky
+
+
+def test_a_simulator_closes_its_streams_when_its_with_block_ends() -> None:
+    with SimulatorBackend(total=1 << 20) as sim:
+        stream = sim.device.create_stream()
+        worker = stream._worker
+        assert worker.is_alive()
+    worker.join(2)  # a closed stream's thread ends after the work queued before
+    assert stream.closed and not worker.is_alive()

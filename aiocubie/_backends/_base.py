@@ -7,6 +7,8 @@ module named after it (``_device``, ``_resource``, ``_arrays``).
 
 from __future__ import annotations
 
+from typing import Self
+
 from ._arrays import ArrayMaker
 from ._device import Device
 from ._resource import MemoryResource
@@ -52,3 +54,10 @@ class Backend:
     def close(self) -> None:
         """Release what the device holds (threads, pools). Idempotent."""
         self.device.close()
+
+    def __enter__(self) -> Self:
+        """``with SimulatorBackend(...) as sim:`` closes the backend on exit (its stream threads)."""
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -162,8 +162,9 @@ def _warn_simulator_fallback(why: str) -> None:
         _fallback_warned = True
         warn(
             f"no usable GPU ({why}): backend 'auto' uses the simulator, a CPU model of an "
-            f"{DEFAULT_TOTAL >> 30} GiB device; pass backend='simulator' to choose it "
-            "(no warning), or backend='cuda' to require a GPU"
+            f"{DEFAULT_TOTAL >> 30} GiB device. To choose it without this warning, pass backend='simulator' "
+            "(MemoryManager('simulator')) or set AIOCUBIE_BACKEND=simulator (default_manager() and the command "
+            "line read it); backend='cuda' or AIOCUBIE_BACKEND=cuda requires a GPU"
         )
 
 

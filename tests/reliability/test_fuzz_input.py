@@ -8,6 +8,7 @@ request's batch. CI draws a few hundred cases per seed; ``--soak`` draws many mo
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import warnings
@@ -371,6 +372,10 @@ async def test_bad_input_never_takes_down_a_batch(seed: int, drained: Any) -> No
                     return
                 mgr.release(response)
 
+            async def first_chunk(response: ArrayResponse, **copies: Any) -> None:
+                async with contextlib.aclosing(walk_chunks(response, **copies)) as walk:  # closed, not collected
+                    await walk.__anext__()
+
             async def bad_copies(member: Component) -> None:
                 async with mgr.request(member, {"d": ArrayRequest((8,), "f4")}) as response:
                     device = response.arrays["d"]
@@ -378,8 +383,8 @@ async def test_bad_input_never_takes_down_a_batch(seed: int, drained: Any) -> No
                         lambda: mgr.to_device(member, junk(rng), [device]),
                         lambda: mgr.to_device(member, [junk(rng)], [device]),
                         lambda: mgr.from_device(member, [device], rng.choice([junk(rng), [junk(rng)], [np.zeros(3)]])),
-                        lambda: walk_chunks(response, inputs=junk(rng)).__anext__(),
-                        lambda: walk_chunks(response, outputs={"d": junk(rng)}).__anext__(),
+                        lambda: first_chunk(response, inputs=junk(rng)),
+                        lambda: first_chunk(response, outputs={"d": junk(rng)}),
                         lambda: mgr.prefetch(member, device, junk(rng)),
                     ):
                         try:

@@ -56,6 +56,8 @@ class map_exceptions:
 
     Examples
     --------
+    Needs a GPU (not run by the doctests):
+
     >>> with map_exceptions("allocating 4096 bytes"):      # doctest: +SKIP
     ...     buffer = resource.allocate(4096, stream=stream)
     """

@@ -31,6 +31,7 @@ class Faults:
     >>> sim.faults.inject("allocate", after=2)      # the 3rd allocation from now fails once
     >>> sim.faults.inject("oom", times=2)           # the next 2 allocations find no room
     >>> sim.faults.inject("copy", probability=0.1, times=None, seed=0)  # 10% of copies fail
+    >>> sim.close()
     """
 
     def __init__(self) -> None:
@@ -58,7 +59,12 @@ class Faults:
         after : int
             Let this many operations at ``site`` succeed first.
         times : int or None
-            How many failures to inject (None: forever, until :meth:`clear`).
+            How many operations fail (None: every one, until :meth:`clear`). A manager's
+            out-of-memory recovery retries a failed batch: once after releasing the pool's cache,
+            and once more after the reclaim hooks if there are any. So ``"oom"`` with ``times=1``
+            is absorbed (the request gets its arrays; ``stats().recovery.recovered`` counts it),
+            and a request raises OutOfMemoryError only when every try fails: ``times=None`` (then
+            ``clear()``), or ``times`` at least the number of tries (2; 3 with reclaim hooks).
         probability : float
             Chance that an eligible operation fails (1.0: always).
         seed : int, optional
