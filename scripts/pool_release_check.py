@@ -32,8 +32,8 @@ class Component:
 
 async def storm(
     mgr: MemoryManager, *, groups: int, tasks: int, zero: bool, kernels: bool, cancel: bool, top: int
-) -> int:
-    """Run the storm; return how many requests were cancelled."""
+) -> tuple[int, list[Component]]:
+    """Run the storm; return how many requests were cancelled, and the components (registered still)."""
     cancelled = 0
     owners = [Component() for _ in range(tasks)]  # registered all along: the readings find their groups live
     for i, owner in enumerate(owners):
@@ -59,7 +59,7 @@ async def storm(
     async with anyio.create_task_group() as tg:
         for i in range(tasks):
             tg.start_soon(task, i)
-    return cancelled
+    return cancelled, owners
 
 
 def in_use(mgr: MemoryManager) -> int:
@@ -97,10 +97,12 @@ async def main() -> int:
             for groups, tasks in shapes:
                 for variant in variants:
                     async with MemoryManager(backend, batch_window=1e-3) as mgr:
-                        cancelled = await storm(mgr, groups=groups, tasks=tasks, top=top, **variant)
+                        # the components stay alive (and registered) until the readings: their groups too
+                        cancelled, owners = await storm(mgr, groups=groups, tasks=tasks, top=top, **variant)
                         await anyio.sleep(quiet)
                         gc.collect()
                         live, after = mgr.stats().live_bytes, in_use(mgr)
+                        del owners
                     gc.collect()
                     exited = in_use(mgr)
                     async with MemoryManager(backend) as fresh:

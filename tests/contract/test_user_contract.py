@@ -63,20 +63,21 @@ async def test_released_batches_give_the_pool_back(contract: Contract) -> None:
     a quiet manager and after its exit; a new manager on the same device starts from zero."""
     backend = contract.backend
 
-    async def storm(mgr: MemoryManager, groups: int, tasks: int) -> None:
-        async def task(i: int) -> None:
-            owner = Solver()
+    async def storm(mgr: MemoryManager, groups: int, tasks: int) -> list[Solver]:
+        owners = [Solver() for _ in range(tasks)]  # kept by the caller: their groups stay live
+        for i, owner in enumerate(owners):
             mgr.register(owner, stream_group=f"g{i % groups}")
-            rng = random.Random(i)
+
+        async def task(owner: Solver, rng: random.Random) -> None:
             for _ in range(20):
                 runs = rng.choice([16, 64, 256, 1024])  # 64 KiB to 4 MiB of float32 rows of 1024
                 async with mgr.request(owner, {"x": ArrayRequest((runs, 1024), np.float32, zero=rng.random() < 0.5)}):
                     await anyio.sleep(0)
-            mgr.unregister(owner)
 
         async with anyio.create_task_group() as tg:
-            for i in range(tasks):
-                tg.start_soon(task, i)
+            for i, owner in enumerate(owners):
+                tg.start_soon(task, owner, random.Random(i))
+        return owners
 
     def in_use(mgr: MemoryManager) -> int | None:
         # what a reference cycle holds goes at the next collection (the GPU item of round three
@@ -88,9 +89,10 @@ async def test_released_batches_give_the_pool_back(contract: Contract) -> None:
     for groups, tasks in ((1, 2), (1, 8), (4, 8)):
         async with MemoryManager(backend, batch_window=1e-3) as mgr:
             start = in_use(mgr)
-            await storm(mgr, groups, tasks)
+            owners = await storm(mgr, groups, tasks)
             assert mgr.stats().live_bytes == 0
             assert in_use(mgr) == start, f"{tasks} tasks in {groups} group(s): pool bytes kept after every release"
+            del owners
         gc.collect()
         async with MemoryManager(backend) as mgr:
             assert in_use(mgr) == start, f"{tasks} tasks in {groups} group(s): the last manager's bytes still in use"
