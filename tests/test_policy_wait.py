@@ -7,6 +7,7 @@ On asyncio and trio. ``fail_after`` only guards hangs; nothing is asserted on ti
 from __future__ import annotations
 
 import anyio
+import anyio.abc
 import pytest
 from simkit import HANG_GUARD, TOTAL, Part, assert_all_released, vec, wait_until
 
@@ -48,30 +49,30 @@ class Asker:
             self.ended.append(self.name)
 
 
+class Line:
+    """Group a holds two 400 kB arrays; b's ``big`` request, then c's ``small`` one, wait for memory in
+    that order (three groups), started in ``tg``."""
+
+    def __init__(self, mgr: MemoryManager, big: int, small: int) -> None:
+        self.parts = a, b, c = Part(), Part(), Part()
+        for part, group in ((a, "a"), (b, "b"), (c, "c")):
+            mgr.register(part, stream_group=group)
+        self.mgr, self.ended = mgr, []
+        self.big, self.small = Asker(mgr, b, big, self.ended, "big"), Asker(mgr, c, small, self.ended, "small")
+
+    async def start(self, tg: anyio.abc.TaskGroup) -> tuple[ArrayResponse, ArrayResponse]:
+        """Hold a's two arrays, then line up big and small; return a's two responses."""
+        mgr, a = self.mgr, self.parts[0]
+        first, second = await mgr.request(a, blob(400 * KB)), await mgr.request(a, blob(400 * KB))
+        tg.start_soon(self.big)
+        await wait_until(lambda: waiting(mgr) == 1)
+        tg.start_soon(self.small)
+        await wait_until(lambda: waiting(mgr) == 2)
+        return first, second
+
+
 @pytest.mark.anyio
 async def test_a_request_waits_for_another_groups_release_then_is_served(sim: SimulatorBackend) -> None:
-    a, b = Part(), Part()
-    async with passive_wait(sim) as mgr:
-        mgr.register(a, stream_group="a")
-        mgr.register(b, stream_group="b")
-        held = await mgr.request(a, blob(800 * KB))
-        ended: list[str] = []
-        asker = Asker(mgr, b, 500 * KB, ended, "b")
-        with anyio.fail_after(HANG_GUARD):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(asker)
-                await wait_until(lambda: waiting(mgr) == 1)
-                assert not ended  # waits: not refused, not served
-                mgr.release(held)
-        assert asker.error is None and asker.response is not None
-        assert asker.response.arrays["blob"].nbytes == 500 * KB
-        mgr.release(asker.response)
-        assert_all_released(mgr, sim)
-
-
-@pytest.mark.anyio
-async def test_a_request_that_fits_is_not_held_behind_a_waiting_one(sim: SimulatorBackend) -> None:
-    """The holder of the memory a batch waits for may ask again before it releases: served, no deadlock."""
     a, b = Part(), Part()
     async with passive_wait(sim) as mgr:
         mgr.register(a, stream_group="a")
@@ -83,11 +84,15 @@ async def test_a_request_that_fits_is_not_held_behind_a_waiting_one(sim: Simulat
             async with anyio.create_task_group() as tg:
                 tg.start_soon(asker)
                 await wait_until(lambda: waiting(mgr) == 1)
-                more = await mgr.request(a, blob(100 * KB))  # fits: served while b waits
+                assert not ended  # waits: not refused, not served
+                # the holder of what b waits for asks again before it releases: a batch that fits is
+                # served, not held behind the waiting one (that would wait forever)
+                more = await mgr.request(a, blob(100 * KB))
                 assert not ended
                 mgr.release(more)
                 mgr.release(held)
         assert asker.error is None and asker.response is not None
+        assert asker.response.arrays["blob"].nbytes == 500 * KB
         mgr.release(asker.response)
         assert_all_released(mgr, sim)
 
@@ -116,20 +121,13 @@ async def test_set_policy_wait_makes_a_passive_request_wait(sim: SimulatorBacken
 
 @pytest.mark.anyio
 async def test_waiting_requests_are_served_first_come_first_served_across_groups(sim: SimulatorBackend) -> None:
-    a, b, c = Part(), Part(), Part()
     async with passive_wait(sim) as mgr:
-        for part, group in ((a, "a"), (b, "b"), (c, "c")):
-            mgr.register(part, stream_group=group)
-        first, second = await mgr.request(a, blob(400 * KB)), await mgr.request(a, blob(400 * KB))
-        ended: list[str] = []
         # the big one first; the second one needs less, but not so little that both fit at once
-        big, small = Asker(mgr, b, 600 * KB, ended, "big"), Asker(mgr, c, 450 * KB, ended, "small")
+        line = Line(mgr, 600 * KB, 450 * KB)
+        big, small, ended = line.big, line.small, line.ended
         with anyio.fail_after(HANG_GUARD):
             async with anyio.create_task_group() as tg:
-                tg.start_soon(big)
-                await wait_until(lambda: waiting(mgr) == 1)
-                tg.start_soon(small)
-                await wait_until(lambda: waiting(mgr) == 2)
+                first, second = await line.start(tg)
                 mgr.release(first)  # room for the small one, not the big one: it stays behind the big one
                 await anyio.sleep(0.1)
                 assert not ended and waiting(mgr) == 2
@@ -137,6 +135,7 @@ async def test_waiting_requests_are_served_first_come_first_served_across_groups
                 await wait_until(lambda: big.response is not None)
                 await anyio.sleep(0.05)
                 assert ended == ["big"] and waiting(mgr) == 1  # no room left for the small one
+                assert big.response is not None
                 mgr.release(big.response)
         assert ended == ["big", "small"] and small.response is not None
         mgr.release(small.response)
@@ -145,19 +144,13 @@ async def test_waiting_requests_are_served_first_come_first_served_across_groups
 
 @pytest.mark.anyio
 async def test_a_request_cancelled_while_waiting_leaks_nothing_and_lets_the_next_go(sim: SimulatorBackend) -> None:
-    a, b, c = Part(), Part(), Part()
     async with passive_wait(sim) as mgr:
-        for part, group in ((a, "a"), (b, "b"), (c, "c")):
-            mgr.register(part, stream_group=group)
-        first, second = await mgr.request(a, blob(400 * KB)), await mgr.request(a, blob(400 * KB))
-        ended: list[str] = []
-        big, small = Asker(mgr, b, 600 * KB, ended, "big"), Asker(mgr, c, 300 * KB, ended, "small")
+        line = Line(mgr, 600 * KB, 300 * KB)
+        big, small, ended = line.big, line.small, line.ended
+        b = line.parts[1]
         with anyio.fail_after(HANG_GUARD):
             async with anyio.create_task_group() as tg:
-                tg.start_soon(big)
-                await wait_until(lambda: waiting(mgr) == 1)
-                tg.start_soon(small)
-                await wait_until(lambda: waiting(mgr) == 2)
+                first, second = await line.start(tg)
                 mgr.release(first)  # the small one fits, behind the big one
                 big.scope.cancel()  # the head of the line goes: the small one is served now
         assert ended == ["small"] and big.response is None and big.error is None
