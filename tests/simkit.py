@@ -1,4 +1,4 @@
-"""Helpers shared by the service tests (manager, scheduler): components, requests, stream gates.
+"""Helpers shared by the service tests (manager, scheduler): components, requests, stream gates, event loops.
 
 Plain functions over the real simulator backend; nothing here replaces or mocks a component.
 """
@@ -27,6 +27,27 @@ needs_numba = pytest.mark.skipif(
 )
 HANG_GUARD = 10  # seconds: only a hung test takes this long
 
+
+def _has_uvloop() -> bool:
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+#: The loops the adversarial suites run on: use as ``@pytest.fixture(params=LOOPS) anyio_backend``, or
+#: ``@pytest.mark.parametrize("anyio_backend", LOOPS)`` for one test among tests on asyncio and trio.
+LOOPS = [
+    pytest.param("asyncio", id="asyncio"),
+    pytest.param("trio", id="trio"),
+    pytest.param(
+        ("asyncio", {"use_uvloop": True}),
+        id="uvloop",
+        marks=pytest.mark.skipif(not _has_uvloop(), reason="uvloop is not installed"),
+    ),
+]
+
 #: The AiocubieWarning of a request that waits (policy "wait") for memory its own member holds.
 WAITS_ON_ITSELF = "waits for memory its own requester"
 #: For a test that provokes that warning on purpose (the member's memory held by another of its
@@ -46,6 +67,11 @@ class Part:
 def vec(n: int, dtype: str = "float64", **kwargs: Any) -> ArrayRequest:
     """A 1-d request of ``n`` elements."""
     return ArrayRequest((n,), dtype, **kwargs)
+
+
+def xy_requests(shape: tuple[int, int]) -> dict[str, ArrayRequest]:
+    """A walk's requests: ``x`` in, ``y`` out, float32 of ``shape``, chunked on axis 0, two buffers each."""
+    return {label: ArrayRequest(shape, np.float32, chunk_axis=0, buffers=2) for label in ("x", "y")}
 
 
 async def wait_until(predicate: Callable[[], bool]) -> None:

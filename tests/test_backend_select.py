@@ -1,4 +1,5 @@
-"""Choosing a backend: "auto" says, once, when it falls back to the simulator."""
+"""Choosing a backend: "auto" says, once, when it falls back to the simulator; a missing library (numba for
+numba arrays, cuda-core for a GPU) is named with the extra that brings it."""
 
 from __future__ import annotations
 
@@ -37,3 +38,21 @@ def test_numba_arrays_without_numba_say_which_extra(monkeypatch: pytest.MonkeyPa
     with pytest.raises(ConfigurationError, match=r"aiocubie\[numba\]"):
         SimulatorBackend(1 << 20, array_type="numba")
     SimulatorBackend(1 << 20, array_type="cupy").close()  # the CuPy model needs neither numba nor CuPy
+
+
+def test_the_gpu_skip_reason_names_the_missing_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    # issue 22: GPU tests' skip reasons showed an internal import error
+    import sys
+
+    import aiocubie._backends._select as select
+
+    monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)  # numba's simulator, chosen by earlier tests
+    # private, on purpose: the driver probe is faked to play a machine with a GPU (none is public)
+    monkeypatch.setattr(select, "_driver_devices", lambda: (1, "1 CUDA device(s)"))
+    for name in [name for name in sys.modules if name.startswith(("aiocubie._backends._cuda", "cuda.core"))]:
+        monkeypatch.delitem(sys.modules, name)  # imported fresh below (restored after the test)
+    monkeypatch.setitem(sys.modules, "cuda.core", None)  # as if cuda-core were not installed
+    usable, why = select.gpu_status()
+    assert not usable
+    assert "'cuda.core' is not installed" in why and "pip install 'aiocubie[cuda12]'" in why
+    assert "aiocubie._backends" not in why

@@ -12,7 +12,9 @@ import pytest
 from simkit import Part
 
 import aiocubie as ac
-from aiocubie import ArrayRequest, ConfigurationError, InvalidRequestError, MemoryManager
+from aiocubie import ArrayRequest, ConfigurationError, InvalidRequestError, MemoryManager, walk_requests
+
+REQUEST = {"x": ArrayRequest((4, 3), np.float32)}
 
 
 def test_render_history_refuses_what_is_not_a_history(tmp_path: Path) -> None:
@@ -30,6 +32,42 @@ def test_history_load_names_the_file_the_event_and_the_value(tmp_path: Path) -> 
         ac.History.load(path)
     message = str(caught.value)
     assert repr(str(path)) in message and "event 1 ('plan')" in message and "time='soon'" in message
+
+
+def test_history_load_refuses_non_paths_and_ill_typed_events(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="pass its path"):
+        ac.History.load(5)  # type: ignore[arg-type]
+    good = {"kind": "plan", "time": 1.0, "group": "g", "nbytes": 8}
+    data = {"format": 1, "wall_base": 0.0, "max_entries": 10, "dropped": 0, "events": [good]}
+    path = tmp_path / "h.json"
+    path.write_text(json.dumps(data))
+    assert ac.History.load(path).events[0].time == 1.0
+    for field, value in (("time", "soon"), ("time", float("nan")), ("nbytes", "8"), ("group", 3), ("chunks", 1.5)):
+        path.write_text(json.dumps({**data, "events": [{**good, field: value}]}))
+        with pytest.raises(ConfigurationError, match=field):
+            ac.History.load(path)
+
+
+@pytest.mark.parametrize(
+    ("requests", "options", "words"),
+    [
+        (5, {}, "mapping of label -> ArrayRequest"),
+        ({"x": 5}, {}, "not an ArrayRequest"),
+        ({"x": (3, "f4")}, {}, "not an ArrayRequest"),
+        ({1: ArrayRequest((4,), np.float32)}, {}, "labels are strings"),
+        (REQUEST, {"labels": 5}, "list of labels"),
+        (REQUEST, {"labels": "xy"}, "labels=['xy'] for one"),
+    ],
+)
+def test_walk_requests_refuses_what_is_not_requests(requests: Any, options: dict[str, Any], words: str) -> None:
+    with pytest.raises(InvalidRequestError) as caught:
+        ac.walk_requests(requests, **options)
+    assert words in str(caught.value)
+
+
+def test_walk_requests_refuses_a_tuple_for_a_request() -> None:
+    with pytest.raises(InvalidRequestError, match=r"request 'x' is \(3, 'f4'\), not an ArrayRequest"):
+        walk_requests({"x": (3, "f4")})  # type: ignore[dict-item]
 
 
 @pytest.mark.parametrize("labels", [[["x"]], [1], ["x", None]])

@@ -81,6 +81,22 @@ def test_info_names_the_backend_and_versions() -> None:
     assert re.search(rf"^aiocubie\s+{re.escape(aiocubie.__version__)}$", result.stdout, re.M)
 
 
+def test_info_says_the_simulator_models_cupy_arrays() -> None:
+    # issue 22: `info` printed "arrays cupy" beside "cupy not installed"
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "aiocubie", "info"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "AIOCUBIE_BACKEND": "simulator"},
+    ).stdout
+    assert "backend" in out and "simulator" in out
+    assert re.search(r"arrays\s+cupy \(the simulator's model; CuPy itself is not needed\)", out)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -1,12 +1,16 @@
-"""Several devices on the simulator: a backend and a manager per device, and the DeviceSet's placement."""
+"""Several devices on the simulator: a backend and a manager per device, and the DeviceSet: its placement,
+its statistics, closing it, and the arguments it refuses (to build it and to register)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import anyio
 import numpy as np
 import pytest
 from simkit import ByHand, ignore_waits_on_itself
 
+import aiocubie as ac
 from aiocubie import (
     ArrayRequest,
     BackendError,
@@ -204,6 +208,31 @@ def test_device_set_refuses_a_backend_of_another_device_and_a_bool_device() -> N
         assert devices.members() == {0: 0, 1: 0}
     finally:
         devices.close()
+
+
+@pytest.mark.parametrize(
+    ("call", "words"),
+    [
+        (lambda: ac.DeviceSet(5, backend="simulator"), "list of device ids"),  # type: ignore[arg-type]
+        (lambda: ac.DeviceSet([0], backend=5), "backend must be"),  # type: ignore[arg-type]
+        (lambda: ac.DeviceSet([0], backend="simulator", bogus=1), "unknown option(s) 'bogus'"),
+        (lambda: ac.DeviceSet([0], backend="simulator", device=1), "unknown option(s) 'device'"),
+    ],
+)
+def test_device_set_refuses_bad_arguments(call: Any, words: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        call()
+    assert words in str(caught.value)
+
+
+@pytest.mark.anyio
+async def test_device_set_register_refuses_unknown_options_and_float_devices() -> None:
+    async with ac.DeviceSet([0, 1], backend=lambda d: ac.SimulatorBackend(device=d, devices=2)) as devices:
+        with pytest.raises(ConfigurationError, match="unknown option"):
+            devices.register(Component(), colour="red")
+        with pytest.raises(ConfigurationError, match="device must be a device number"):
+            devices.register(Component(), device=1.0)  # type: ignore[arg-type]
+        assert devices.register(Component(), device=1) == 1
 
 
 def test_closing_a_device_set_closes_every_manager_even_when_one_fails() -> None:

@@ -1,7 +1,7 @@
 """Tests of the MemoryManager facade on the simulator: registration, budgets, stream groups,
 release, context resets, the direct allocation path, copies, managed memory and statistics.
 
-Async tests run on asyncio and trio. Streams are held shut with gates rather than timed;
+Async tests run on asyncio and trio (a few on uvloop too). Streams are held shut with gates rather than timed;
 ``fail_after`` only guards against hangs.
 """
 
@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from simkit import (
     HANG_GUARD,
+    LOOPS,
     TOTAL,
     Part,
     assert_all_released,
@@ -26,6 +27,7 @@ from simkit import (
     wait_until,
 )
 
+import aiocubie as ac
 from aiocubie import (
     AiocubieWarning,
     AllocationError,
@@ -45,6 +47,8 @@ from aiocubie import (
     UnknownAllocatorError,
 )
 from aiocubie._backends._sim import host_data
+
+MiB = 1 << 20
 
 
 # -- construction and lifecycle -----------------------------------------------------------------
@@ -179,6 +183,24 @@ def test_non_callable_hook_raises(sim: SimulatorBackend, hook: str) -> None:
     assert not mgr.is_registered(part)
 
 
+@pytest.mark.anyio
+async def test_names_that_utf8_cannot_write_are_refused() -> None:
+    async with ac.MemoryManager("simulator") as mgr:
+        with pytest.raises(RegistrationError, match="cannot be written as UTF-8"):
+            mgr.register(Part(), name="a\udcff")
+        with pytest.raises(RegistrationError, match="cannot be written as UTF-8"):
+            mgr.register(Part(), stream_group="g\ud800")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("value", [None, 5, "solver", b"x", (1, 2), 1.5, True])
+async def test_register_refuses_values_that_are_not_components(value: object) -> None:
+    async with ac.MemoryManager("simulator") as mgr:
+        with pytest.raises(RegistrationError, match="register the component object itself"):
+            mgr.register(value)
+        assert not mgr.statistics().members
+
+
 def test_proportions_caps_and_the_auto_pool(sim: SimulatorBackend) -> None:
     mgr = MemoryManager(sim)
     manual, auto1, auto2 = Part(), Part(), Part()
@@ -208,6 +230,15 @@ def test_manual_pool_may_take_everything_without_auto_members(sim: SimulatorBack
     with pytest.raises(BudgetError, match="auto member"):
         mgr.register(other)
     assert not mgr.is_registered(other)
+
+
+@pytest.mark.anyio
+async def test_an_auto_pool_left_short_with_no_member_says_what_it_means() -> None:
+    async with ac.MemoryManager("simulator") as mgr:
+        first, second = Part(), Part()  # held: a collected component leaves its share
+        mgr.register(first, proportion=0.5)
+        with pytest.warns(ac.AiocubieWarning, match="allowed while no member is in the auto pool"):
+            mgr.register(second, proportion=0.5)
 
 
 def test_switching_limit_modes(sim: SimulatorBackend) -> None:
@@ -622,6 +653,28 @@ async def test_managed_memory_prefetch_and_advice(sim: SimulatorBackend) -> None
             with pytest.raises(BackendError, match="injected fault"):
                 await mgr.prefetch(part, array)
     assert_all_released(mgr, sim)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", LOOPS)
+@pytest.mark.parametrize("thing", [5, "m", None, [1.0, 2.0], np.zeros(4, np.float32)], ids=repr)
+async def test_prefetch_and_advise_refuse_a_non_array_even_with_a_fault_injected(thing: object) -> None:
+    """Issue 22, item 11: prefetch of a non-array was accepted; with an injected prefetch fault the
+    simulator raised a raw AttributeError instead of the injected BackendError."""
+    sim = SimulatorBackend(total=4 * MiB)
+    async with MemoryManager(sim) as mgr:
+        comp = object()
+        mgr.register(comp)
+        sim.faults.inject("prefetch")
+        with pytest.raises(InvalidRequestError, match="prefetch needs a managed array"):
+            await mgr.prefetch(comp, thing)
+        with pytest.raises(InvalidRequestError, match="advise needs a managed array"):
+            mgr.advise(thing, "read_mostly")
+        async with mgr.request(comp, {"m": ArrayRequest((8,), np.float32, "managed")}) as response:
+            with pytest.raises(BackendError, match="injected fault: prefetching 32 bytes"):
+                await mgr.prefetch(comp, response.arrays["m"])  # the fault is still armed
+            await mgr.prefetch(comp, response.arrays["m"])
+    sim.close()
 
 
 # -- observability --------------------------------------------------------------------------

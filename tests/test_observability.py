@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 from simkit import TOTAL, ByHand, Part, vec
 
+import aiocubie as ac
 from aiocubie import (
     AiocubieWarning,
+    ArrayRequest,
     ConfigurationError,
     EventKind,
     History,
@@ -95,6 +97,13 @@ async def test_history_is_a_bounded_ring_and_stops_when_asked(sim: SimulatorBack
         assert mgr.history() == history  # what was recorded stays; nothing more is
 
 
+async def test_record_history_refuses_a_ring_it_cannot_allocate() -> None:
+    async with ac.MemoryManager("simulator") as mgr:
+        for size in (2**62, 10_000_001, 0):
+            with pytest.raises(ConfigurationError, match="from 1 to 10,000,000"):
+                mgr.record_history(max_entries=size)
+
+
 async def test_history_stacks_name_the_requesting_code(sim: SimulatorBackend) -> None:
     async with MemoryManager(sim) as mgr:
         mgr.record_history(stacks=True)
@@ -138,6 +147,19 @@ async def test_history_marks_failures_resets_and_group_moves(sim: SimulatorBacke
     assert moves == {("g", "p", 800, 0, "moved to h"), ("h", "p", 800, 800, "moved from g")}
     assert (events[5].group, events[5].group_live, events[5].instance_live) == ("h", 0, 0)
     assert events[6].detail.startswith("context")
+
+
+async def test_history_series_follow_a_member_into_its_new_group() -> None:
+    async with ac.MemoryManager("simulator") as mgr:
+        mgr.record_history()
+        component = Part()
+        mgr.register(component, stream_group="a", name="c")
+        response = await mgr.request(component, {"x": ArrayRequest((1000,), np.float32)})
+        mgr.change_stream_group(component, "b")
+        await anyio.sleep(0)
+        mgr.release(response)
+        series = {group: values for group, (_times, values) in mgr.history().series().items()}
+    assert series == {"a": [4000, 0], "b": [4000, 0]}  # a gives the bytes up at the move, b holds them until release
 
 
 async def test_history_json_round_trip_and_refusals(sim: SimulatorBackend, tmp_path: Path) -> None:

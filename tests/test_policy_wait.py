@@ -1,10 +1,14 @@
 """Policy "wait" in passive mode: a batch that does not fit the free memory waits for releases,
 first come first served across stream groups; cancellable; one that could never fit fails at once.
+A request that waits on memory its own member holds warns, at the program's line even when the group's
+task planned the batch.
 
 On asyncio and trio. ``fail_after`` only guards hangs; nothing is asserted on time.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import anyio
 import anyio.abc
@@ -184,6 +188,39 @@ async def test_a_request_that_could_never_fit_fails_at_once(sim: SimulatorBacken
         assert "release arrays" in message
         mgr.release(held)
         assert_all_released(mgr, sim)
+
+
+def test_a_warning_from_a_batch_the_group_task_closed_points_at_the_programs_line(tmp_path: Path) -> None:
+    # the batch is planned in the group's task (two requesters, a batch window): no user frame is on the
+    # stack, so the warning points past the event loop's frames, at the line that started it
+    script = tmp_path / "program.py"
+    script.write_text(
+        "import warnings\n"
+        "import anyio, numpy as np\n"
+        "import aiocubie as ac\n"
+        "async def main():\n"
+        "    async with ac.MemoryManager(ac.SimulatorBackend(1 << 20), batch_window=0.01, policy='wait') as mgr:\n"
+        "        a, b = type('A', (), {})(), type('B', (), {})()\n"
+        "        mgr.register(a); mgr.register(b)\n"
+        "        held = await mgr.request(a, {'x': ac.ArrayRequest((700_000,), np.uint8, unchunkable=True)})\n"
+        "        async def ask(x):  # a batch of both waits on what a holds: the self-wait warning\n"
+        "            with anyio.move_on_after(0.1):\n"
+        "                await mgr.request(x, {'x': ac.ArrayRequest((200_000,), np.uint8, unchunkable=True)})\n"
+        "        async with anyio.create_task_group() as tg:\n"
+        "            tg.start_soon(ask, a)\n"
+        "            tg.start_soon(ask, b)\n"
+        "        mgr.release(held)\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    anyio.run(main)  # line 18\n"
+        "print(*{(w.filename, w.lineno) for w in caught if issubclass(w.category, ac.AiocubieWarning)})\n"
+    )
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str((str(script), 18)), result.stdout
 
 
 def test_the_waiting_line_is_one_fifo_that_wakes_the_next_when_its_head_leaves() -> None:

@@ -1,16 +1,20 @@
 """Release: a released response's arrays fail loudly on the simulator, whatever their kind and array type,
-and ``mgr.release`` takes only this manager's responses."""
+however they were released (release, free, free_all, the end of ``async with``, a reset) and however they
+are used (a read, a write, a view, a copy, a walk); ``mgr.release`` takes only this manager's responses."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
-from simkit import Part, needs_numba
+from simkit import LOOPS, Part, needs_numba, xy_requests
 
-from aiocubie import ArrayRequest, InvalidRequestError, MemoryManager, ReleasedError
+from aiocubie import ArrayRequest, InvalidRequestError, MemoryManager, ReleasedError, SimulatorBackend, walk_chunks
+
+MiB = 1 << 20
 
 
 @pytest.mark.anyio
@@ -56,6 +60,76 @@ async def test_copies_refuse_a_released_response_array_of_any_kind(anyio_backend
         await mgr.sync_stream(part)
         if isinstance(released, np.ndarray):  # a numpy array cannot refuse: its memory is poisoned instead
             assert np.isnan(released).all()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", LOOPS)
+@pytest.mark.parametrize("how", ["release", "free", "free_all", "async with", "set_allocator"])
+async def test_an_array_kept_past_its_release_refuses_every_use(how: str) -> None:
+    """Silent damage: an array kept past mgr.release(r) could still be read and written."""
+    sim = SimulatorBackend(total=4 * MiB)
+    async with MemoryManager(sim) as mgr:
+        comp = object()
+        mgr.register(comp)
+        requests = {"x": ArrayRequest((4, 8), np.float32)}
+        if how == "async with":
+            async with mgr.request(comp, requests) as response:
+                kept = response.arrays["x"]
+                view = kept[1:]
+        else:
+            response = await mgr.request(comp, requests)
+            kept = response.arrays["x"]
+            view = kept[1:]
+            if how == "release":
+                mgr.release(response)
+            elif how == "free":
+                mgr.free("x", comp)
+            elif how == "free_all":
+                mgr.free_all()
+            else:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    mgr.set_allocator("cupy")
+        assert response.released == {"x"}
+        for use in (
+            kept.get,
+            lambda: kept.fill(1.0),
+            lambda: kept.__setitem__(0, 2.0),
+            lambda: float(view.sum()),
+            lambda: kept + 1,
+            lambda: kept.set(np.zeros((4, 8), np.float32)),
+            lambda: kept[1:],
+        ):
+            with pytest.raises(ReleasedError, match="released"):
+                use()
+        with pytest.raises(ReleasedError):
+            await mgr.to_device(comp, [np.zeros((4, 8), np.float32)], [kept])
+    sim.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", LOOPS)
+async def test_walk_chunks_after_the_async_with_ended_raises_released_error() -> None:
+    """Silent damage: the walk copied into the freed arrays without an error."""
+    sim = SimulatorBackend(total=4 * MiB)
+    async with MemoryManager(sim) as mgr:
+        comp = object()
+        mgr.register(comp)
+        x = np.ones((8, 16), np.float32)
+        y = np.zeros_like(x)
+        async with mgr.request(comp, xy_requests(x.shape)) as response:
+            pass
+        with pytest.raises(ReleasedError, match=r"walk_chunks.*released"):
+            async for _ in walk_chunks(response, inputs={"x": x}, outputs={"y": y}):
+                pass
+        np.testing.assert_array_equal(y, 0)  # nothing copied
+        # released in the body: refused before the copy out
+        response = await mgr.request(comp, {"x": ArrayRequest((8, 16), np.float32, chunk_axis=0)})
+        with pytest.raises(ReleasedError):
+            async for _ in walk_chunks(response, inputs={"x": x}, outputs={"x": y}):
+                mgr.release(response)
+        np.testing.assert_array_equal(y, 0)
+    sim.close()
 
 
 @needs_numba

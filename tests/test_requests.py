@@ -1,8 +1,11 @@
-"""Unit and property tests of the request/response value types (aiocubie._requests)."""
+"""Unit and property tests of the request/response value types (aiocubie._requests): what they accept,
+what they refuse and what the refusal says, and their typed parameters."""
 
 from __future__ import annotations
 
+import inspect
 import math
+import typing
 
 import numpy as np
 import pytest
@@ -483,6 +486,19 @@ def test_dtype_none_and_non_bool_flags_are_rejected() -> None:
     with pytest.raises(InvalidRequestError, match="1"):
         ArrayRequest((4,), "f4", zero=1)
     assert ArrayRequest((4,), "f4", zero=np.bool_(True)).zero is True
+
+
+def test_a_swapped_shape_and_dtype_says_so() -> None:
+    with pytest.raises(InvalidRequestError, match=r"shape 'f4' is a dtype.*ArrayRequest\(shape, dtype\) \(swapped\?\)"):
+        ArrayRequest("f4", (3, 4))  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequestError, match="holds 'a', which is not an integer"):
+        ArrayRequest("ab", "f4")  # type: ignore[arg-type]  # not a dtype: the usual message
+
+
+def test_array_request_parameters_are_typed() -> None:
+    hints = typing.get_type_hints(ArrayRequest.__init__)
+    assert hints["shape"] != typing.Any and hints["unchunkable"] is bool and hints["zero"] is bool
+    assert "Sequence" in str(inspect.signature(ArrayRequest).parameters["shape"].annotation)
 
 
 def test_like_takes_shape_and_dtype_from_an_array() -> None:

@@ -1,7 +1,9 @@
 """Tests of the simulator backend as a device: memory accounting, stream order, events, faults.
 
-Synchronous: the simulator is called from one thread and completes events on its stream
-threads. Streams are held shut with a gate (a threading.Event) instead of timing them.
+Synchronous (but for one check of ``launch``'s arguments, run on each event loop): the simulator is
+called from one thread and completes events on its stream threads. Streams are held shut with a gate
+(a threading.Event) instead of timing them. Bad settings of the simulator and its engines, and bad
+arguments to ``launch``, are the library's errors, raised at the call.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from simkit import ByHand
+from simkit import LOOPS, ByHand
 
 from aiocubie import (
     AllocationError,
     BackendError,
     ConfigurationError,
+    Engines,
     InvalidRequestError,
     MemoryKind,
     ReleasedError,
@@ -30,6 +33,7 @@ from aiocubie._backends._sim import host_data
 
 F8 = np.dtype("float64")
 TOTAL = 1 << 20
+MiB = 1 << 20
 
 
 @pytest.fixture
@@ -119,6 +123,18 @@ def test_bad_settings_are_configuration_errors(kwargs: dict[str, object], named:
     with pytest.raises(ConfigurationError) as info:
         SimulatorBackend(**kwargs)  # type: ignore[arg-type]
     assert named in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"h2d_bandwidth": "fast"}, {"d2h_bandwidth": None}, {"copy_latency": float("nan")}, {"kernel_latency": True}],
+    ids=repr,
+)
+def test_engines_refuse_a_value_that_is_not_a_number(bad: dict[str, object]) -> None:
+    """Issue 22, item 9: Engines(h2d_bandwidth="fast") was accepted and failed later on a stream's thread."""
+    name, value = next(iter(bad.items()))
+    with pytest.raises(ConfigurationError, match=rf"Engines\({name}={value!r}\)"):
+        Engines(**bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -296,6 +312,29 @@ def test_done_callback_called_once_before_and_after_completion(sim: SimulatorBac
     assert caller == [threading.current_thread()], "an already-done event calls back at once, here"
     sim.device.record_event(stream).synchronize()
     assert calls == ["first", "second"] and len(caller) == 1
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", LOOPS)
+async def test_launch_refuses_bad_arguments_at_the_call() -> None:
+    """Issue 22, item 9: sim.launch(5), duration=-1 or nan, work=5 were accepted and failed on the stream's thread."""
+    sim = SimulatorBackend(total=MiB)
+    stream = sim.device.create_stream()
+    for args, kwargs, named in [
+        ((5,), {}, "got 5"),
+        ((stream,), {"duration": -1}, "got -1"),
+        ((stream,), {"duration": float("nan")}, "got nan"),
+        ((stream,), {"duration": "1"}, "got '1'"),
+        ((stream, 5), {}, "got 5"),
+    ]:
+        with pytest.raises(InvalidRequestError, match=named):
+            sim.launch(*args, **kwargs)  # type: ignore[arg-type]
+    ran: list[int] = []
+    sim.launch(stream, lambda: ran.append(1), duration=0.001, tag="ok")
+    sim.device.record_event(stream).synchronize()
+    assert ran == [1]
+    assert [entry.tag for entry in sim.timeline[:3]] == ["ok"]  # a list: it slices
+    sim.close()
 
 
 # -- copies ------------------------------------------------------------------------------------

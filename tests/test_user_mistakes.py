@@ -1,17 +1,21 @@
 """What a new user trips on (issue 22): each mistake gets a message that says what to write.
 
 A plain ``with mgr:``, a forgotten ``await``, a request after ``close()``, ``free`` of a label no
-array has, and the summary's per-group caps; on asyncio and trio.
+array has, the summary's per-group caps, and numpy arrays mixed with (simulated) CuPy arrays; on
+asyncio and trio.
 """
 
 from __future__ import annotations
 
+import typing
 from typing import Any
 
+import numpy as np
 import pytest
 from simkit import TOTAL, Part, vec
 
 from aiocubie import InvalidRequestError, ManagerStateError, MemoryManager, SimulatorBackend
+from aiocubie._backends._sim import SimCupyArray
 
 
 def test_a_plain_with_says_to_write_async_with(sim: SimulatorBackend) -> None:
@@ -69,3 +73,19 @@ async def test_the_summary_says_caps_hold_per_group(sim: SimulatorBackend) -> No
         async with mgr.request(a, {"x": vec(TOTAL // 2 // 8, unchunkable=True)}):  # a: over its own 20%
             text = mgr.memory_summary()
         assert "caps hold per group: an instance may use more than its own cap" in text
+
+
+@pytest.mark.parametrize(
+    "mix",
+    [
+        lambda a, h: a.__setitem__(slice(None), h),
+        lambda a, h: a + h,
+        lambda a, h: np.asarray(a),
+    ],
+    ids=["assign", "add", "asarray"],
+)
+def test_numpy_into_a_simulated_cupy_array_says_what_to_do(mix: typing.Any) -> None:
+    device = SimCupyArray(np.zeros(3))
+    with pytest.raises((TypeError, ValueError), match=r"\.set\(|\.get\(\)") as info:
+        mix(device, np.ones(3))
+    assert "mgr.to_device" in str(info.value) or "mgr.from_device" in str(info.value)

@@ -10,7 +10,7 @@ import os
 import threading
 
 import anyio
-import pytest
+from simkit import LOOPS as LOOPS  # the loops every adversarial suite runs on (tests in tests/ use them too)
 
 from aiocubie import AiocubieError, ArrayRequest, MemoryManager, SimulatorBackend
 
@@ -53,26 +53,6 @@ async def outcome(mgr: MemoryManager, instance: object, requests: dict[str, Arra
         return await mgr.request(instance, requests)
     except AiocubieError as exc:
         return exc
-
-
-def _has_uvloop() -> bool:
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-#: The loops the adversarial suites run on: use as ``@pytest.fixture(params=LOOPS) anyio_backend``.
-LOOPS = [
-    pytest.param("asyncio", id="asyncio"),
-    pytest.param("trio", id="trio"),
-    pytest.param(
-        ("asyncio", {"use_uvloop": True}),
-        id="uvloop",
-        marks=pytest.mark.skipif(not _has_uvloop(), reason="uvloop is not installed"),
-    ),
-]
 
 
 def _seeds() -> list[int]:

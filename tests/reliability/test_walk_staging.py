@@ -1,9 +1,10 @@
 """Walks whose pageable chunks are packed on staging threads, attacked (review of issue 21).
 
 A staging buffer goes back to the pinned pool when the walk ends, and the next walk may be handed
-it at once: a staging thread that still packs into it then writes another walk's data. These
-check that a walk ends only after its staging threads, however it ends, and that walks of odd
-views give numpy's bytes. On asyncio, trio and uvloop.
+it at once: a staging thread that still packs into it, or a copy still queued on a stream, then
+writes another walk's data. These check that a walk ends only after its staging threads and its
+queued copies, however it ends (a release in the body, a reset, a cancellation), and that walks of
+odd views give numpy's bytes. On asyncio, trio and uvloop.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import contextlib
 import math
 import random
 import threading
+import time
+import warnings
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,9 +22,21 @@ import anyio
 import numpy as np
 import pytest
 from _reliability import LOOPS, SEEDS
+from simkit import xy_requests
 
 import aiocubie._backends._staging as staging
-from aiocubie import ArrayRequest, Engines, MemoryManager, ReleasedError, SimulatorBackend, walk_chunks, walk_requests
+from aiocubie import (
+    AiocubieError,
+    ArrayRequest,
+    Engines,
+    MemoryManager,
+    ReleasedError,
+    SimulatorBackend,
+    walk_chunks,
+    walk_requests,
+)
+
+MiB = 1 << 20
 
 pytestmark = pytest.mark.anyio
 
@@ -132,6 +147,40 @@ async def test_copies_queued_ahead_never_write_a_block_the_body_released() -> No
             written = np.unique(buffers[slot].view(np.uint8))
             assert written.tolist() == [0xFF], f"chunk buffer {slot} was not freed once the walk ended"
         assert sim.used == 0
+
+
+async def test_set_allocator_during_an_overlapped_walk_leaves_no_copy_behind() -> None:
+    """Issue 22, item 3: the walk's streams are closed by the reset with copies still queued; the walk
+    must wait for them before its staging buffers go back, and the next walk is exact."""
+    engines = Engines(h2d_bandwidth=2e7, d2h_bandwidth=2e7, copy_latency=0.01)
+    sim = SimulatorBackend(total=2 * MiB, engines=engines)
+    shape = (20, 50_000)
+    requests = xy_requests(shape)
+    async with MemoryManager(sim) as mgr:
+        comp = object()
+        mgr.register(comp)
+        x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+        y = np.zeros_like(x)
+        with pytest.raises(AiocubieError), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            async with mgr.request(comp, requests) as response:
+                assert response.chunks > 4
+                async for chunk in walk_chunks(response, inputs={"x": x}, outputs={"y": y}, depth=2):
+                    chunk.device["y"][...] = chunk.device["x"]
+                    if chunk.index == 3:
+                        mgr.set_allocator("cupy")
+        returned = time.perf_counter()
+        assert mgr.stats().pinned.in_use == 0
+        await anyio.sleep(0.2)  # anything still queued would run now
+        late = [entry for entry in sim.timeline if entry.op == "copy" and entry.end > returned]
+        assert not late, f"copies ran after the walk gave its staging buffers back: {late}"
+        x2 = np.full(shape, 7, np.float32)
+        y2 = np.zeros_like(x2)
+        async with mgr.request(comp, requests) as response:
+            async for chunk in walk_chunks(response, inputs={"x": x2}, outputs={"y": y2}, depth=2):
+                chunk.device["y"][...] = chunk.device["x"]
+        np.testing.assert_array_equal(y2, x2)
+    sim.close()
 
 
 # -- walks of odd views, seeded: every one gives numpy's bytes and gives everything back -------
