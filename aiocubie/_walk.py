@@ -146,7 +146,8 @@ async def walk_chunks(
     ReleasedError
         If the response's arrays were freed (``mgr.release``, ``free``, ``free_all``, the end
         of its ``async with``, a context reset): before the first chunk, or at the next chunk
-        when that happens during the walk.
+        when that happens during the walk. On the simulator, also if a host array is one of a
+        released response (pinned or pageable), as copies refuse it.
 
     Notes
     -----
@@ -287,7 +288,8 @@ async def walk_batches(
     BackendError
         If a copy fails (what was queued is waited for first).
     ReleasedError
-        If the response's arrays were released, at the next batch.
+        If the response's arrays were released, at the next batch; on the simulator, also if a
+        batch's host array is one of a released response.
 
     Notes
     -----
@@ -463,6 +465,10 @@ def _check(response: ArrayResponse, arrays: Any, role: str) -> dict[str, np.ndar
                 "pass a writable array (np.empty_like(x), or x.copy())"
             )
         checked[label] = host
+    device = response.device
+    if device is not None:  # a released response's host array: packed on the host, so no copy would refuse it
+        for host in checked.values():
+            device.check_host(host)
     return checked
 
 

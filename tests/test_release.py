@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from simkit import Part, needs_numba
 
-from aiocubie import ArrayRequest, InvalidRequestError, MemoryManager, ReleasedError
+from aiocubie import ArrayRequest, InvalidRequestError, MemoryManager, ReleasedError, walk_batches, walk_chunks
 
 
 @pytest.mark.anyio
@@ -113,3 +113,28 @@ async def test_release_refuses_what_is_not_one_of_its_responses(anyio_backend: s
         mgr.release(response)  # twice: nothing more to free
         other.release(foreign)
         assert mgr.stats().live_bytes == other.stats().live_bytes == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", ["host", "pinned"])
+@pytest.mark.parametrize("role", ["inputs", "outputs"])
+async def test_walks_refuse_a_released_host_array_of_any_kind(anyio_backend: str, kind: str, role: str) -> None:
+    """A released pageable (host) array is refused by a walk as a pinned one is, and as the copies refuse both."""
+    async with MemoryManager("simulator") as mgr:
+        part = Part()
+        mgr.register(part)
+        response = await mgr.request(part, {"x": ArrayRequest((4, 3), np.float32, kind=kind)})
+        released = response.arrays["x"]
+        mgr.release(response)
+        async with mgr.request(part, {"d": ArrayRequest((4, 3), np.float32)}) as walked:
+            with pytest.raises(ReleasedError, match="released"):
+                async for _ in walk_chunks(walked, **{role: {"d": released}}):
+                    pass
+            with pytest.raises(ReleasedError, match="released"):
+                async for _ in walk_batches(
+                    walked, [({"d": released}, {}) if role == "inputs" else ({}, {"d": released})]
+                ):
+                    pass
+            with pytest.raises(ReleasedError, match="released"):  # a view of it too
+                async for _ in walk_chunks(walked, **{role: {"d": released[:, :]}}):
+                    pass
