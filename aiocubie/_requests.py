@@ -512,10 +512,22 @@ class ReleasedArray:
             raise AttributeError(name)
         return self._refuse()
 
+    def __format__(self, spec: str) -> str:  # f"{x}" prints the stand-in; a number's format needs the data
+        return repr(self) if not spec else self._refuse()
+
+    def __hash__(self) -> int:  # __eq__ refuses: a stand-in is still a dict key, by identity
+        return id(self)
+
     __getitem__ = __setitem__ = __len__ = __iter__ = __array__ = __bool__ = __float__ = __int__ = _refuse
+    __index__ = __complex__ = __round__ = __contains__ = _refuse
     __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _refuse
+    __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = __divmod__ = __rdivmod__ = __rpow__ = _refuse
+    __and__ = __rand__ = __or__ = __ror__ = __xor__ = __rxor__ = __lshift__ = __rlshift__ = _refuse
+    __rshift__ = __rrshift__ = __invert__ = _refuse
     __neg__ = __pos__ = __abs__ = __matmul__ = __rmatmul__ = __pow__ = __lt__ = __le__ = __gt__ = __ge__ = _refuse
-    __iadd__ = __isub__ = __imul__ = __itruediv__ = _refuse
+    __eq__ = __ne__ = _refuse  # an array compares element by element: a quiet False would mislead
+    __iadd__ = __isub__ = __imul__ = __itruediv__ = __ifloordiv__ = __imod__ = __ipow__ = _refuse
+    __iand__ = __ior__ = __ixor__ = __ilshift__ = __irshift__ = __imatmul__ = _refuse
 
     @property
     def __cuda_array_interface__(self) -> Any:

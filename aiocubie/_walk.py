@@ -146,7 +146,8 @@ async def walk_chunks(
     ReleasedError
         If the response's arrays were freed (``mgr.release``, ``free``, ``free_all``, the end
         of its ``async with``, a context reset): before the first chunk, or at the next chunk
-        when that happens during the walk.
+        when that happens during the walk. On the simulator, also if a host array is one of a
+        released response (pinned or pageable), as copies refuse it.
 
     Notes
     -----
@@ -287,7 +288,8 @@ async def walk_batches(
     BackendError
         If a copy fails (what was queued is waited for first).
     ReleasedError
-        If the response's arrays were released, at the next batch.
+        If the response's arrays were released, at the next batch; on the simulator, also if a
+        batch's host array is one of a released response.
 
     Notes
     -----
@@ -348,6 +350,7 @@ async def walk_batches(
     # the next batch: next() of an iterator, or awaited from an async one
     items: Iterator[_Batch] = iter(batches) if isinstance(batches, Iterable) else iter(())
     pending = batches.__aiter__() if not isinstance(batches, Iterable) else None
+    _check_live(response, "walk_batches")  # before the copiers read its arrays: a released one holds none
     device, stream, loop = response.device, response.stream, running_loop()
     # the copies into and out of each array, bound once
     copy_in = {label: device.copier(array, stream, to_device=True) for label, array in response.arrays.items()}
@@ -374,6 +377,7 @@ async def walk_batches(
                     f"batch {index} of walk_batches is {shown(batch)}, not an (inputs, outputs) pair of mappings"
                 )
             ins, outs = batch
+            _check_live(response, "walk_batches")  # released while the batches before it were walked
             copies_in = _straight_copies(copy_in, ins)
             copies_out = None if copies_in is None else _straight_copies(copy_out, outs)
             if copies_in is None or copies_out is None:  # checked in full
@@ -393,11 +397,10 @@ async def walk_batches(
                 copies_in = [(label, copy_in[label].__call__, host) for label, host in ins.items()]
                 copies_out = [(label, copy_out[label].__call__, host) for label, host in outs.items()]
             hosts = {**ins, **outs}
-            _check_live(response)
             for label, copy, ready in copies_in:
                 copy(ready, ("in", index, label))
             yield Chunk(index, 0, response.runs, response._device_view(), MappingProxyType(hosts), stream)
-            _check_live(response)
+            _check_live(response, "walk_batches")
             for label, copy, ready in copies_out:
                 copy(ready, ("out", index, label))
             landed.append((device.record_event(stream), (*ins.values(), *outs.values())))
@@ -463,6 +466,10 @@ def _check(response: ArrayResponse, arrays: Any, role: str) -> dict[str, np.ndar
                 "pass a writable array (np.empty_like(x), or x.copy())"
             )
         checked[label] = host
+    device = response.device
+    if device is not None:  # a released response's host array: packed on the host, so no copy would refuse it
+        for host in checked.values():
+            device.check_host(host)
     return checked
 
 
@@ -844,11 +851,11 @@ class _Walk:
                 await self.loop.wait(staged)
 
 
-def _check_live(response: ArrayResponse) -> None:
+def _check_live(response: ArrayResponse, walk: str = "walk_chunks") -> None:
     if response._released:  # the set itself: a walk checks it at every chunk
         released = response.released
         raise ReleasedError(
-            f"walk_chunks: the response's arrays {sorted(released)} were released (mgr.release, free, "
+            f"{walk}: the response's arrays {sorted(released)} were released (mgr.release, free, "
             "free_all, the end of its `async with`, its manager's exit, or a context reset): walk inside "
             "the `async with mgr.request(...)` block, or before releasing the response"
         )

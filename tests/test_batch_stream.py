@@ -868,7 +868,7 @@ async def test_leaving_walk_batches_early_waits_for_what_it_queued(how: str) -> 
                 except KeyError:
                     assert how == "raise"
                 except ReleasedError as exc:
-                    assert how == "release" and "walk_chunks" in str(exc)
+                    assert how == "release" and "walk_batches" in str(exc)  # the walk the user called
                 except BackendError as exc:
                     assert how == "fault" and "injected fault" in str(exc)
                 assert _idle(sim)  # what it queued is done before the arrays are freed

@@ -12,7 +12,15 @@ import numpy as np
 import pytest
 from simkit import LOOPS, Part, needs_numba, xy_requests
 
-from aiocubie import ArrayRequest, InvalidRequestError, MemoryManager, ReleasedError, SimulatorBackend, walk_chunks
+from aiocubie import (
+    ArrayRequest,
+    InvalidRequestError,
+    MemoryManager,
+    ReleasedError,
+    SimulatorBackend,
+    walk_batches,
+    walk_chunks,
+)
 
 MiB = 1 << 20
 
@@ -187,3 +195,91 @@ async def test_release_refuses_what_is_not_one_of_its_responses(anyio_backend: s
         mgr.release(response)  # twice: nothing more to free
         other.release(foreign)
         assert mgr.stats().live_bytes == other.stats().live_bytes == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", ["host", "pinned"])
+@pytest.mark.parametrize("role", ["inputs", "outputs"])
+async def test_walks_refuse_a_released_host_array_of_any_kind(anyio_backend: str, kind: str, role: str) -> None:
+    """A released pageable (host) array is refused by a walk as a pinned one is, and as the copies refuse both."""
+    async with MemoryManager("simulator") as mgr:
+        part = Part()
+        mgr.register(part)
+        response = await mgr.request(part, {"x": ArrayRequest((4, 3), np.float32, kind=kind)})
+        released = response.arrays["x"]
+        mgr.release(response)
+        async with mgr.request(part, {"d": ArrayRequest((4, 3), np.float32)}) as walked:
+            with pytest.raises(ReleasedError, match="released"):
+                async for _ in walk_chunks(walked, **{role: {"d": released}}):
+                    pass
+            with pytest.raises(ReleasedError, match="released"):
+                async for _ in walk_batches(
+                    walked, [({"d": released}, {}) if role == "inputs" else ({}, {"d": released})]
+                ):
+                    pass
+            with pytest.raises(ReleasedError, match="released"):  # a view of it too
+                async for _ in walk_chunks(walked, **{role: {"d": released[:, :]}}):
+                    pass
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "use",
+    [
+        lambda x: x == 0,
+        lambda x: x != 0,
+        lambda x: x // 2,
+        lambda x: x % 2,
+        lambda x: x & 1,
+        lambda x: x | 1,
+        lambda x: x ^ 1,
+        lambda x: ~x,
+        lambda x: x << 1,
+        lambda x: x >> 1,
+        lambda x: 2**x,
+        lambda x: divmod(x, 2),
+        lambda x: round(x),
+        lambda x: [1, 2][x],
+        lambda x: f"{x:.3f}",
+    ],
+    ids=["eq", "ne", "floordiv", "mod", "and", "or", "xor", "invert", "lshift", "rshift", "rpow", "divmod", "round",
+         "index", "format"],
+)  # fmt: skip
+async def test_a_released_responses_array_refuses_operators_with_the_released_error(
+    anyio_backend: str, use: Callable[[Any], Any]
+) -> None:
+    """What stands in for a released array says so for every operator an array has (not a TypeError, nor a
+    quiet False from ``==``); it still prints, hashes and sits in a dict."""
+    async with MemoryManager("simulator") as mgr:
+        part = Part()
+        mgr.register(part)
+        async with mgr.request(part, {"x": ArrayRequest((4,), np.float32)}) as response:
+            pass
+        stand_in = response.arrays["x"]
+        with pytest.raises(ReleasedError, match="released"):
+            use(stand_in)
+        assert "released" in repr(stand_in) and "released" in f"{stand_in}" and {stand_in: 1}[stand_in] == 1
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("pinned", [True, False], ids=["pinned", "pageable"])
+async def test_walk_batches_of_a_released_response_names_the_walk(anyio_backend: str, pinned: bool) -> None:
+    """Released before the walk or during it, on the direct path and the staged one: the walk's own error."""
+    async with MemoryManager("simulator") as mgr:
+        part = Part()
+        mgr.register(part)
+
+        def batch() -> tuple[dict[str, Any], dict[str, Any]]:
+            x = mgr.create_host_array((4,), np.float32, "pinned") if pinned else np.zeros(4, np.float32)
+            return {"x": x}, {}
+
+        async with mgr.request(part, {"x": ArrayRequest((4,), np.float32)}) as response:
+            pass
+        with pytest.raises(ReleasedError, match="walk_batches: the response's arrays"):
+            async for _ in walk_batches(response, [batch()]):
+                pass
+        response = await mgr.request(part, {"x": ArrayRequest((4,), np.float32)})
+        # a staged batch is walked by walk_chunks, which names itself when the release comes in its body
+        with pytest.raises(ReleasedError, match="walk_(batches|chunks): the response's arrays"):
+            async for _ in walk_batches(response, [batch(), batch()]):
+                mgr.release(response)

@@ -190,6 +190,11 @@ class Device(abc.ABC):
         """True if host ``array`` (or the array it views) is page-locked, so copies from and
         to it can run asynchronously on a copy engine."""
 
+    def check_host(self, array: np.ndarray[Any, Any]) -> None:  # noqa: B027 - optional: a GPU cannot tell
+        """Raise :class:`ReleasedError` if host ``array`` views the memory of a released response
+        (the simulator knows it; a GPU's device does not check). Copies check their ends; this is
+        for host arrays a walk copies on the host (pageable data packed into staging buffers)."""
+
     @property
     def pinned_pool(self) -> PinnedPool:
         """The device's pool of page-locked staging buffers (made on first use)."""

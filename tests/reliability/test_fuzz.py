@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -67,7 +68,9 @@ def names_value(exc: BaseException, value: Any) -> bool:
     if isinstance(value, enum.Enum):
         forms.add(repr(value.value))
     try:  # a dtype given as a type or code ('O', object) is shown as numpy names it
-        forms.add(f"dtype {np.dtype(value)}")
+        with warnings.catch_warnings():  # a drawn 'a' is a deprecated alias of 'S': no warnings summary
+            warnings.simplefilter("ignore", DeprecationWarning)
+            forms.add(f"dtype {np.dtype(value)}")
     except Exception:
         pass
     return any(form in message for form in forms)

@@ -183,6 +183,9 @@ class SimDevice(Device):
             self.state.pinned[id(data)] = data
         return data.view(dtype).reshape(shape)
 
+    def check_host(self, array: np.ndarray[Any, Any]) -> None:
+        check_live(array)
+
     def is_pinned(self, array: Any) -> bool:
         """True for host arrays made ``pinned`` here, and views of them."""
         pinned = self.state.pinned
