@@ -489,16 +489,32 @@ class ReleasedArray:
     """What a released response's ``arrays[label]`` holds: every use raises :class:`ReleasedError`.
 
     The response lets go of a released array, so its memory goes back even while the response
-    is kept (an ``async with mgr.request(...) as response`` variable outlives its block).
+    is kept (an ``async with mgr.request(...) as response`` variable outlives its block). What
+    the array was stays readable, none of its memory: ``shape``, ``dtype``, ``ndim``, ``size``,
+    ``nbytes`` (a ready hook may read them after an ordered request was released).
     """
 
-    __slots__ = ("label",)
+    __slots__ = ("dtype", "label", "shape")
 
-    def __init__(self, label: str) -> None:
+    def __init__(self, label: str, shape: tuple[int, ...] = (), dtype: Any = None) -> None:
         self.label = label
+        self.shape = tuple(shape)
+        self.dtype = dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * np.dtype(self.dtype).itemsize if self.dtype is not None else 0
 
     def __repr__(self) -> str:
-        return f"<released array {self.label!r}>"
+        return f"<released array {self.label!r} {self.shape} {self.dtype}>"
 
     def _refuse(self, *args: object, **kwargs: object) -> Any:
         raise ReleasedError(
@@ -606,7 +622,8 @@ class ArrayResponse:
         arrays, buffers = self.arrays, self.buffers
         for label in labels:
             if label in arrays:
-                arrays[label] = ReleasedArray(label)
+                array = arrays[label]  # a hand-built response may hold anything: what it says of itself
+                arrays[label] = ReleasedArray(label, getattr(array, "shape", ()), getattr(array, "dtype", None))
             buffers.pop(label, None)
         if self._cached is not None:  # device views of the arrays
             object.__setattr__(self, "_cached", None)

@@ -388,9 +388,10 @@ class GroupScheduler:
 
         In passive mode a batch that waits joins the waiting line of every group, and is served
         only at its head (first come, first served among waiting batches); it leaves the line when
-        it ends, however. A batch that fits when it is planned never waits behind the line: a
-        waiting batch cannot hold up the releases it waits for (a component that holds memory and
-        asks again before releasing it would wait on itself), at the price that steady traffic of
+        it ends, however. Two exceptions keep a waiting batch from holding up the releases it waits
+        for (a component that holds memory and asks again before releasing it): a batch that fits
+        when it is planned never waits behind the line, and a waiting batch whose members hold
+        memory is served as soon as it fits (see :meth:`_behind`). The price: steady traffic of
         batches that fit may serve ahead of a large waiting one.
         """
         try:
@@ -409,9 +410,18 @@ class GroupScheduler:
             self._line.leave(self)
 
     def _behind(self) -> bool:
-        """True if this group's batch waits for memory behind another group's (passive, policy wait)."""
+        """True if this group's batch waits for memory behind another group's (passive, policy wait).
+
+        A batch whose members hold memory is never behind: the batches ahead may wait for what
+        they hold, which they would release only after this batch is served.
+        """
         line = self._line
-        return bool(line) and self in line and not line.first(self)
+        if not line or self not in line or line.first(self):
+            return False
+        options = self._account.options
+        if options.active or not options.waits:  # the mode or policy changed while it waited
+            return False
+        return not self._account.ledger.held({t.key for t in self._planning})
 
     def _try_plan(self, batch: list[Ticket]) -> ChunkPlan | None:
         """The plan for ``batch`` now, or None if it must wait for memory (policy wait).

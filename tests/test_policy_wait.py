@@ -102,6 +102,33 @@ async def test_a_request_waits_for_another_groups_release_then_is_served(sim: Si
 
 
 @pytest.mark.anyio
+async def test_a_waiting_batch_whose_members_hold_memory_is_served_once_it_fits(sim: SimulatorBackend) -> None:
+    """b waits at the head for what a holds; a asks for more before releasing and waits behind b:
+    once a's request fits it is served (behind b it would wait forever), then a releases and b goes."""
+    a, b, c = Part(), Part(), Part()
+    async with passive_wait(sim) as mgr:
+        for part, group in ((a, "a"), (b, "b"), (c, "c")):
+            mgr.register(part, stream_group=group)
+        held_a, held_c = await mgr.request(a, blob(500 * KB)), await mgr.request(c, blob(300 * KB))
+        ended: list[str] = []
+        big, more = Asker(mgr, b, 900 * KB, ended, "big"), Asker(mgr, a, 300 * KB, ended, "more")
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(big)
+                await wait_until(lambda: waiting(mgr) == 1)
+                tg.start_soon(more)
+                await wait_until(lambda: waiting(mgr) == 2)  # 200 kB free: a's waits too, behind b's
+                mgr.release(held_c)  # a's fits now
+                await wait_until(lambda: more.response is not None)
+                assert ended == ["more"]
+                mgr.release(more.response)
+                mgr.release(held_a)
+        assert ended == ["more", "big"] and big.response is not None
+        mgr.release(big.response)
+        assert_all_released(mgr, sim)
+
+
+@pytest.mark.anyio
 async def test_set_policy_wait_makes_a_passive_request_wait(sim: SimulatorBackend) -> None:
     a, b = Part(), Part()
     async with MemoryManager(sim, batch_window=0, free_cache_seconds=0) as mgr:

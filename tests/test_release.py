@@ -259,6 +259,14 @@ async def test_a_released_responses_array_refuses_operators_with_the_released_er
         with pytest.raises(ReleasedError, match="released"):
             use(stand_in)
         assert "released" in repr(stand_in) and "released" in f"{stand_in}" and {stand_in: 1}[stand_in] == 1
+        # what the array was, none of its memory: a ready hook of an ordered request may read it late
+        assert (stand_in.shape, stand_in.dtype, stand_in.ndim, stand_in.size, stand_in.nbytes) == (
+            (4,),
+            np.dtype(np.float32),
+            1,
+            4,
+            16,
+        )
 
 
 @pytest.mark.anyio
