@@ -18,12 +18,14 @@ Drained = Callable[..., Awaitable[None]]
 
 
 #: Advice that randomized load gives by chance, not what these suites check (budgets, leaks, order):
-#: a request waiting (policy "wait") on memory its own member holds in another task, and a batch
-#: over 20x the free memory. AiocubieWarnings are errors elsewhere; tests/test_scheduler.py,
-#: test_wait_batches.py and test_planner.py check these warnings themselves (pytest.warns).
+#: a request waiting (policy "wait") on memory its own member holds in another task, a batch over
+#: 20x the free memory, manual proportions that leave the auto pool under its minimum. AiocubieWarnings
+#: are errors elsewhere; tests/test_scheduler.py, test_wait_batches.py, test_planner.py and
+#: test_budget.py check these warnings themselves (pytest.warns).
 _ADVICE = (
     "ignore:.*waits for memory its own requester:aiocubie.AiocubieWarning",
     "ignore:.*more than 20x the .* free:aiocubie.AiocubieWarning",
+    "ignore:manual proportions would sum to:aiocubie.AiocubieWarning",
 )
 
 
