@@ -9,6 +9,8 @@ Run: python examples/async_pipeline.py
 
 from __future__ import annotations
 
+import contextlib
+
 import anyio
 import numpy as np
 
@@ -54,29 +56,30 @@ class PostProcessor:
 async def main() -> None:
     x = np.random.default_rng(0).standard_normal((4, RUNS))
     results: dict[str, tuple[np.ndarray, int]] = {}
-    backend = "cuda" if aiocubie.gpu_status()[0] else SimulatorBackend(256 << 10)
-    async with MemoryManager(backend) as mgr:
-        solvers = {"solver-a": Solver(2.0), "solver-b": Solver(-1.0)}
+    simulated = SimulatorBackend(256 << 10) if not aiocubie.gpu_status()[0] else None
+    with simulated or contextlib.nullcontext("cuda") as backend:  # a backend passed in is closed by who made it
+        async with MemoryManager(backend) as mgr:
+            solvers = {"solver-a": Solver(2.0), "solver-b": Solver(-1.0)}
+            for name, solver in solvers.items():
+                mgr.register(solver, stream_group="solve", name=name)
+            post = PostProcessor()
+            mgr.register(post, stream_group="post", name="post")
+
+            async def run(name: str) -> None:
+                results[name] = await solvers[name].solve(mgr, x)
+
+            async with anyio.create_task_group() as tg:
+                for name in solvers:
+                    tg.start_soon(run, name)
+            sums = await post.reduce(mgr, results["solver-a"][0])
+            stats = mgr.stats()
         for name, solver in solvers.items():
-            mgr.register(solver, stream_group="solve", name=name)
-        post = PostProcessor()
-        mgr.register(post, stream_group="post", name="post")
-
-        async def run(name: str) -> None:
-            results[name] = await solvers[name].solve(mgr, x)
-
-        async with anyio.create_task_group() as tg:
-            for name in solvers:
-                tg.start_soon(run, name)
-        sums = await post.reduce(mgr, results["solver-a"][0])
-        stats = mgr.stats()
-    for name, solver in solvers.items():
-        y, chunks = results[name]
-        assert np.allclose(y, solver.a * x + 1)
-        print(f"{name}: {chunks} chunks, all {y.size} elements correct")
-    assert np.allclose(sums, (2.0 * x + 1).sum(axis=0))
-    print(f"solve group: {stats.groups['solve'].batches} batch(es) for {stats.groups['solve'].requests} requests")
-    print(f"post: sums of {sums.size} runs correct; peak {stats.peak_bytes} of {stats.total} bytes")
+            y, chunks = results[name]
+            assert np.allclose(y, solver.a * x + 1)
+            print(f"{name}: {chunks} chunks, all {y.size} elements correct")
+        assert np.allclose(sums, (2.0 * x + 1).sum(axis=0))
+        print(f"solve group: {stats.groups['solve'].batches} batch(es) for {stats.groups['solve'].requests} requests")
+        print(f"post: sums of {sums.size} runs correct; peak {stats.peak_bytes} of {stats.total} bytes")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ Run: python examples/cubie_pipeline.py
 
 from __future__ import annotations
 
+import contextlib
+
 import aiocubie
 
 BACKEND, WHY = aiocubie.select_backend()  # without a GPU it sets NUMBA_ENABLE_CUDASIM=1, which cubie reads
@@ -51,44 +53,45 @@ async def main() -> None:
     system = create_ODE_system(
         ["dx = v", "dv = mu * (1 - x*x) * v - x"], states={"x": 1.0, "v": 0.0}, parameters={"mu": 1.5}
     )
-    backend = SimulatorBackend(total=SIMULATED_DEVICE) if BACKEND == "simulator" else "cuda"
-    async with MemoryManager(backend, headroom=CUBIE_HEADROOM) as mgr:
-        loader, stop = Loader(), anyio.Event()
-        mgr.register(loader, stream_group="load")
-        held = await mgr.request(loader, {"cache": ArrayRequest((40 * 1024,), np.uint8, unchunkable=True)})
-        memory = CubieMemoryManager(mgr)  # cubie's MemoryManager, on this loop's aiocubie manager
-        solvers = {name: Solver(system, algorithm="euler", memory_manager=memory) for name in "ab"}
-        results = {}
+    simulated = SimulatorBackend(total=SIMULATED_DEVICE) if BACKEND == "simulator" else None
+    with simulated or contextlib.nullcontext("cuda") as backend:  # a backend passed in is closed by who made it
+        async with MemoryManager(backend, headroom=CUBIE_HEADROOM) as mgr:
+            loader, stop = Loader(), anyio.Event()
+            mgr.register(loader, stream_group="load")
+            held = await mgr.request(loader, {"cache": ArrayRequest((40 * 1024,), np.uint8, unchunkable=True)})
+            memory = CubieMemoryManager(mgr)  # cubie's MemoryManager, on this loop's aiocubie manager
+            solvers = {name: Solver(system, algorithm="euler", memory_manager=memory) for name in "ab"}
+            results = {}
 
-        async def run_solve(name: str, seed: int) -> None:
-            results[name] = await solve(solvers[name], *problem(seed), **SETTINGS)
+            async def run_solve(name: str, seed: int) -> None:
+                results[name] = await solve(solvers[name], *problem(seed), **SETTINGS)
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(loader.run, mgr, stop)
-            async with anyio.create_task_group() as solves:
-                solves.start_soon(run_solve, "a", 1)
-                solves.start_soon(run_solve, "b", 2)
-            stop.set()
-        for name, seed in (("a", 1), ("b", 2)):
-            params = solvers[name].kernel.run_params
-            reference = Solver(system, algorithm="euler")  # cubie's own memory manager
-            expected = reference.solve(*problem(seed), **SETTINGS)
-            same = np.array(results[name].state).tobytes() == np.array(expected.state).tobytes()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(loader.run, mgr, stop)
+                async with anyio.create_task_group() as solves:
+                    solves.start_soon(run_solve, "a", 1)
+                    solves.start_soon(run_solve, "b", 2)
+                stop.set()
+            for name, seed in (("a", 1), ("b", 2)):
+                params = solvers[name].kernel.run_params
+                reference = Solver(system, algorithm="euler")  # cubie's own memory manager
+                expected = reference.solve(*problem(seed), **SETTINGS)
+                same = np.array(results[name].state).tobytes() == np.array(expected.state).tobytes()
+                print(
+                    f"solve {name}: {params.runs} runs in {params.num_chunks} chunks of {params.chunk_length}, "
+                    f"{'identical to' if same else 'DIFFERENT from'} cubie's own memory manager"
+                )
+                reference.close()
+                solvers[name].close()
             print(
-                f"solve {name}: {params.runs} runs in {params.num_chunks} chunks of {params.chunk_length}, "
-                f"{'identical to' if same else 'DIFFERENT from'} cubie's own memory manager"
+                f"loader: {loader.batches} batches on the loop while the solves ran, beside a {held.arrays['cache'].nbytes} B cache"
             )
-            reference.close()
-            solvers[name].close()
-        print(
-            f"loader: {loader.batches} batches on the loop while the solves ran, beside a {held.arrays['cache'].nbytes} B cache"
-        )
-        mgr.release(held)
-        stats = mgr.stats().groups
-        print(
-            f"one stats table: groups {sorted(stats)}; solver chunks {stats['solver'].chunks}, load requests {stats['load'].requests}"
-        )
-        print(mgr.memory_summary())
+            mgr.release(held)
+            stats = mgr.stats().groups
+            print(
+                f"one stats table: groups {sorted(stats)}; solver chunks {stats['solver'].chunks}, load requests {stats['load'].requests}"
+            )
+            print(mgr.memory_summary())
 
 
 if __name__ == "__main__":

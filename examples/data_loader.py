@@ -8,6 +8,8 @@ Run: python examples/data_loader.py
 
 from __future__ import annotations
 
+import contextlib
+
 import aiocubie
 
 BACKEND, WHY = aiocubie.select_backend()  # before numba.cuda is imported: it may set NUMBA_ENABLE_CUDASIM
@@ -65,15 +67,16 @@ class Consumer:
 
 
 async def main() -> None:
-    backend = SimulatorBackend(64 << 10) if BACKEND == "simulator" else "cuda"
-    async with MemoryManager(backend) as mgr:
-        consumer = Consumer()
-        mgr.register(consumer, stream_group="compute")
-        send, receive = anyio.create_memory_object_stream[np.ndarray](2)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(load, send)
-            done = await consumer.consume(mgr, receive)
-    print(f"{done} batches checked against numpy on {BACKEND} ({WHY})")
+    simulated = SimulatorBackend(64 << 10) if BACKEND == "simulator" else None
+    with simulated or contextlib.nullcontext("cuda") as backend:  # a backend passed in is closed by who made it
+        async with MemoryManager(backend) as mgr:
+            consumer = Consumer()
+            mgr.register(consumer, stream_group="compute")
+            send, receive = anyio.create_memory_object_stream[np.ndarray](2)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(load, send)
+                done = await consumer.consume(mgr, receive)
+        print(f"{done} batches checked against numpy on {BACKEND} ({WHY})")
 
 
 if __name__ == "__main__":

@@ -54,27 +54,27 @@ class LookupCache:
 
 
 async def record() -> tuple[History, str]:
-    sim = SimulatorBackend(4 * MiB, latency=0.0002, allocator="cupy")
-    async with MemoryManager(sim, free_cache_seconds=3600) as mgr:
-        mgr.record_history()
-        loader, solver_a, solver_b = Stage(), Stage(), Stage()
-        cache = LookupCache(mgr)
-        mgr.register(loader, stream_group="load", name="loader")
-        mgr.register(solver_a, stream_group="solve", name="solver-a")
-        mgr.register(solver_b, stream_group="solve", name="solver-b")
-        mgr.register(cache, stream_group="cache", name="lookup-cache")
-        mgr.add_reclaim_hook(cache.reclaim)
-        cache.fill()
-        for step, runs in enumerate((8_000, 30_000, 16_000, 24_000)):
-            if step == 3:  # the pool is emptied, and another process takes all but 900 KiB, unseen
-                sim.resource.release_cached()
-                sim.occupy(sim.device.memory_info().free - 900 * 1024)
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(loader.work, mgr, runs)
-                tg.start_soon(solver_a.work, mgr, runs)
-                tg.start_soon(solver_b.work, mgr, runs // 2)
-            await anyio.sleep(0.01)
-        return mgr.history(), mgr.memory_summary()
+    with SimulatorBackend(4 * MiB, latency=0.0002, allocator="cupy") as sim:
+        async with MemoryManager(sim, free_cache_seconds=3600) as mgr:
+            mgr.record_history()
+            loader, solver_a, solver_b = Stage(), Stage(), Stage()
+            cache = LookupCache(mgr)
+            mgr.register(loader, stream_group="load", name="loader")
+            mgr.register(solver_a, stream_group="solve", name="solver-a")
+            mgr.register(solver_b, stream_group="solve", name="solver-b")
+            mgr.register(cache, stream_group="cache", name="lookup-cache")
+            mgr.add_reclaim_hook(cache.reclaim)
+            cache.fill()
+            for step, runs in enumerate((8_000, 30_000, 16_000, 24_000)):
+                if step == 3:  # the pool is emptied, and another process takes all but 900 KiB, unseen
+                    sim.resource.release_cached()
+                    sim.occupy(sim.device.memory_info().free - 900 * 1024)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(loader.work, mgr, runs)
+                    tg.start_soon(solver_a.work, mgr, runs)
+                    tg.start_soon(solver_b.work, mgr, runs // 2)
+                await anyio.sleep(0.01)
+            return mgr.history(), mgr.memory_summary()
 
 
 def main(out_dir: Path) -> None:

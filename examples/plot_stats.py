@@ -26,16 +26,17 @@ class Stage:
 
 
 async def record() -> Recorder:
-    async with MemoryManager(SimulatorBackend(1 << 20, latency=0.0005), mode="active") as mgr:
-        loader, solver = Stage(), Stage()
-        mgr.register(loader, stream_group="load", name="loader")
-        mgr.register(solver, stream_group="solve", name="solver")
-        async with Recorder(mgr, interval=0.002) as recorder:
-            async with anyio.create_task_group() as tg:
-                for runs in (10_000, 40_000, 20_000):
-                    tg.start_soon(loader.work, mgr, runs)
-                    tg.start_soon(solver.work, mgr, runs * 2)
-                    await anyio.sleep(0.02)
+    with SimulatorBackend(1 << 20, latency=0.0005) as sim:
+        async with MemoryManager(sim, mode="active") as mgr:
+            loader, solver = Stage(), Stage()
+            mgr.register(loader, stream_group="load", name="loader")
+            mgr.register(solver, stream_group="solve", name="solver")
+            async with Recorder(mgr, interval=0.002) as recorder:
+                async with anyio.create_task_group() as tg:
+                    for runs in (10_000, 40_000, 20_000):
+                        tg.start_soon(loader.work, mgr, runs)
+                        tg.start_soon(solver.work, mgr, runs * 2)
+                        await anyio.sleep(0.02)
     return recorder
 
 
