@@ -73,8 +73,9 @@ async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="cuda", choices=["cuda", "simulator"])
     parser.add_argument("--quick", action="store_true", help="fewer cases and 1 MiB at most (CI)")
+    parser.add_argument("--allocators", default="default,cupy", help="comma-separated (default: default,cupy)")
     args = parser.parse_args()
-    allocators = ["default", "cupy"]
+    allocators = args.allocators.split(",")
     shapes = [(1, 2), (1, 24), (4, 24), (24, 24)] if not args.quick else [(1, 2), (2, 8)]
     variants = [
         dict(zero=False, kernels=False, cancel=False),
@@ -92,7 +93,7 @@ async def main() -> int:
         if args.backend == "cuda":
             backend: Any = aiocubie.create_backend("cuda", allocator=allocator)
         else:
-            backend = aiocubie.SimulatorBackend(1 << 30, allocator="cupy" if allocator == "cupy" else None)
+            backend = aiocubie.SimulatorBackend(1 << 30, allocator=None if allocator == "default" else allocator)
         try:
             for groups, tasks in shapes:
                 for variant in variants:
