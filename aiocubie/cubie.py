@@ -14,7 +14,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import anyio
 import anyio.from_thread
@@ -30,6 +30,7 @@ import aiocubie
 __all__ = ["CUBIE_GRANULE", "CUBIE_HEADROOM", "CubieMemoryManager", "solve"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 #: cubie's CUDA simulator swaps module globals while a kernel runs: one simulated solve at a time.
 _SIMULATOR = threading.Lock()
@@ -173,14 +174,11 @@ class CubieMemoryManager(_cubie.MemoryManager):  # type: ignore[misc]
         self._loop.close()
         self._loop = None
 
-    def _aio(self, name: str, *args: Any) -> Any:
-        """``self.aiocubie.name(*args)``, on the manager's loop."""
-        return self._aio_call(getattr(self.aiocubie, name), *args)
-
-    def _aio_call(self, fn: Callable[..., T], *args: Any) -> T:
+    def _aio(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """``fn(*args, **kwargs)`` (a method of ``self.aiocubie``, type-checked), on the manager's loop."""
         if self._loop is None:
             raise aiocubie.ManagerStateError("this cubie memory manager is closed")
-        return self._loop.call(fn, *args)
+        return self._loop.call(functools.partial(fn, *args, **kwargs))
 
     def _instance(self, instance_id: int) -> Any:
         held = self._instances.get(instance_id)
@@ -189,11 +187,11 @@ class CubieMemoryManager(_cubie.MemoryManager):  # type: ignore[misc]
     # -- what cubie reads from the device -------------------------------------------------------
     def get_memory_info(self) -> tuple[int, int]:
         """Free and total device memory, as aiocubie's backend reads them."""
-        info = self._aio("memory_info")
-        return int(info.free), int(info.total)
+        info = self._aio(self.aiocubie.memory_info)
+        return info.free, info.total
 
     def get_available_memory(self, group: str) -> int:
-        return int(self._aio("get_available_memory", group))
+        return self._aio(self.aiocubie.get_available_memory, group)
 
     # -- registration and budgets ---------------------------------------------------------------
     def register(
@@ -213,11 +211,11 @@ class CubieMemoryManager(_cubie.MemoryManager):  # type: ignore[misc]
             invalidate_hook=functools.partial(self._invalidated, id(instance)),
             owner=instance if owner is None else owner,
         )
-        self._aio_call(register)
+        self._aio(register)
         try:
             super().register(instance, proportion, invalidate_cache_hook, allocation_ready_hook, stream_group, owner)
         except BaseException:
-            self._aio("unregister", instance)
+            self._aio(self.aiocubie.unregister, instance)
             raise
         try:
             self._instances[id(instance)] = weakref.ref(instance)
@@ -236,35 +234,35 @@ class CubieMemoryManager(_cubie.MemoryManager):  # type: ignore[misc]
             self._free_arrays(instance_id, settings)
             instance = self._instance(instance_id)
             self._instances.pop(instance_id, None)
-            if instance is not None and self._loop is not None and self._aio("is_registered", instance):
-                self._aio("unregister", instance)
+            if instance is not None and self._loop is not None and self._aio(self.aiocubie.is_registered, instance):
+                self._aio(self.aiocubie.unregister, instance)
         super().release_instance(instance_id, settings)
 
     def proportion(self, instance: object) -> float:
-        return float(self._aio("proportion", instance))
+        return self._aio(self.aiocubie.proportion, instance)
 
     def manual_proportion(self, instance: object) -> float | None:
-        return self._aio("manual_proportion", instance)  # type: ignore[no-any-return]
+        return self._aio(self.aiocubie.manual_proportion, instance)
 
     def cap(self, instance: object) -> int:
-        return int(self._aio("cap", instance))
+        return self._aio(self.aiocubie.cap, instance)
 
     def set_manual_proportion(self, instance: object, proportion: float) -> None:
-        self._aio("set_manual_proportion", instance, proportion)
+        self._aio(self.aiocubie.set_manual_proportion, instance, proportion)
         super().set_manual_proportion(instance, proportion)
 
     def set_manual_limit_mode(self, instance: object, proportion: float) -> None:
         if self.manual_proportion(instance) is None:
-            self._aio("set_manual_limit_mode", instance, proportion)
+            self._aio(self.aiocubie.set_manual_limit_mode, instance, proportion)
         super().set_manual_limit_mode(instance, proportion)
 
     def set_auto_limit_mode(self, instance: object) -> None:
         if self.manual_proportion(instance) is not None:
-            self._aio("set_auto_limit_mode", instance)
+            self._aio(self.aiocubie.set_auto_limit_mode, instance)
         super().set_auto_limit_mode(instance)
 
     def set_limit_mode(self, mode: str) -> None:
-        self._aio("set_limit_mode", mode)
+        self._aio(self.aiocubie.set_limit_mode, mode)
         super().set_limit_mode(mode)
 
     def change_stream_group(self, instance: object, new_group: str) -> None:
@@ -274,7 +272,7 @@ class CubieMemoryManager(_cubie.MemoryManager):  # type: ignore[misc]
         moving = [m for i in members if self._owned_by(i, owner_id) and (m := self._instance(i)) is not None]
         super().change_stream_group(instance, new_group)
         for member in moving:
-            self._aio("change_stream_group", member, new_group)
+            self._aio(self.aiocubie.change_stream_group, member, new_group)
 
     # -- requests -------------------------------------------------------------------------------
     def allocate_queue(self, triggering_instance: object, stream: Any = None) -> None:
@@ -397,7 +395,7 @@ class CubieMemoryManager(_cubie.MemoryManager):  # type: ignore[misc]
         if settings.last_stream is not None:
             settings.last_stream.synchronize()
         for each in labels:
-            self._aio("free", each, instance)
+            self._aio(self.aiocubie.free, each, instance)
 
     def free(self, array_label: str) -> None:
         for instance_id, settings in list(self.registry.items()):
