@@ -76,6 +76,8 @@ class Policy(str, enum.Enum):
 
 def _mode(value: Any) -> LimitMode:
     try:
+        if not isinstance(value, str):  # the enum's lookup would compare an array element by element
+            raise ValueError(value)
         return LimitMode(value)
     except ValueError:
         raise ConfigurationError(f"unknown limit mode {shown(value)}: use 'passive' or 'active'") from None
@@ -83,6 +85,8 @@ def _mode(value: Any) -> LimitMode:
 
 def _policy(value: Any) -> Policy:
     try:
+        if not isinstance(value, str):
+            raise ValueError(value)
         return Policy(value)
     except ValueError:
         raise ConfigurationError(f"unknown policy {shown(value)}: use 'chunk', 'wait' or 'fail'") from None

@@ -58,10 +58,12 @@ class MemoryKind(str, enum.Enum):
         """Return the kind named by ``value``; raise InvalidRequestError for an unknown name."""
         if isinstance(value, MemoryKind):
             return value
+        names = ", ".join(k.value for k in cls)
+        if not isinstance(value, str):  # before the enum's lookup, which compares an array element by element
+            raise InvalidRequestError(f"unknown memory kind {shown(value)}: use one of {names}")
         try:
             return cls(value)
         except ValueError:
-            names = ", ".join(k.value for k in cls)
             raise InvalidRequestError(f"unknown memory kind {value!r}: use one of {names}") from None
 
 
