@@ -68,8 +68,10 @@ def names_value(exc: BaseException, value: Any) -> bool:
     if isinstance(value, enum.Enum):
         forms.add(repr(value.value))
     try:  # a dtype given as a type or code ('O', object) is shown as numpy names it
-        with warnings.catch_warnings():  # a drawn 'a' is a deprecated alias of 'S': no warnings summary
-            warnings.simplefilter("ignore", DeprecationWarning)
+        # numpy's own advice on a drawn value (a deprecated 'a', numpy 1.x's (type, 1)) is not what
+        # this helper reads: no warnings summary
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             forms.add(f"dtype {np.dtype(value)}")
     except Exception:
         pass
