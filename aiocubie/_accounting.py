@@ -38,12 +38,12 @@ log = logging.getLogger("aiocubie")
 
 #: A reclaim hook: called with the bytes an allocation needs, it frees what it can (releases
 #: arrays, spills) and returns the bytes it freed, or None if it cannot say. It may release
-#: (``release``, ``free``, ``free_all``, ``unregister``, ``change_stream_group``); it may not
+#: (``release``, ``free``, ``free_all``, ``unregister``, ``groups.move``); it may not
 #: allocate or reset the context (see :meth:`DeviceAccount.refuse_in_reclaim`).
 ReclaimHook = Callable[[int], "int | None"]
 
 #: What a reclaim hook may call, named in the refusal of anything else.
-RECLAIM_MAY = "mgr.release, mgr.free, mgr.free_all, mgr.unregister and mgr.change_stream_group"
+RECLAIM_MAY = "mgr.release, mgr.free, mgr.free_all, mgr.unregister and mgr.groups.move"
 
 
 class DeviceAccount:
@@ -167,7 +167,7 @@ class DeviceAccount:
             If it has a manual proportion already, or ``proportion`` does not fit.
         """
         if self.budget.is_manual(key):
-            raise BudgetError(f"{name} is already in the manual pool: use set_manual_proportion")
+            raise BudgetError(f"{name} is already in the manual pool: use mgr.budget.set_manual")
         self.budget.set_manual(key, proportion)
 
     def set_auto(self, key: Hashable) -> None:
@@ -524,7 +524,7 @@ class DeviceAccount:
             f"{held or 'nothing'}; device: {format_bytes(info.free)} free of {format_bytes(info.total)}; pool: "
             f"{format_bytes(pool.held)} held, {format_bytes(pool.in_use)} in use. Release arrays (mgr.release, "
             f"mgr.free), ask for fewer runs, or register a reclaim hook that frees or spills "
-            f"(mgr.add_reclaim_hook). The device said: {error}"
+            f"(mgr.pool.add_reclaim_hook). The device said: {error}"
         )
         log.error("%s", message)
         if history is not None:

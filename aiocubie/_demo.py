@@ -129,7 +129,7 @@ class Stage:
 
     async def launch(self, kernel: Any, size: int, *args: Any) -> None:
         """Run ``kernel`` over ``size`` items on this stage's stream (on the simulator, and wait for it)."""
-        stream = self.mgr.get_stream(self)
+        stream = self.mgr.groups.stream(self)
         if isinstance(self.mgr.backend, SimulatorBackend):
             # Each simulated GPU thread is a Python thread: a small launch, queued on the
             # simulated stream so it runs after the copies before it, as on a GPU.
@@ -148,7 +148,7 @@ class Stage:
                     failures.append(exc)
 
             stream.enqueue(work)
-            await self.mgr.sync_stream(self)
+            await self.mgr.groups.sync(self)
             if failures:
                 raise failures[0]
         else:  # queued: the walk orders the chunk's copy out after it, so the host need not wait
@@ -198,7 +198,7 @@ class Loader(Stage):
     """Scales raw features on the device: ``features = raw * scale``."""
 
     async def process(self, raw: np.ndarray[Any, Any], scale: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        features = self.mgr.create_host_array(raw.shape, raw.dtype)
+        features = self.mgr.host.array(raw.shape, raw.dtype)
         inputs = {"raw": raw, "scale": scale}
         await self.run_chunked(
             scale_kernel, loader_requests(raw.shape[1]), inputs, {"features": features}, ("raw", "scale", "features")
@@ -210,7 +210,7 @@ class Energy(Stage):
     """Per-run weighted energy: ``energy[j] = sum_i weights[i] * x[i, j] ** 2``."""
 
     async def process(self, x: np.ndarray[Any, Any], weights: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        energy = self.mgr.create_host_array(x.shape[1], np.float32)
+        energy = self.mgr.host.array(x.shape[1], np.float32)
         inputs = {"x": x, "weights": weights}
         await self.run_chunked(
             energy_kernel, energy_requests(x.shape[1]), inputs, {"energy": energy}, ("x", "weights", "energy")
@@ -222,7 +222,7 @@ class Peak(Stage):
     """Per-run peak amplitude: ``peak[j] = max_i |x[i, j]|``."""
 
     async def process(self, x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        peak = self.mgr.create_host_array(x.shape[1], np.float32)
+        peak = self.mgr.host.array(x.shape[1], np.float32)
         await self.run_chunked(peak_kernel, peak_requests(x.shape[1]), {"x": x}, {"peak": peak}, ("x", "peak"))
         return peak
 
@@ -258,7 +258,7 @@ async def _pipeline(
     to_reduce, reduce_in = anyio.create_memory_object_stream[np.ndarray[Any, Any]](1)
 
     def loaded(batch: int) -> np.ndarray[Any, Any]:  # a loader reads its data into page-locked memory
-        return mgr.create_host_array((FEATURES, runs), np.float32, "pinned", like=_workload(batch, runs))
+        return mgr.host.array((FEATURES, runs), np.float32, "pinned", like=_workload(batch, runs))
 
     async def load() -> None:
         async with to_solve:
@@ -462,7 +462,7 @@ def _print_table(rows: list[list[str]], title: str) -> None:
 
 def _announce_plan(mgr: MemoryManager, share: float, runs: int, batches: int, force: bool, budget: int) -> None:
     """Print how each group's batches will be chunked; refuse absurd plans unless forced."""
-    info = mgr.memory_info()
+    info = mgr.pool.memory_info()
     headroom, granule = mgr.options.headroom, mgr.backend.device.granule
     chunks = 0
     plans = []
@@ -567,7 +567,7 @@ def run_demo(
         share = SHARE
     else:
         mgr = MemoryManager("cuda", mode="active")
-        total = mgr.memory_info().total
+        total = mgr.pool.memory_info().total
         size = workload_size(backend, total, runs, budget)
         share = SHARE * min(1.0, size[1] / total)
     runs, budget = size
@@ -576,7 +576,7 @@ def run_demo(
     print(
         f"workload: {batches} batches x {runs:,} runs x {FEATURES} features ({workload:,} bytes of float32) "
         f"through 4 components in 3 stream groups (load, solve, reduce); budget {budget:,} bytes, "
-        f"each component capped at {share:.3g} of {mgr.memory_info().total:,}"
+        f"each component capped at {share:.3g} of {mgr.pool.memory_info().total:,}"
     )
     try:
         _announce_plan(mgr, share, runs, batches, force, budget)

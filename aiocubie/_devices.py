@@ -184,7 +184,7 @@ class DeviceSet:
 
     def members(self) -> dict[int, int]:
         """Device id -> how many components are registered there."""
-        return {device: sum(map(len, m.stream_groups.values())) for device, m in self._managers.items()}
+        return {device: sum(map(len, m.groups.members().values())) for device, m in self._managers.items()}
 
     def place(self) -> int:
         """The device the next component without an explicit device goes to.
@@ -192,7 +192,7 @@ class DeviceSet:
         The one with the fewest members; ties go to the most free memory, then the lowest id.
         """
         members = self.members()
-        return min(self._managers, key=lambda d: (members[d], -self._managers[d].memory_info().free, d))
+        return min(self._managers, key=lambda d: (members[d], -self._managers[d].pool.memory_info().free, d))
 
     def register(self, instance: object, *, device: int | None = None, **options: Any) -> int:
         """Register ``instance`` on a device chosen by the placement rule, and return its id.

@@ -131,8 +131,8 @@ class RequestEntry:
         return self._groups.serve(member, requests, loop, ordered, holder)
 
     def allocate_all(self, instance: object, requests: Mapping[str, ArrayRequest], replace: bool) -> ArrayResponse:
-        """Allocate ``requests`` now, unbatched and unchunked (see ``MemoryManager.allocate_all``)."""
-        self._account.refuse_in_reclaim("allocate_all()")
+        """Allocate ``requests`` now, unbatched and unchunked (see ``MemoryManager.allocate``)."""
+        self._account.refuse_in_reclaim("allocate()")
         self._check_streams()
         checked = self._checked(requests)
         member = self._registration.member(instance)

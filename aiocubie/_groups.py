@@ -239,7 +239,7 @@ class StreamGroups:
         plan = plan_chunks(requests.runs, requests.fixed, requests.per_run, offered, passive=not account.options.active)
         if plan.chunks > 1:
             raise InsufficientMemoryError(
-                f"allocate_all needs {plan.full_bytes} bytes whole but group {member.group!r} is "
+                f"allocate() needs {plan.full_bytes} bytes whole but group {member.group!r} is "
                 f"offered {plan.offered}: use await mgr.request() to have it chunked"
             )
         (response,), _ = account.allocate([(member.key, requests)], member.group, plan, group.stream)

@@ -41,7 +41,7 @@ class Hooks:
         self.reclaim: list[ReclaimHook] = []
 
     def add_reclaim(self, hook: ReclaimHook) -> None:
-        """Call ``hook(nbytes)`` on out-of-memory (see ``MemoryManager.add_reclaim_hook``).
+        """Call ``hook(nbytes)`` on out-of-memory (see ``PoolView.add_reclaim_hook``).
 
         Raises
         ------

@@ -45,7 +45,7 @@ def _loop_ran() -> Callable[[], bool] | None:
 
 
 class TorchAllocations:
-    """``with mgr.torch_allocations(instance):`` torch's allocations in the block count against ``instance``.
+    """``with mgr.pool.torch_allocations(instance):`` torch's allocations in the block count against ``instance``.
 
     They come from a torch ``MemPool`` of the instance's own on the manager's pool (``allocator="rmm"``;
     :class:`ConfigurationError` for another allocator or without torch). When the block ends, what
@@ -115,7 +115,7 @@ class LibraryScopes:
         self._pools: dict[int, tuple[Member, LibraryPool]] = {}
 
     def torch(self, instance: object) -> TorchAllocations:
-        """The ``with`` block whose torch allocations count against ``instance`` (see ``MemoryManager.torch_allocations``).
+        """The ``with`` block whose torch allocations count against ``instance`` (see ``PoolView.torch_allocations``).
 
         Raises
         ------

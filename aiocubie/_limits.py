@@ -1,4 +1,5 @@
-"""Limits: the limit mode and policy, each member's proportion and cap, the pools, and settings by name.
+"""The budget as the user sets and reads it (``mgr.budget``): the limit mode and policy, each member's
+proportion and cap, the manual and auto pools, and settings by name.
 
 Handed the registry, the registration, the device account and the stream groups, it turns a
 user's change of a limit into the account's change (the account is the budget's only writer)
@@ -11,30 +12,25 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._accounting import DeviceAccount
+from ._budget import LimitMode
 from ._errors import ConfigurationError, RegistrationError
 from ._groups import StreamGroups
+from ._options import Policy
 from ._registration import Registration
 from ._registry import Registry
 
-__all__ = ["Limits"]
+__all__ = ["BudgetView"]
 
 #: The settings ``update`` knows, as cubie 0.17 names them.
 SETTINGS = frozenset({"memory_manager", "stream_group", "mem_proportion"})
 
 
-class Limits:
-    """The budget of one manager's members, as the user sets and reads it.
+class BudgetView:
+    """A manager's budget: ``mgr.budget``.
 
-    Parameters
-    ----------
-    registry : Registry
-        The groups, whose members a group's available memory is summed over.
-    registration : Registration
-        Finds the member of an instance.
-    account : DeviceAccount
-        Holds the options and the budget, and changes them.
-    groups : StreamGroups
-        Told of every change (a batch waiting for memory checks again); moves a member.
+    Every member has a proportion of the device's memory (``memory_limit`` if set): a manual
+    one it was given, or an equal share of the auto pool. Its cap is that proportion of the
+    memory; a batch is planned against its group's caps (see :class:`~aiocubie.Options`).
     """
 
     def __init__(
@@ -45,42 +41,76 @@ class Limits:
         self._account = account
         self._groups = groups
 
-    def configure(self, **changes: Any) -> None:
-        """Change the mode or the policy (:class:`ConfigurationError` for a name neither knows)."""
+    @property
+    def mode(self) -> LimitMode:
+        """``passive`` or ``active`` (change it with :meth:`set_mode`)."""
+        return self._account.options.mode
+
+    @property
+    def policy(self) -> Policy:
+        """``chunk``, ``wait`` or ``fail`` (see :class:`~aiocubie.Policy`; change it with :meth:`set_policy`)."""
+        return self._account.options.policy
+
+    def set_mode(self, mode: LimitMode | str) -> None:
+        """Switch between ``"passive"`` and ``"active"`` (:class:`ConfigurationError` for another name)."""
+        self._configure(mode=mode)
+
+    def set_policy(self, policy: Policy | str) -> None:
+        """Set the policy: ``"chunk"``, ``"wait"`` or ``"fail"`` (:class:`ConfigurationError` else)."""
+        self._configure(policy=policy)
+
+    def _configure(self, **changes: Any) -> None:
         self._account.configure(**changes)
         self._groups.changed()  # a batch waiting for memory is checked again under the new options
 
     def proportion(self, instance: object) -> float:
-        """Share of VRAM ``instance`` may use."""
+        """Share of the memory ``instance`` may use."""
         return self._account.budget.proportion(self._registration.member(instance).key)
 
     def manual_proportion(self, instance: object) -> float | None:
-        """``instance``'s manual proportion, or None in the auto pool."""
+        """The share reserved for ``instance`` (its manual proportion), or None in the auto pool
+        (as cubie 0.17's ``manual_proportion``)."""
         return self._account.budget.manual_proportion(self._registration.member(instance).key)
 
     def cap(self, instance: object) -> int:
-        """Bytes ``instance`` may use: proportion x total VRAM."""
+        """Bytes ``instance`` may use: its proportion of the memory.
+
+        A batch is offered less than its group's caps: less what the members hold (active mode),
+        then the headroom and the allocator's granule. Planning errors name the bytes offered.
+        """
         return self._account.budget.cap(self._registration.member(instance).key)
 
-    def pools(self) -> tuple[float, float]:
-        """The manual and the auto pool's shares of VRAM."""
+    @property
+    def manual_pool(self) -> float:
+        """Share of the memory assigned to manual members."""
         self._registration.reap()
-        budget = self._account.budget
-        return budget.manual_pool_proportion, budget.auto_pool_proportion
+        return self._account.budget.manual_pool_proportion
+
+    @property
+    def auto_pool(self) -> float:
+        """Share of the memory split among auto members."""
+        self._registration.reap()
+        return self._account.budget.auto_pool_proportion
 
     def set_manual(self, instance: object, proportion: float) -> None:
-        """Give ``instance`` a manual ``proportion``."""
+        """Give ``instance`` a manual ``proportion`` (moving it out of the auto pool if it is there).
+
+        :class:`BudgetError` if ``proportion`` is outside (0, 1] or does not fit.
+        """
         self._account.set_manual(self._registration.member(instance).key, proportion)
         self._groups.changed()
 
     def move_to_manual(self, instance: object, proportion: float) -> None:
-        """Move ``instance`` from the auto pool to the manual pool (:class:`BudgetError` if it is manual)."""
+        """Move ``instance`` from the auto pool to the manual pool with ``proportion``.
+
+        :class:`BudgetError` if it has a manual proportion already (:meth:`set_manual` changes one).
+        """
         member = self._registration.member(instance)
         self._account.move_to_manual(member.key, proportion, member.name)
         self._groups.changed()
 
     def set_auto(self, instance: object) -> None:
-        """Move ``instance`` to the auto pool."""
+        """Move ``instance`` from the manual pool to the auto pool."""
         self._account.set_auto(self._registration.member(instance).key)
         self._groups.changed()
 
@@ -91,14 +121,40 @@ class Limits:
         free = self._account.free_memory(fresh=True)
         return self._account.available(members, free, group=group, warn=True)
 
-    def update(self, instance: object, changes: Mapping[str, Any], *, silent: bool, manager: object) -> set[str]:
-        """Change ``instance``'s settings by name (see ``MemoryManager.update``); ``manager``: the one it is in.
+    def update(
+        self, instance: object, updates: Mapping[str, Any] | None = None, *, silent: bool = False, **more: Any
+    ) -> set[str]:
+        """Change ``instance``'s memory settings by name, as cubie 0.17's ``update`` does.
+
+        Parameters
+        ----------
+        instance : object
+            A registered instance.
+        updates : mapping, optional
+            Setting name -> new value: ``stream_group`` (moves it, see
+            :meth:`GroupsView.move <aiocubie.GroupsView.move>`; None changes nothing),
+            ``mem_proportion`` (a manual proportion; None puts it in the auto pool) and
+            ``memory_manager`` (only this manager or None: an instance cannot change manager).
+        silent : bool
+            Ignore names it does not know instead of raising.
+        **more
+            Further settings, by keyword.
 
         Returns
         -------
         set of str
-            The names it knows among those given.
+            The names it knows among those given (whether or not their value changed anything).
+
+        Raises
+        ------
+        ConfigurationError
+            For names it does not know (unless ``silent``); nothing is changed then.
+        RegistrationError
+            If ``instance`` is not registered, or ``memory_manager`` names another manager.
+        BudgetError
+            If the proportion is invalid or does not fit the budget.
         """
+        changes = {**(updates or {}), **more}
         member = self._registration.member(instance)
         unknown = sorted(set(changes) - SETTINGS)
         if unknown and not silent:
@@ -107,7 +163,7 @@ class Limits:
                 f"{', '.join(sorted(SETTINGS))} (pass silent=True to ignore other names)"
             )
         other = changes.get("memory_manager")
-        if other is not None and other is not manager:
+        if other is not None and getattr(other, "budget", None) is not self:
             raise RegistrationError(
                 f"{member.name} cannot change memory manager: unregister it here and register it with the other"
             )

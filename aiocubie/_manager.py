@@ -9,34 +9,33 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from ._accounting import DeviceAccount, ReclaimHook
-from ._backends import Advice, Backend, MemoryInfo, create_backend
+from ._accounting import DeviceAccount
+from ._backends import Backend, create_backend
 from ._budget import LimitMode
 from ._entry import RequestEntry
 from ._errors import ManagerStateError
+from ._grouping import GroupsView
 from ._groups import PendingRequest, StreamGroups
 from ._history import MAX_ENTRIES, History
 from ._hooks import Hooks
-from ._libraries import LibraryScopes, TorchAllocations
+from ._libraries import LibraryScopes
 from ._lifecycle import Lifecycle
-from ._limits import Limits
+from ._limits import BudgetView
 from ._observe import Observer
 from ._options import Options, Policy, Setup
+from ._pool import PoolView
 from ._registration import Registration
 from ._registry import InvalidateHook, ReadyHook, Registry
 from ._release import Release
-from ._requests import ArrayRequest, ArrayResponse, MemoryKind
-from ._reset import ContextReset
+from ._requests import ArrayRequest, ArrayResponse
 from ._serving import Serving
 from ._stats import ManagerStatistics, Snapshot, Telemetry, summary
-from ._transfers import Transfers
+from ._transfers import HostView
 
 __all__ = ["MemoryManager", "PendingRequest", "default_manager"]
 
@@ -141,13 +140,13 @@ class MemoryManager:
         self._registration = registration = Registration(registry, account, groups, observer.member_left)
         self._release = release = Release(registration, account, groups)
         self._lifecycle = lifecycle = Lifecycle(given, owns_backend, serving, registry, registration, groups, release)
-        self._transfers = Transfers(given.device, serving, lifecycle.stream_of)
         self._entry = RequestEntry(
             registration, account, groups, release, serving, lifecycle.refusal, lifecycle.check_streams
         )
-        self._limits = Limits(registry, registration, account, groups)
-        self._reset = ContextReset(registry, account, groups, hooks, release)
-        self._libraries = LibraryScopes(account, registry)
+        self._host = host = HostView(given.device, serving, lifecycle.stream_of)
+        self._budget = BudgetView(registry, registration, account, groups)
+        self._grouping = GroupsView(registry, registration, groups, account, lifecycle.stream_of, host.wait_for)
+        self._pool = PoolView(registry, account, groups, hooks, release, LibraryScopes(account, registry))
         if setup.history:
             self.record_history(dump_on_oom=setup.history if isinstance(setup.history, str) else None)
 
@@ -198,7 +197,7 @@ class MemoryManager:
 
     @property
     def options(self) -> Options:
-        """The manager's options (frozen; change mode and policy with their setters)."""
+        """The manager's options (frozen; change the mode and policy through :attr:`budget`)."""
         return self._account.options
 
     # -- registration ----------------------------------------------------------------------
@@ -226,7 +225,7 @@ class MemoryManager:
         stream_group : str
             Instances of one group share a stream and are batched together.
         invalidate_hook : callable, optional
-            Called with no argument on a context reset (set_allocator, invalidate_all); an
+            Called with no argument on a context reset (``mgr.pool.set_allocator``, ``mgr.pool.invalidate_all``); an
             async one (``async def`` or ``async def __call__``) runs as a task of the manager.
         ready_hook : callable, optional
             Called with each ArrayResponse of the group's batches: a plain callable in the
@@ -269,155 +268,26 @@ class MemoryManager:
         """True if ``instance`` is registered."""
         return self._registration.is_registered(instance)
 
-    # -- budget ----------------------------------------------------------------------------
+    # -- views -----------------------------------------------------------------------------
     @property
-    def mode(self) -> LimitMode:
-        """``passive`` or ``active`` (change it with :meth:`set_limit_mode`)."""
-        return self._account.options.mode
-
-    @property
-    def policy(self) -> Policy:
-        """The policy (see :class:`Policy`; change it with :meth:`set_policy`)."""
-        return self._account.options.policy
+    def budget(self) -> BudgetView:
+        """The budget: limit mode, policy, each member's proportion and cap, the pools."""
+        return self._budget
 
     @property
-    def active(self) -> bool:
-        """True in active mode."""
-        return self._account.options.active
-
-    def set_limit_mode(self, mode: LimitMode | str) -> None:
-        """Switch between ``"passive"`` and ``"active"`` (:class:`ConfigurationError` for another name)."""
-        self._limits.configure(mode=mode)
-
-    def set_policy(self, policy: Policy | str) -> None:
-        """Set the policy (see :class:`Policy`): ``"chunk"``, ``"wait"`` or ``"fail"`` (:class:`ConfigurationError` else)."""
-        self._limits.configure(policy=policy)
-
-    def proportion(self, instance: object) -> float:
-        """Share of VRAM ``instance`` may use."""
-        return self._limits.proportion(instance)
-
-    def manual_proportion(self, instance: object) -> float | None:
-        """The share of VRAM reserved for ``instance`` (its manual proportion), or None when it
-        is in the auto pool (as cubie 0.17's ``manual_proportion``)."""
-        return self._limits.manual_proportion(instance)
-
-    def update(
-        self, instance: object, updates: Mapping[str, Any] | None = None, *, silent: bool = False, **more: Any
-    ) -> set[str]:
-        """Change ``instance``'s memory settings by name, as cubie 0.17's ``update`` does.
-
-        Parameters
-        ----------
-        instance : object
-            A registered instance.
-        updates : mapping, optional
-            Setting name -> new value: ``stream_group`` (moves it, see
-            :meth:`change_stream_group`; None changes nothing), ``mem_proportion`` (a manual
-            proportion; None puts it in the auto pool) and ``memory_manager`` (only this manager
-            or None: an instance cannot change manager).
-        silent : bool
-            Ignore names it does not know instead of raising.
-        **more
-            Further settings, by keyword.
-
-        Returns
-        -------
-        set of str
-            The names it knows among those given (whether or not their value changed anything).
-
-        Raises
-        ------
-        ConfigurationError
-            For names it does not know (unless ``silent``); nothing is changed then.
-        RegistrationError
-            If ``instance`` is not registered, or ``memory_manager`` names another manager.
-        BudgetError
-            If the proportion is invalid or does not fit the budget.
-        """
-        return self._limits.update(instance, {**(updates or {}), **more}, silent=silent, manager=self)
-
-    def cap(self, instance: object) -> int:
-        """Bytes ``instance`` may use: proportion x total VRAM.
-
-        A batch is offered less than its group's caps: less what the members hold (active mode),
-        then the headroom and the allocator's granule. Planning errors name the bytes offered.
-        """
-        return self._limits.cap(instance)
+    def groups(self) -> GroupsView:
+        """The stream groups: streams, moves, flushes, waiting for a member's stream."""
+        return self._grouping
 
     @property
-    def manual_pool_proportion(self) -> float:
-        """Share of VRAM assigned to manual members."""
-        return self._limits.pools()[0]
+    def host(self) -> HostView:
+        """Host memory: host arrays, copies to and from the device, managed-memory prefetch and advice."""
+        return self._host
 
     @property
-    def auto_pool_proportion(self) -> float:
-        """Share of VRAM split among auto members."""
-        return self._limits.pools()[1]
-
-    def set_manual_proportion(self, instance: object, proportion: float) -> None:
-        """Give ``instance`` a manual ``proportion`` (moving it out of the auto pool)."""
-        self._limits.set_manual(instance, proportion)
-
-    def set_manual_limit_mode(self, instance: object, proportion: float) -> None:
-        """Move ``instance`` from the auto pool to the manual pool with ``proportion``.
-
-        :class:`BudgetError` if it has a manual proportion already.
-        """
-        self._limits.move_to_manual(instance, proportion)
-
-    def set_auto_limit_mode(self, instance: object) -> None:
-        """Move ``instance`` from the manual pool to the auto pool."""
-        self._limits.set_auto(instance)
-
-    def get_available_memory(self, group: str) -> int:
-        """Bytes ``group`` may use now (warns above 95% use in active mode)."""
-        return self._limits.available(group)
-
-    def memory_info(self) -> MemoryInfo:
-        """Free and total device memory, read now (blocks the allocator's pool caches count as free)."""
-        return self._account.memory_info()
-
-    @property
-    def allocator(self) -> str:
-        """The memory resource in use: ``"driver"``, ``"cupy"``, ``"cupy_async"``, ``"numba"`` or ``"rmm"``."""
-        return self._account.resource_name
-
-    # -- stream groups ---------------------------------------------------------------------
-    def get_stream(self, instance: object) -> Any:
-        """The stream of ``instance``'s group."""
-        return self._registration.stream_of(instance)
-
-    def get_stream_group(self, instance: object) -> str:
-        """The name of ``instance``'s stream group."""
-        return str(self._registration.member(instance).group)
-
-    def change_stream_group(self, instance: object, new_group: str) -> None:
-        """Move ``instance`` to ``new_group`` (created if new).
-
-        Its queued requests, and those waiting for memory, move with it and are planned against
-        the new group's budget; those in flight finish in the old group. What it holds counts in
-        the new group from then on (over its cap, that group starts no batch until back under).
-        A group left empty is forgotten, its stream and scheduler task released.
-        """
-        self._groups.move(self._registration.member(instance), new_group)
-
-    def is_grouped(self, instance: object) -> bool:
-        """True if ``instance`` shares its stream group with another instance."""
-        return self._groups.is_grouped(self._registration.member(instance))
-
-    @property
-    def stream_groups(self) -> dict[str, list[str]]:
-        """Group name -> names of its members."""
-        self._registration.reap()  # a collected instance is no member
-        return self._groups.names()
-
-    def reinit_streams(self) -> None:
-        """Give every group a new stream (after a context reset).
-
-        :class:`ManagerStateError` from a reclaim hook (see :meth:`add_reclaim_hook`).
-        """
-        self._reset.reinit_streams()
+    def pool(self) -> PoolView:
+        """The memory pool: the allocator and its swap, sharing with other libraries, reclaim hooks."""
+        return self._pool
 
     # -- requests --------------------------------------------------------------------------
     def request(
@@ -463,16 +333,12 @@ class MemoryManager:
         """
         return self._entry.request(instance, requests, replace, ordered)
 
-    def flush(self, group: str | None = None) -> None:
-        """Close the batch being collected in ``group`` (all groups if None) now."""
-        self._groups.flush(group)
-
-    def allocate_all(
+    def allocate(
         self, instance: object, requests: Mapping[str, ArrayRequest], *, replace: bool = False
     ) -> ArrayResponse:
         """Allocate ``requests`` for ``instance`` now, unbatched and unchunked, on its stream.
 
-        The arrays are usable after ``await mgr.sync_stream(instance)``; release them with
+        The arrays are usable after ``await mgr.groups.sync(instance)``; release them with
         :meth:`release`, :meth:`free` or :meth:`free_all`. Works without ``async with``.
         ``replace=True`` frees ``instance``'s arrays of these labels first (see :meth:`request`).
 
@@ -486,10 +352,6 @@ class MemoryManager:
             If the backend fails (nothing stays allocated).
         """
         return self._entry.allocate_all(instance, requests, replace)
-
-    def allocate(self, instance: object, request: ArrayRequest, label: str = "array", *, replace: bool = False) -> Any:
-        """Allocate one array for ``instance`` now (see :meth:`allocate_all`)."""
-        return self.allocate_all(instance, {label: request}, replace=replace).arrays[label]
 
     # -- release ---------------------------------------------------------------------------
     def release(self, response: ArrayResponse) -> None:
@@ -518,84 +380,6 @@ class MemoryManager:
         """Free every array the manager handed out (requests in flight fail with ReleasedError)."""
         self._release.free_all()
 
-    def invalidate_all(self) -> None:
-        """Call every invalidate hook once and release every array.
-
-        Requests in flight fail with :class:`ContextResetError`; queued ones are served later.
-        :class:`ManagerStateError` from a reclaim hook (see :meth:`add_reclaim_hook`).
-        """
-        self._reset.invalidate_all()
-
-    def set_allocator(self, name: str) -> None:
-        """Swap the memory resource (``"default"``, ``"driver"``, ``"cupy"``, ``"cupy_async"``, ``"numba"``, ``"rmm"``).
-
-        The swap resets the device context: every array handed out before is invalid, requests
-        in flight fail with :class:`ContextResetError`, every invalidate hook is called once and
-        every group gets a new stream; queued requests are served on the new context.
-        :class:`UnknownAllocatorError` for an unknown or unavailable allocator (nothing is reset);
-        :class:`ManagerStateError` from a reclaim hook (see :meth:`add_reclaim_hook`).
-        """
-        self._reset.set_allocator(name)
-        self._libraries.forget()  # their pools were of the old resource
-
-    def share_pool(self, *libraries: str, limit: int | None = None) -> None:
-        """Make ``libraries`` (``"cupy"``, ``"numba"``, ``"torch"``) allocate from this manager's pool
-        (``allocator="rmm"``; process-wide, through RMM's hooks; torch only before its first CUDA allocation):
-        their bytes show in :meth:`stats` (``other_bytes``), their out-of-memory failures run the reclaim hooks;
-        ``limit``: a hard cap inside the allocator on what they hold together (set once)."""
-        self._account.share_pool(libraries, limit)
-
-    def torch_allocations(self, instance: object) -> TorchAllocations:
-        """``with mgr.torch_allocations(instance):`` torch's tensors made in the block count against ``instance``
-        (see :class:`~aiocubie._libraries.TorchAllocations`: synchronous code only, nothing inside may await)."""
-        return self._libraries.torch(instance)
-
-    # -- host arrays, copies, streams, managed memory -------------------------------------
-    def create_host_array(
-        self,
-        shape: int | Sequence[int],
-        dtype: Any,
-        kind: MemoryKind | str = "pinned",
-        like: np.ndarray[Any, Any] | None = None,
-        *,
-        pool: bool = False,
-    ) -> np.ndarray[Any, Any]:
-        """A C-contiguous host array, ``pinned`` or ``host``: zeros, or a copy of ``like``.
-
-        With ``pool=True`` a pinned array comes from the pinned staging pool (the walks' pool:
-        exact sizes, reused) and goes back to it when the array and its views are collected.
-
-        Raises
-        ------
-        InvalidRequestError
-            For a bad shape, dtype or kind, or a ``like`` of another shape or with values the
-            dtype cannot hold (``1e308`` in int8).
-        AllocationError
-            If the host memory cannot be had.
-        """
-        return self._transfers.host_array(shape, dtype, kind, like, pool)
-
-    def release_pinned(self) -> int:
-        """Unpin the free buffers of the pinned staging pool (buffers in use stay); return the bytes."""
-        return self._transfers.release_pinned()
-
-    async def to_device(self, instance: object, host_arrays: Sequence[Any], device_arrays: Sequence[Any]) -> None:
-        """Copy each host array into its device array on ``instance``'s stream; wait until done.
-
-        :class:`InvalidRequestError` (nothing copied) unless both are lists of arrays, paired up;
-        :class:`BackendError` if a pair's shapes or dtypes differ, or the copy fails.
-        """
-        await self._transfers.copy(instance, host_arrays, device_arrays, ("host_arrays", "device_arrays"))
-
-    async def from_device(self, instance: object, device_arrays: Sequence[Any], host_arrays: Sequence[Any]) -> None:
-        """Copy each device array into its host array on ``instance``'s stream; wait until done
-        (errors as :meth:`to_device`)."""
-        await self._transfers.copy(instance, device_arrays, host_arrays, ("device_arrays", "host_arrays"))
-
-    async def sync_stream(self, instance: object) -> None:
-        """Wait until everything queued on ``instance``'s stream is done (without blocking)."""
-        await self._transfers.sync(instance)
-
     @property
     def device(self) -> int:
         """The id of the device this manager drives."""
@@ -609,20 +393,6 @@ class MemoryManager:
         """
         return self._device.activate()
 
-    async def prefetch(self, instance: object, array: Any, device: int | Literal["own"] | None = "own") -> None:
-        """Prefetch managed ``array`` to ``device`` (``"own"``: this manager's; None: the CPU)
-        on ``instance``'s stream."""
-        await self._transfers.prefetch(instance, array, device)
-
-    def advise(self, array: Any, advice: Advice, device: int | Literal["own"] | None = "own") -> None:
-        """Give managed-memory ``advice`` (preferred_location, accessed_by, read_mostly) about
-        ``device`` (``"own"``: this manager's; None: the CPU).
-
-        :class:`InvalidRequestError` for advice that is not a string or a device that is not an
-        int >= 0 or None; :class:`BackendError` for advice the backend does not know.
-        """
-        self._transfers.advise(array, advice, device)
-
     # -- observability ---------------------------------------------------------------------
     def stats(self) -> Snapshot:
         """Live and peak bytes, requests, batches, chunks and latencies, per group and instance."""
@@ -635,13 +405,13 @@ class MemoryManager:
         self._registration.reap()
         return self._observer.statistics(self.running, *self._groups.statistics())
 
-    def memory_summary(self) -> str:
+    def summary(self) -> str:
         """A table of :meth:`stats` to read at a glance: device and pool bytes, then per group
         and per instance live, peak and cap bytes, requests, batches, chunks, failures and the
         wait and ready latencies (median / 99th percentile), then the recovery counts."""
         return summary(self.stats())
 
-    def reset_peak_stats(self, *, group: str | None = None, instance: object | None = None) -> None:
+    def reset_peaks(self, *, group: str | None = None, instance: object | None = None) -> None:
         """Peaks start again from what is held now: of ``group``, of ``instance``, or (neither given)
         all of them. :class:`RegistrationError` for an unknown group or instance."""
         self._observer.reset_peaks(group, None if instance is None else self._registration.member(instance))
@@ -685,34 +455,6 @@ class MemoryManager:
     def history(self) -> History:
         """The allocation history recorded so far (:class:`ConfigurationError` if none ever was)."""
         return self._observer.history()
-
-    def add_reclaim_hook(self, hook: ReclaimHook) -> None:
-        """Call ``hook(nbytes)`` when an allocation is out of memory even with the pool's cache freed.
-
-        The hook frees what it can (``mgr.release``, ``mgr.free``, spilling to the host) and
-        returns the bytes it freed, or None if it cannot say; the allocation is then tried once
-        more. Hooks run in the order added, synchronously on the allocation's path: they must
-        not block long, and cannot await. One that raises is logged and skipped. The manager
-        holds ``hook`` until :meth:`remove_reclaim_hook`; :class:`ConfigurationError` if it is
-        not callable.
-
-        A hook may release memory: :meth:`release`, :meth:`free`, :meth:`free_all`,
-        :meth:`unregister`, :meth:`change_stream_group` (a request of a member it unregisters
-        fails with RegistrationError; one of a member it moves is served by the new group). It
-        may not allocate (:meth:`allocate_all`, :meth:`allocate`) or reset the context
-        (:meth:`invalidate_all`, :meth:`set_allocator`, :meth:`reinit_streams`): those raise
-        :class:`ManagerStateError` in the hook, naming the allocation it runs for, and unless
-        the hook catches it the batch fails with it (counted as failed).
-
-        Hooks are consulted only when the device itself is out of memory (the allocation
-        failed), not when the planner finds the request larger than the group is offered (that
-        raises a PlanningError, chunks, or waits, by the policy): release memory before asking.
-        """
-        self._hooks.add_reclaim(hook)
-
-    def remove_reclaim_hook(self, hook: ReclaimHook) -> None:
-        """Stop calling ``hook`` (nothing if it was not added)."""
-        self._hooks.remove_reclaim(hook)
 
 
 _default: MemoryManager | None = None

@@ -157,7 +157,7 @@ class Options:
         Fraction of the available memory a batch leaves unused, in [0, 1).
     batch_window : float
         Seconds a batch stays open after its first request (0: close at once). A batch
-        closes early when every member of the group has asked, or on ``mgr.flush()``.
+        closes early when every member of the group has asked, or on ``mgr.groups.flush()``.
     max_batch : int or None
         Most requests in one batch.
     free_cache_seconds : float

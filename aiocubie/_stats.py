@@ -166,7 +166,7 @@ class UsageStats:
 
 @attrs.frozen
 class PinnedStats:
-    """Page-locked host memory of the backend's staging pool (walks, ``create_host_array(pool=True)``).
+    """Page-locked host memory of the backend's staging pool (walks, ``mgr.host.array(pool=True)``).
 
     ``held``: bytes pinned and kept (in use or free for reuse); ``in_use``: bytes asked for
     by the buffers handed out now; ``peak_in_use``: the most asked for at once, against which
@@ -202,7 +202,7 @@ class PoolFacts:
 
 @attrs.frozen
 class RecoveryStats:
-    """Out-of-memory recovery so far (see :meth:`MemoryManager.add_reclaim_hook`).
+    """Out-of-memory recovery so far (see :meth:`PoolView.add_reclaim_hook`).
 
     ``out_of_memory``: allocations that found no room at first; ``cache_releases`` and
     ``cache_bytes_freed``: step 1, the pool's cached blocks given back to the device;
@@ -235,7 +235,7 @@ class Snapshot:
         Device memory as the backend last reported it.
     live_bytes, peak_bytes : int
         VRAM held through the manager, now and at its highest (since the last
-        :meth:`MemoryManager.reset_peak_stats`).
+        :meth:`MemoryManager.reset_peaks`).
     groups, instances : dict
         Name -> :class:`UsageStats`.
     pinned : PinnedStats
@@ -417,7 +417,7 @@ def _caps_note(snapshot: Snapshot) -> list[str]:
 
 
 def summary(snapshot: Snapshot) -> str:
-    """A table of ``snapshot`` a person reads at a glance (see :meth:`MemoryManager.memory_summary`).
+    """A table of ``snapshot`` a person reads at a glance (see :meth:`MemoryManager.summary`).
 
     Device memory and the pool first, then one row per stream group and per instance: live,
     peak and cap bytes, requests, batches, chunks, failures, and the queue-wait and ready

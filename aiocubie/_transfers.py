@@ -1,4 +1,5 @@
-"""Transfers: host arrays, copies between host and device, prefetch and advice for managed memory.
+"""Host memory as the user reaches it (``mgr.host``): host arrays, copies between host and device,
+prefetch and advice for managed memory.
 
 Handed the device, the serving loop and a way to find an instance's stream; it
 waits for the device through the completion bridge. It keeps no state of its own, writes no
@@ -8,21 +9,21 @@ ledger or budget, and never reaches back to the manager.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from ._backends import Advice, Device
+from ._backends import Advice, Device, StreamLike
 from ._completion import wait_event
 from ._errors import AiocubieError, AllocationError, InvalidRequestError, shown
 from ._requests import ArrayRequest, MemoryKind, check_device
 from ._serving import Serving
 
-__all__ = ["Transfers"]
+__all__ = ["HostView"]
 
 
-class Transfers:
-    """Host arrays, copies, prefetch and advice for one manager's device.
+class HostView:
+    """A manager's host memory, copies and managed memory: ``mgr.host``.
 
     Parameters
     ----------
@@ -36,19 +37,32 @@ class Transfers:
     """
 
     def __init__(self, device: Device, serving: Serving, stream_of: Callable[[object], Any]) -> None:
-        self.device = device
+        self._device = device
         self._serving = serving
         self._stream_of = stream_of
 
-    def host_array(
+    def array(
         self,
         shape: int | Sequence[int],
         dtype: Any,
-        kind: MemoryKind | str,
-        like: np.ndarray[Any, Any] | None,
-        pool: bool,
+        kind: MemoryKind | str = "pinned",
+        like: np.ndarray[Any, Any] | None = None,
+        *,
+        pool: bool = False,
     ) -> np.ndarray[Any, Any]:
-        """A host array (see ``MemoryManager.create_host_array``)."""
+        """A C-contiguous host array, ``pinned`` or ``host``: zeros, or a copy of ``like``.
+
+        With ``pool=True`` a pinned array comes from the pinned staging pool (the walks' pool:
+        exact sizes, reused) and goes back to it when the array and its views are collected.
+
+        Raises
+        ------
+        InvalidRequestError
+            For a bad shape, dtype or kind, or a ``like`` of another shape or with values the
+            dtype cannot hold (``1e308`` in int8).
+        AllocationError
+            If the host memory cannot be had.
+        """
         request = ArrayRequest(shape, dtype, kind, unchunkable=True)
         if request.kind not in (MemoryKind.PINNED, MemoryKind.HOST):
             raise InvalidRequestError(f"host arrays are 'pinned' or 'host', not {request.kind.value!r}")
@@ -62,10 +76,10 @@ class Transfers:
         try:
             if pool and request.kind is MemoryKind.PINNED:
                 # the buffer goes back when the array and every view of it are gone
-                array = self.device.pinned_pool.lease(request.nbytes).view(request.dtype).reshape(request.shape)
+                array = self._device.pinned_pool.lease(request.nbytes).view(request.dtype).reshape(request.shape)
                 array.fill(0)
             else:
-                array = self.device.host_array(request.shape, request.dtype, request.kind)
+                array = self._device.host_array(request.shape, request.dtype, request.kind)
         except AiocubieError:
             raise
         except MemoryError as exc:  # a backend that let numpy's through
@@ -86,17 +100,25 @@ class Transfers:
         return array
 
     def release_pinned(self) -> int:
-        """Unpin the free buffers of the pinned staging pool; return the bytes released."""
-        return self.device.pinned_pool.clear()
+        """Unpin the free buffers of the pinned staging pool (buffers in use stay); return the bytes."""
+        return self._device.pinned_pool.clear()
 
-    async def copy(
-        self,
-        instance: object,
-        sources: Sequence[Any],
-        targets: Sequence[Any],
-        names: tuple[str, str] = ("sources", "targets"),
+    async def to_device(self, instance: object, host_arrays: Sequence[Any], device_arrays: Sequence[Any]) -> None:
+        """Copy each host array into its device array on ``instance``'s stream; wait until done.
+
+        :class:`InvalidRequestError` (nothing copied) unless both are lists of arrays, paired up;
+        :class:`BackendError` if a pair's shapes or dtypes differ, or the copy fails.
+        """
+        await self._copy(instance, host_arrays, device_arrays, ("host_arrays", "device_arrays"))
+
+    async def from_device(self, instance: object, device_arrays: Sequence[Any], host_arrays: Sequence[Any]) -> None:
+        """Copy each device array into its host array on ``instance``'s stream; wait until done
+        (errors as :meth:`to_device`)."""
+        await self._copy(instance, device_arrays, host_arrays, ("device_arrays", "host_arrays"))
+
+    async def _copy(
+        self, instance: object, sources: Sequence[Any], targets: Sequence[Any], names: tuple[str, str]
     ) -> None:
-        """Copy each source into its target on ``instance``'s stream; wait until done."""
         # what is not a list of arrays is refused before anything is queued (the backend checks each pair)
         for given, name in ((sources, names[0]), (targets, names[1])):
             if not isinstance(given, Sequence) or isinstance(given, (str, bytes)):
@@ -113,38 +135,40 @@ class Transfers:
             raise InvalidRequestError(f"{len(sources)} {names[0]} but {len(targets)} {names[1]}: pair them up")
         stream = self._stream_of(instance)
         for src, dst in zip(sources, targets):
-            self.device.copy(src, dst, stream)
+            self._device.copy(src, dst, stream)
         await self.wait_for(stream)
 
-    async def sync(self, instance: object) -> None:
-        """Wait until everything queued on ``instance``'s stream is done (without blocking)."""
-        await self.wait_for(self._stream_of(instance))
-
-    async def prefetch(self, instance: object, array: Any, device: Any) -> None:
-        """Prefetch managed ``array`` to ``device`` (``"own"``, an id, or None: the CPU) on ``instance``'s stream."""
+    async def prefetch(self, instance: object, array: Any, device: int | Literal["own"] | None = "own") -> None:
+        """Prefetch managed ``array`` to ``device`` (``"own"``: this manager's; None: the CPU)
+        on ``instance``'s stream."""
         _check_managed(array, "prefetch")
         stream = self._stream_of(instance)
-        self.device.prefetch(array, self._location(device), stream)
+        self._device.prefetch(array, self._location(device), stream)
         await self.wait_for(stream)
 
     def _location(self, device: Any) -> Any:
-        return self.device.device_id if isinstance(device, str) and device == "own" else device
+        return self._device.device_id if isinstance(device, str) and device == "own" else device
 
-    async def wait_for(self, stream: Any) -> None:
+    async def wait_for(self, stream: StreamLike) -> None:
         """Wait until the work queued on ``stream`` so far is done (on the loop, or in a thread)."""
-        event = self.device.record_event(stream)
+        event = self._device.record_event(stream)
         loop = self._serving.here()
         await (loop.wait(event) if loop is not None else wait_event(event))
 
-    def advise(self, array: Any, advice: Advice, device: Any) -> None:
-        """Give managed-memory ``advice`` (see ``MemoryManager.advise``)."""
+    def advise(self, array: Any, advice: Advice, device: int | Literal["own"] | None = "own") -> None:
+        """Give managed-memory ``advice`` (preferred_location, accessed_by, read_mostly) about
+        ``device`` (``"own"``: this manager's; None: the CPU).
+
+        :class:`InvalidRequestError` for advice that is not a string or a device that is not an
+        int >= 0 or None; :class:`BackendError` for advice the backend does not know.
+        """
         if not isinstance(advice, str):  # the backend names what it knows; it needs a str to look up
             raise InvalidRequestError(
                 f"advice must be a string (preferred_location, accessed_by, read_mostly), got {shown(advice)}"
             )
         _check_managed(array, "advise")
         device = check_device(self._location(device))
-        self.device.advise(array, advice, device)
+        self._device.advise(array, advice, device)
 
 
 def _check_managed(array: Any, what: str) -> None:

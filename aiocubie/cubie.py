@@ -163,7 +163,7 @@ class CubieMemoryManager(_cubie.MemoryManager):  # type: ignore[misc]
         self._partitions: dict[tuple[str, int], tuple[int, int]] = {}
         #: True on cubie's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1`` when cubie was imported).
         self.simulated = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
-        super().__init__(mode=self.aiocubie.mode.value)
+        super().__init__(mode=self.aiocubie.budget.mode.value)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def close(self) -> None:
@@ -187,11 +187,11 @@ class CubieMemoryManager(_cubie.MemoryManager):  # type: ignore[misc]
     # -- what cubie reads from the device -------------------------------------------------------
     def get_memory_info(self) -> tuple[int, int]:
         """Free and total device memory, as aiocubie's backend reads them."""
-        info = self._aio(self.aiocubie.memory_info)
+        info = self._aio(self.aiocubie.pool.memory_info)
         return info.free, info.total
 
     def get_available_memory(self, group: str) -> int:
-        return self._aio(self.aiocubie.get_available_memory, group)
+        return self._aio(self.aiocubie.budget.available, group)
 
     # -- registration and budgets ---------------------------------------------------------------
     def register(
@@ -239,30 +239,30 @@ class CubieMemoryManager(_cubie.MemoryManager):  # type: ignore[misc]
         super().release_instance(instance_id, settings)
 
     def proportion(self, instance: object) -> float:
-        return self._aio(self.aiocubie.proportion, instance)
+        return self._aio(self.aiocubie.budget.proportion, instance)
 
     def manual_proportion(self, instance: object) -> float | None:
-        return self._aio(self.aiocubie.manual_proportion, instance)
+        return self._aio(self.aiocubie.budget.manual_proportion, instance)
 
     def cap(self, instance: object) -> int:
-        return self._aio(self.aiocubie.cap, instance)
+        return self._aio(self.aiocubie.budget.cap, instance)
 
     def set_manual_proportion(self, instance: object, proportion: float) -> None:
-        self._aio(self.aiocubie.set_manual_proportion, instance, proportion)
+        self._aio(self.aiocubie.budget.set_manual, instance, proportion)
         super().set_manual_proportion(instance, proportion)
 
     def set_manual_limit_mode(self, instance: object, proportion: float) -> None:
         if self.manual_proportion(instance) is None:
-            self._aio(self.aiocubie.set_manual_limit_mode, instance, proportion)
+            self._aio(self.aiocubie.budget.move_to_manual, instance, proportion)
         super().set_manual_limit_mode(instance, proportion)
 
     def set_auto_limit_mode(self, instance: object) -> None:
         if self.manual_proportion(instance) is not None:
-            self._aio(self.aiocubie.set_auto_limit_mode, instance)
+            self._aio(self.aiocubie.budget.set_auto, instance)
         super().set_auto_limit_mode(instance)
 
     def set_limit_mode(self, mode: str) -> None:
-        self._aio(self.aiocubie.set_limit_mode, mode)
+        self._aio(self.aiocubie.budget.set_mode, mode)
         super().set_limit_mode(mode)
 
     def change_stream_group(self, instance: object, new_group: str) -> None:
@@ -272,7 +272,7 @@ class CubieMemoryManager(_cubie.MemoryManager):  # type: ignore[misc]
         moving = [m for i in members if self._owned_by(i, owner_id) and (m := self._instance(i)) is not None]
         super().change_stream_group(instance, new_group)
         for member in moving:
-            self._aio(self.aiocubie.change_stream_group, member, new_group)
+            self._aio(self.aiocubie.groups.move, member, new_group)
 
     # -- requests -------------------------------------------------------------------------------
     def allocate_queue(self, triggering_instance: object, stream: Any = None) -> None:
@@ -348,7 +348,7 @@ class CubieMemoryManager(_cubie.MemoryManager):  # type: ignore[misc]
         Returns the responses by instance id, and the free memory before the batch.
         """
         mgr, responses, errors = self.aiocubie, {}, []
-        free = mgr.memory_info().free
+        free = mgr.pool.memory_info().free
 
         async def one(instance_id: int, instance: Any, requests: dict[str, Any], *, task_status: Any) -> None:
             pending = mgr.request(instance, requests, replace=True)
@@ -361,7 +361,7 @@ class CubieMemoryManager(_cubie.MemoryManager):  # type: ignore[misc]
         async with anyio.create_task_group() as tg:
             for instance_id, (instance, requests) in batch.items():
                 await tg.start(one, instance_id, instance, requests)
-            mgr.flush(group)
+            mgr.groups.flush(group)
         if errors:
             for response in responses.values():
                 mgr.release(response)

@@ -31,7 +31,7 @@ async def chunked_batch(device: Device, nbytes: int, oversubscription: float, re
         owners = [Owner() for _ in range(MEMBERS)]
         for owner in owners:
             mgr.register(owner, proportion=budget / MEMBERS / total, stream_group="chunked")
-        budget = sum(mgr.cap(owner) for owner in owners)  # caps round down to whole bytes
+        budget = sum(mgr.budget.cap(owner) for owner in owners)  # caps round down to whole bytes
         request = {"state": ArrayRequest((runs,), np.float32, chunk_axis=0)}
         seconds = []
         for _ in range(repeats):

@@ -120,9 +120,9 @@ class Lane:
 
     def __init__(self, mgr: MemoryManager, w: Workload, kernel: Kernel, name: str) -> None:
         self.mgr, self.w, self.kernel, self.name = mgr, w, kernel, name
-        self.host_x = mgr.create_host_array((w.rows, w.cols), np.float32, "pinned")
+        self.host_x = mgr.host.array((w.rows, w.cols), np.float32, "pinned")
         self.host_x[...] = np.linspace(0, 1, w.cols, dtype=np.float32)
-        self.host_y = mgr.create_host_array((w.rows, w.cols), np.float32, "pinned")
+        self.host_y = mgr.host.array((w.rows, w.cols), np.float32, "pinned")
         self.located: set[int] = set()  # the devices the driver says this lane's arrays are on
 
     async def job(self) -> None:
@@ -153,7 +153,7 @@ def register(devices: DeviceSet, w: Workload, kernel: Kernel) -> list[Lane]:
     for device in devices.devices:
         mgr = devices.manager(device)
         lane = Lane(mgr, w, kernel, f"lane-{device}")
-        devices.register(lane, device=device, stream_group=lane.name, proportion=w.cap / mgr.memory_info().total)
+        devices.register(lane, device=device, stream_group=lane.name, proportion=w.cap / mgr.pool.memory_info().total)
         lanes.append(lane)
     return lanes
 
@@ -236,7 +236,7 @@ async def dask_job(w: Workload) -> dict[str, Any]:
     lane = _LANES.get(key)
     if lane is None:
         lane = _LANES[key] = Lane(mgr, w, Kernel(w), "lane")
-        mgr.register(lane, stream_group="lane", proportion=w.cap / mgr.memory_info().total)
+        mgr.register(lane, stream_group="lane", proportion=w.cap / mgr.pool.memory_info().total)
     await lane.job()
     usage = mgr.stats().groups["lane"]
     return {"worker": key, "peak": usage.peak_bytes, "cap": usage.cap_bytes, "on": lane.located}

@@ -95,7 +95,7 @@ class SimKit:
         return MemoryManager(SimulatorBackend(1 << 30), mode="active", headroom=0.0, **options)
 
     def pinned(self, mgr: MemoryManager, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
-        return mgr.create_host_array(shape, np.float32, kind="pinned")
+        return mgr.host.array(shape, np.float32, kind="pinned")
 
     def kernel(self, stream: Any, x: Any, y: Any) -> None:
         y[...] = x * 2 + 1
@@ -244,7 +244,7 @@ async def aio_chunked(
 ) -> tuple[float, int, int]:
     """Seconds for one walk of x -> y (request, walk, release), its chunk count and chunk length."""
     owner = _Owner()
-    mgr.register(owner, proportion=budget / mgr.memory_info().total)
+    mgr.register(owner, proportion=budget / mgr.pool.memory_info().total)
     requests = walk_requests(
         {"x": ArrayRequest.like(x, chunk_axis=axis), "y": ArrayRequest.like(y, chunk_axis=axis)}, depth
     )
@@ -283,7 +283,7 @@ async def aio_stream(
     queued and not landed at most).
     """
     owners = [_Owner() for _ in range(tasks)]
-    total = mgr.memory_info().total
+    total = mgr.pool.memory_info().total
     for i, owner in enumerate(owners):
         mgr.register(owner, proportion=budget / total / tasks, stream_group=f"g{i % groups}")
     requests = walk_requests(

@@ -67,8 +67,8 @@ async def _measure(device: str, case: str, batches: int, runs: int) -> dict[str,
         owners = [_Owner() for _ in range(tasks)]
         for owner in owners:
             mgr.register(owner, proportion=0.2, stream_group="g")
-        xs = [mgr.create_host_array((16, 1024), np.float32, kind="pinned") for _ in range(batches)]
-        ys = [mgr.create_host_array((16, 1024), np.float32, kind="pinned") for _ in range(batches)]
+        xs = [mgr.host.array((16, 1024), np.float32, kind="pinned") for _ in range(batches)]
+        ys = [mgr.host.array((16, 1024), np.float32, kind="pinned") for _ in range(batches)]
         for b, x in enumerate(xs):
             x[...] = np.arange(x.size, dtype=np.float32).reshape(x.shape) + b
         requests = walk_requests(

@@ -57,7 +57,7 @@ async def walk_seconds(
             np.testing.assert_array_equal(y[:: max(1, runs // 7)], x[:: max(1, runs // 7)])
             pinned = mgr.stats().pinned
             chunks, length = response.chunks, response.chunk_length
-        mgr.release_pinned()
+        mgr.host.release_pinned()
     return {
         "seconds": statistics.median(seconds),
         "chunks": chunks,

@@ -48,8 +48,8 @@ async def main() -> None:
         async with MemoryManager(backend) as mgr:
             loader = Loader()
             mgr.register(loader)
-            xs = [mgr.create_host_array(SHAPE, np.float32) for _ in range(K)]  # pinned: copies go straight
-            ys = [mgr.create_host_array(SHAPE, np.float32) for _ in range(K)]
+            xs = [mgr.host.array(SHAPE, np.float32) for _ in range(K)]  # pinned: copies go straight
+            ys = [mgr.host.array(SHAPE, np.float32) for _ in range(K)]
             requests = {"x": ArrayRequest(SHAPE, np.float32), "y": ArrayRequest(SHAPE, np.float32)}
             landed: list[np.ndarray] = []
             async with mgr.request(loader, requests, ordered=True) as response:  # once, for every batch

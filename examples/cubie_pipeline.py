@@ -91,7 +91,7 @@ async def main() -> None:
             print(
                 f"one stats table: groups {sorted(stats)}; solver chunks {stats['solver'].chunks}, load requests {stats['load'].requests}"
             )
-            print(mgr.memory_summary())
+            print(mgr.summary())
 
 
 if __name__ == "__main__":

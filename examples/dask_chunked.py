@@ -34,8 +34,8 @@ class Scaler:
 async def scale(index: int, piece: np.ndarray) -> tuple[str, int, np.ndarray]:
     mgr = get_manager()  # this worker's manager, running on this worker's event loop
     scaler = Scaler()
-    mgr.register(scaler, stream_group=f"piece-{index}", proportion=BUDGET / mgr.memory_info().total)
-    out = mgr.create_host_array(piece.shape, piece.dtype)
+    mgr.register(scaler, stream_group=f"piece-{index}", proportion=BUDGET / mgr.pool.memory_info().total)
+    out = mgr.host.array(piece.shape, piece.dtype)
     requests = {"x": ArrayRequest(piece.shape, piece.dtype), "y": ArrayRequest(piece.shape, piece.dtype)}
     async with mgr.request(scaler, requests) as response:
         async for chunk in walk_chunks(response, inputs={"x": piece}, outputs={"y": out}):

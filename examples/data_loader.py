@@ -54,12 +54,12 @@ class Consumer:
         done = 0
         async with receive:
             async for rows in receive:
-                out = mgr.create_host_array(rows.shape, rows.dtype)
+                out = mgr.host.array(rows.shape, rows.dtype)
                 requests = {"rows": ArrayRequest(rows.shape, rows.dtype), "out": ArrayRequest(rows.shape, rows.dtype)}
                 async with mgr.request(self, requests) as response:
                     async for chunk in walk_chunks(response, inputs={"rows": rows}, outputs={"out": out}):
                         launch(normalise, chunk.length, response.stream, chunk.device["rows"], chunk.device["out"])
-                        await mgr.sync_stream(self)
+                        await mgr.groups.sync(self)
                 assert np.allclose(out, rows / rows.sum(axis=1, keepdims=True))
                 print(f"batch {done}: {RUNS} rows normalised in {response.chunks} chunks")
                 done += 1

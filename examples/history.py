@@ -43,7 +43,7 @@ class LookupCache:
         self.table: ArrayResponse | None = None
 
     def fill(self) -> None:
-        self.table = self.mgr.allocate_all(self, {"table": ArrayRequest((MiB // 4,), np.float32)})
+        self.table = self.mgr.allocate(self, {"table": ArrayRequest((MiB // 4,), np.float32)})
 
     def reclaim(self, nbytes: int) -> int:
         if self.table is None:
@@ -63,7 +63,7 @@ async def record() -> tuple[History, str]:
             mgr.register(solver_a, stream_group="solve", name="solver-a")
             mgr.register(solver_b, stream_group="solve", name="solver-b")
             mgr.register(cache, stream_group="cache", name="lookup-cache")
-            mgr.add_reclaim_hook(cache.reclaim)
+            mgr.pool.add_reclaim_hook(cache.reclaim)
             cache.fill()
             for step, runs in enumerate((8_000, 30_000, 16_000, 24_000)):
                 if step == 3:  # the pool is emptied, and another process takes all but 900 KiB, unseen
@@ -74,7 +74,7 @@ async def record() -> tuple[History, str]:
                     tg.start_soon(solver_a.work, mgr, runs)
                     tg.start_soon(solver_b.work, mgr, runs // 2)
                 await anyio.sleep(0.01)
-            return mgr.history(), mgr.memory_summary()
+            return mgr.history(), mgr.summary()
 
 
 def main(out_dir: Path) -> None:

@@ -27,13 +27,13 @@ async def main() -> None:
         request = {"table": ArrayRequest((1024, 64), np.float32, kind="managed", unchunkable=True)}
         async with mgr.request(model, request) as response:
             table = response.arrays["table"]
-            mgr.advise(table, "preferred_location", device=0)  # lives on the GPU...
-            mgr.advise(table, "accessed_by", device=None)  # ...and the CPU maps it, without faults
+            mgr.host.advise(table, "preferred_location", device=0)  # lives on the GPU...
+            mgr.host.advise(table, "accessed_by", device=None)  # ...and the CPU maps it, without faults
             table.set(np.arange(table.size, dtype=np.float32).reshape(table.shape))  # a copy in from the host
-            await mgr.prefetch(model, table, device=0)  # to the GPU, on the model's stream
+            await mgr.host.prefetch(model, table, device=0)  # to the GPU, on the model's stream
             print(f"prefetched {table.nbytes} bytes to device 0 on {mgr.backend.name}")
-            # ... GPU kernels would run here on mgr.get_stream(model) ...
-            await mgr.prefetch(model, table, device=None)  # back to the CPU before reading
+            # ... GPU kernels would run here on mgr.groups.stream(model) ...
+            await mgr.host.prefetch(model, table, device=None)  # back to the CPU before reading
             assert float(table[-1, -1]) == table.size - 1
             print(f"prefetched back to the CPU; table[-1, -1] = {float(table[-1, -1]):.0f}")
             print(f"managed bytes held: {mgr.stats().groups['model'].live_bytes}")

@@ -36,7 +36,7 @@ async def main() -> None:
 
     mgr = MemoryManager("cuda", allocator="rmm", mode="active")
     libraries = ["cupy"] + (["numba"] if importlib.util.find_spec("numba_cuda") else [])
-    mgr.share_pool(*libraries)
+    mgr.pool.share(*libraries)
     solver = Solver()
     mgr.register(solver, proportion=0.25)
     async with mgr:
@@ -69,7 +69,7 @@ async def main() -> None:
         for library, nbytes in bytes_of.items():
             print(f"{library} holds {nbytes} bytes in the same pool")
         print(f"pool in use: {stats.pool.in_use} = aiocubie {stats.live_bytes} + other libraries {stats.other_bytes}")
-        print(mgr.memory_summary())
+        print(mgr.summary())
         del kept
 
 

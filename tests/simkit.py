@@ -112,7 +112,7 @@ async def interrupt_in_flight(
         else:
             raise AssertionError("the request resolved despite the interruption")
 
-    gate = hold_stream(mgr.get_stream(part))
+    gate = hold_stream(mgr.groups.stream(part))
     try:
         with anyio.fail_after(HANG_GUARD):
             async with anyio.create_task_group() as tg:

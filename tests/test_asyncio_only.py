@@ -39,9 +39,9 @@ async def test_gather_with_wait_for(sim: SimulatorBackend) -> None:
         responses = await asyncio.wait_for(asyncio.gather(*requests), HANG_GUARD)
         assert [r.arrays["x"].shape for r in responses] == [(10, 3), (11, 3), (10, 3), (11, 3)]
         host = np.arange(30, dtype=np.float32).reshape(10, 3)
-        back = mgr.create_host_array((10, 3), np.float32, "pinned")
-        await asyncio.wait_for(mgr.to_device(parts[0], [host], [responses[0].arrays["x"]]), HANG_GUARD)
-        await asyncio.wait_for(mgr.from_device(parts[0], [responses[0].arrays["x"]], [back]), HANG_GUARD)
+        back = mgr.host.array((10, 3), np.float32, "pinned")
+        await asyncio.wait_for(mgr.host.to_device(parts[0], [host], [responses[0].arrays["x"]]), HANG_GUARD)
+        await asyncio.wait_for(mgr.host.from_device(parts[0], [responses[0].arrays["x"]], [back]), HANG_GUARD)
         np.testing.assert_array_equal(back, host)
         for response in responses:
             mgr.release(response)
@@ -62,7 +62,7 @@ async def test_wait_for_timeout_withdraws_the_request(sim: SimulatorBackend) -> 
         task = asyncio.create_task(asyncio.wait_for(mgr.request(asker, {"x": ArrayRequest(7, "float64")}), HANG_GUARD))
         while mgr.stats().groups["g"].requests < 2:
             await asyncio.sleep(0.001)
-        mgr.flush("g")
+        mgr.groups.flush("g")
         response = await task
         assert response.arrays["x"].shape == (7,) and sim.used == 56
         mgr.release(response)

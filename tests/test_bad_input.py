@@ -112,4 +112,4 @@ async def test_a_request_for_no_arrays_is_refused_at_the_call(anyio_backend: str
             mgr.request(part, {})
         assert "ready_hook" in str(caught.value)
         with pytest.raises(InvalidRequestError, match="hold no array"):
-            mgr.allocate_all(part, {})
+            mgr.allocate(part, {})

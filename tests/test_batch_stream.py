@@ -54,7 +54,7 @@ def _kernel(sim: SimulatorBackend, chunk: Any) -> None:
 
 def _host(mgr: MemoryManager, arrays: list[np.ndarray], pinned: bool) -> list[np.ndarray]:
     """``arrays`` as they are, or copied into pinned host arrays of the manager's device."""
-    return [mgr.create_host_array(a.shape, a.dtype, "pinned", like=a) for a in arrays] if pinned else arrays
+    return [mgr.host.array(a.shape, a.dtype, "pinned", like=a) for a in arrays] if pinned else arrays
 
 
 def _batches(mgr: MemoryManager, count: int, pinned: bool) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -85,7 +85,7 @@ async def test_an_ordered_request_resolves_before_its_event_and_the_hook_waits_f
     async with MemoryManager(sim) as mgr:
         owner = object()
         mgr.register(owner, ready_hook=called.append)
-        gate = _gate(sim, mgr.get_stream(owner))
+        gate = _gate(sim, mgr.groups.stream(owner))
         try:
             # the default: the request resolves when the device reaches the allocation
             with anyio.move_on_after(0.2) as scope:
@@ -114,7 +114,7 @@ async def test_a_one_chunk_walk_with_overlap_queues_behind_the_stream_and_waits_
         )
         owner = object()
         mgr.register(owner)
-        gate = _gate(sim, mgr.get_stream(owner))
+        gate = _gate(sim, mgr.groups.stream(owner))
         entered = []
         with anyio.fail_after(10):
             async with mgr.request(owner, _requests(), ordered=True) as response:
@@ -148,7 +148,7 @@ async def test_the_walk_of_one_chunk_without_overlap_still_waits_for_its_copy_in
                     np.testing.assert_array_equal(host_data(chunk.device["x"]), x)  # on the device already
                     _kernel(sim, chunk)
 
-        gate = _gate(sim, mgr.get_stream(owner))
+        gate = _gate(sim, mgr.groups.stream(owner))
         async with anyio.create_task_group() as tg:
             tg.start_soon(walk)
             with anyio.move_on_after(0.2):
@@ -256,7 +256,7 @@ async def test_a_request_on_a_pollable_event_polls_it_then_sleeps_until_it_compl
     async with MemoryManager(sim) as mgr:
         owner = object()
         mgr.register(owner)
-        gate = _gate(sim, mgr.get_stream(owner))
+        gate = _gate(sim, mgr.groups.stream(owner))
         with anyio.move_on_after(0.05) as scope:  # polls, then sleeps on the callback: cancelled
             await mgr.request(owner, _requests())
         assert scope.cancelled_caught
@@ -286,7 +286,7 @@ async def test_a_chunked_walk_with_overlap_at_depth_1_gets_every_output(in_place
         owner = object()
         mgr.register(owner, proportion=(x.nbytes // 4) / sim.total)  # 4 chunks or more
         # the allocation held back: an ordered response's copy streams must wait for it
-        gate = _gate(sim, mgr.get_stream(owner)) if ordered else threading.Event()
+        gate = _gate(sim, mgr.groups.stream(owner)) if ordered else threading.Event()
         async with mgr.request(owner, requests, ordered=ordered) as response:
             assert response.ready.query() is not ordered
             assert response.chunks > 2
@@ -372,23 +372,23 @@ async def test_a_stream_of_one_request_is_planned_again_when_the_mode_or_the_mem
         mgr.register(other, proportion=0.5, stream_group="other")  # 512 KiB
         async with mgr.request(owner, requests, ordered=True) as response:
             assert response.chunks == 1  # passive: caps do not matter
-        mgr.set_limit_mode("active")
+        mgr.budget.set_mode("active")
         async with mgr.request(owner, requests, ordered=True) as response:
             assert response.chunks == 2
-            assert sim.used <= mgr.cap(owner)  # its arrays alone
-        mgr.set_limit_mode("passive")
+            assert sim.used <= mgr.budget.cap(owner)  # its arrays alone
+        mgr.budget.set_mode("passive")
         async with mgr.request(owner, requests, ordered=True) as response:
             assert response.chunks == 1
-        mgr.set_limit_mode("active")
-        mgr.change_stream_group(other, "default")  # the group: owner and other
-        mgr.change_stream_group(owner, "other")  # other alone in it, as owner was
+        mgr.budget.set_mode("active")
+        mgr.groups.move(other, "default")  # the group: owner and other
+        mgr.groups.move(owner, "other")  # other alone in it, as owner was
         async with mgr.request(other, requests, ordered=True) as response:
             assert response.chunks == 1  # under other's cap
-        mgr.change_stream_group(owner, "default")
-        mgr.change_stream_group(other, "other")  # owner alone again, its last plan made for other
+        mgr.groups.move(owner, "default")
+        mgr.groups.move(other, "other")  # owner alone again, its last plan made for other
         async with mgr.request(owner, requests, ordered=True) as response:
             assert response.chunks == 2
-            assert sim.used <= mgr.cap(owner)  # its arrays alone
+            assert sim.used <= mgr.budget.cap(owner)  # its arrays alone
     assert sim.used == 0
 
 
@@ -409,7 +409,7 @@ async def test_a_stream_of_one_request_is_planned_again_once_the_budget_holdings
             mgr.release(response)
         async with mgr.request(owner, requests, ordered=True) as response:
             assert response.chunks == 1
-        mgr.set_manual_proportion(owner, 0.125)  # 128 KiB
+        mgr.budget.set_manual(owner, 0.125)  # 128 KiB
         async with mgr.request(owner, requests, ordered=True) as response:
             assert response.chunks == 2
     sim = SimulatorBackend(1 << 20)
@@ -574,7 +574,7 @@ async def test_a_one_chunk_walk_of_empty_pinned_views_with_any_strides_copies_no
         owner = object()
         mgr.register(owner)
         shape = (0, 4)
-        x, y = (mgr.create_host_array(shape, np.float32, "pinned") for _ in range(2))
+        x, y = (mgr.host.array(shape, np.float32, "pinned") for _ in range(2))
         request = ArrayRequest(shape, np.float32, chunk_axis=0, unchunkable=chunk_axis is None)
         async with mgr.request(owner, {"x": request, "y": request}) as response:
             assert response.chunks == 1
@@ -769,7 +769,7 @@ async def test_walk_batches_keeps_each_batchs_host_arrays_until_it_landed(monkey
 
         def loader() -> Any:
             for b in range(8):
-                x = mgr.create_host_array(SHAPE, np.float32, "pinned", like=np.full(SHAPE, b + 1), pool=True)
+                x = mgr.host.array(SHAPE, np.float32, "pinned", like=np.full(SHAPE, b + 1), pool=True)
                 if in_place:  # y's input is the leased buffer, its output ys[b]: the walk must hold both
                     yield {"y": x}, {"y": ys[b]}
                 else:

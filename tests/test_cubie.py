@@ -134,7 +134,7 @@ def test_a_solve_on_its_own_loop_thread_shares_stats_and_frees_everything(system
     assert mm.aiocubie.options.headroom == CUBIE_HEADROOM
     try:
         solver = Solver(system, algorithm="euler", memory_manager=mm, mem_proportion=0.4)
-        assert mm.proportion(solver.kernel) == mm.aiocubie.proportion(solver.kernel) == 0.4
+        assert mm.proportion(solver.kernel) == mm.aiocubie.budget.proportion(solver.kernel) == 0.4
         assert mm.manual_proportion(solver.kernel) == 0.4
         inits, params = _inputs()
         first = solver.solve(inits, params, **SOLVE)
@@ -150,8 +150,8 @@ def test_a_solve_on_its_own_loop_thread_shares_stats_and_frees_everything(system
         now = mm.aiocubie.stats().groups["solver"]
         assert now.live_bytes == now.peak_bytes > stats.groups["solver"].live_bytes  # the old ones went first
         solver.update_memory_settings(stream_group="moved")  # moves the kernel and its array managers
-        assert {mm.aiocubie.get_stream_group(solver.kernel), mm.get_stream_group(solver.kernel)} == {"moved"}
-        assert mm.aiocubie.stream_groups["moved"] and "solver" not in mm.aiocubie.stream_groups
+        assert {mm.aiocubie.groups.group_of(solver.kernel), mm.get_stream_group(solver.kernel)} == {"moved"}
+        assert mm.aiocubie.groups.members()["moved"] and "solver" not in mm.aiocubie.groups.members()
         solver.solve(inits, params, **SOLVE)
         assert mm.aiocubie.stats().groups["moved"].live_bytes == stats.groups["solver"].live_bytes  # RUNS again
         solver.close()
@@ -225,7 +225,7 @@ async def test_an_awaited_solve_is_planned_against_what_a_loader_holds(system: A
         mgr.release(held)
         again = await solve(solver, inits, params, **SOLVE)
         assert solver.kernel.run_params.num_chunks == 1 and np.array_equal(again.state, alone.state)
-        mgr.invalidate_all()  # a context reset: cubie's array managers drop their arrays, and ask again
+        mgr.pool.invalidate_all()  # a context reset: cubie's array managers drop their arrays, and ask again
         assert mgr.stats().groups["solver"].live_bytes == 0
         after = await solve(solver, inits, params, **SOLVE)
         assert np.array_equal(after.state, alone.state) and mgr.stats().groups["solver"].live_bytes > 0

@@ -110,13 +110,13 @@ async def test_a_moved_request_is_counted_in_its_new_group(sim: SimulatorBackend
                 tg.start_soon(ask)
                 while mgr.stats().groups["old"].requests == 0:
                     await anyio.sleep(0)
-                mgr.change_stream_group(mover, "new")
-                mgr.flush("new")
+                mgr.groups.move(mover, "new")
+                mgr.groups.flush("new")
         groups = mgr.stats().groups
         assert (groups["new"].requests, groups["new"].batches, groups["new"].chunks) == (1, 1, 1)
         assert (groups["old"].requests, groups["old"].batches) == (0, 0)
         assert groups["new"].live_bytes == 800 and groups["old"].live_bytes == 0
-        assert got[0].stream is mgr.get_stream(mover)
+        assert got[0].stream is mgr.groups.stream(mover)
 
 
 # -- manual_proportion and update ---------------------------------------------------------------
@@ -125,12 +125,12 @@ def test_manual_proportion_is_none_in_the_auto_pool(sim: SimulatorBackend) -> No
     auto, manual = Part(), Part()
     mgr.register(auto)
     mgr.register(manual, proportion=0.25)
-    assert mgr.manual_proportion(auto) is None
-    assert mgr.manual_proportion(manual) == 0.25
-    mgr.set_auto_limit_mode(manual)
-    assert mgr.manual_proportion(manual) is None
+    assert mgr.budget.manual_proportion(auto) is None
+    assert mgr.budget.manual_proportion(manual) == 0.25
+    mgr.budget.set_auto(manual)
+    assert mgr.budget.manual_proportion(manual) is None
     with pytest.raises(RegistrationError):
-        mgr.manual_proportion(Part())
+        mgr.budget.manual_proportion(Part())
 
 
 def test_update_changes_settings_by_name(sim: SimulatorBackend) -> None:
@@ -139,24 +139,27 @@ def test_update_changes_settings_by_name(sim: SimulatorBackend) -> None:
     solver, other = Part(), Part()
     mgr.register(solver)
     mgr.register(other)
-    assert mgr.update(solver, {"stream_group": "solve"}, mem_proportion=0.3) == {"stream_group", "mem_proportion"}
-    assert (mgr.get_stream_group(solver), mgr.manual_proportion(solver)) == ("solve", 0.3)
-    assert mgr.update(solver, stream_group=None, mem_proportion=None, memory_manager=mgr) == {
+    assert mgr.budget.update(solver, {"stream_group": "solve"}, mem_proportion=0.3) == {
+        "stream_group",
+        "mem_proportion",
+    }
+    assert (mgr.groups.group_of(solver), mgr.budget.manual_proportion(solver)) == ("solve", 0.3)
+    assert mgr.budget.update(solver, stream_group=None, mem_proportion=None, memory_manager=mgr) == {
         "stream_group",
         "mem_proportion",
         "memory_manager",
     }
-    assert (mgr.get_stream_group(solver), mgr.manual_proportion(solver)) == ("solve", None)
-    assert mgr.proportion(solver) == mgr.proportion(other) == 0.5
-    assert mgr.update(solver, mem_proportion=None) == {"mem_proportion"}  # already auto: no change
-    assert mgr.update(solver, {"dt": 0.1, "stream_group": "solve"}, silent=True) == {"stream_group"}
+    assert (mgr.groups.group_of(solver), mgr.budget.manual_proportion(solver)) == ("solve", None)
+    assert mgr.budget.proportion(solver) == mgr.budget.proportion(other) == 0.5
+    assert mgr.budget.update(solver, mem_proportion=None) == {"mem_proportion"}  # already auto: no change
+    assert mgr.budget.update(solver, {"dt": 0.1, "stream_group": "solve"}, silent=True) == {"stream_group"}
     with pytest.raises(ConfigurationError, match="'dt'"):
-        mgr.update(solver, dt=0.1, mem_proportion=0.2)
-    assert mgr.manual_proportion(solver) is None  # a refused update changes nothing
+        mgr.budget.update(solver, dt=0.1, mem_proportion=0.2)
+    assert mgr.budget.manual_proportion(solver) is None  # a refused update changes nothing
     with pytest.raises(RegistrationError, match="cannot change memory manager"):
-        mgr.update(solver, memory_manager=MemoryManager(SimulatorBackend(total=1000)))
+        mgr.budget.update(solver, memory_manager=MemoryManager(SimulatorBackend(total=1000)))
     with pytest.raises(BudgetError):
-        mgr.update(solver, mem_proportion=1.5)
+        mgr.budget.update(solver, mem_proportion=1.5)
 
 
 # -- owner-scoped notifications -----------------------------------------------------------------
@@ -175,7 +178,7 @@ async def test_owner_scoped_members_are_told_only_their_owners_plans(sim: Simula
         mgr.register(solver_b, stream_group="g", ready_hook=hook("b"), owner=solver_b)
         mgr.register(inputs_a, stream_group="g", ready_hook=hook("inputs"), owner=solver_a)
         mgr.register(legacy, stream_group="g", ready_hook=hook("legacy"))
-        mgr.flush()
+        mgr.groups.flush()
         with anyio.fail_after(HANG_GUARD):
             response = await mgr.request(inputs_a, {"y0": ArrayRequest((2, 10), "f8", chunk_axis=1)})
         assert [(c, n) for c, n, _ in told["inputs"]] == [(1, 10)] and told["inputs"][0][2] == response.arrays
@@ -207,7 +210,7 @@ async def test_a_replacing_request_frees_the_label_first(sim: SimulatorBackend) 
         assert mgr.stats().groups["default"].live_bytes == 600_000
         mgr.release(first)  # released already: a no-op
         assert mgr.stats().groups["default"].live_bytes == 600_000
-        other = mgr.allocate_all(
+        other = mgr.allocate(
             solver, {"state": ArrayRequest((10,), "f8"), "p": ArrayRequest((4,), "f8", unchunkable=True)}, replace=True
         )
         assert mgr.stats().groups["default"].live_bytes == 80 + 32

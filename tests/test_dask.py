@@ -76,7 +76,7 @@ def test_setup_gives_each_worker_a_manager_and_tasks_get_it() -> None:
             assert results == [(0, 1, 1000.0 * i) for i in range(6)]
             managers = [manager_of(w) for w in workers]
             assert managers[0] is not managers[1] and all(m.running for m in managers)
-            assert all(m.mode.value == "active" and m.policy.value == "wait" for m in managers)
+            assert all(m.budget.mode.value == "active" and m.budget.policy.value == "wait" for m in managers)
             await client.unregister_worker_plugin(PLUGIN_NAME)
             assert not any(m.running for m in managers)  # teardown closed them
             assert all(PLUGIN_NAME not in w.plugins for w in workers)
@@ -145,7 +145,7 @@ def test_a_task_cancelled_by_dask_withdraws_its_request() -> None:
             workers,
         ):
             mgr = manager_of(workers[0])
-            cap = int(0.001 * mgr.memory_info().total)
+            cap = int(0.001 * mgr.pool.memory_info().total)
             await client.submit(hold, cap // 2)
             waiting = client.submit(wait_for_room, cap // 2 + cap // 4)
             await until(lambda: HELD[workers[0].address].get("waiting", False))

@@ -80,15 +80,18 @@ async def test_memory_limit_is_the_device_the_manager_budgets() -> None:
     solver, other = Component(), Component()
     mgr.register(solver, proportion=0.5, stream_group="a")
     mgr.register(other, proportion=0.25, stream_group="b")
-    assert mgr.memory_info().total == 16 * MiB and mgr.options.memory_limit == 16 * MiB
-    assert (mgr.cap(solver), mgr.cap(other)) == (8 * MiB, 4 * MiB)  # proportions of the limit, not of 64 MiB
+    assert mgr.pool.memory_info().total == 16 * MiB and mgr.options.memory_limit == 16 * MiB
+    assert (mgr.budget.cap(solver), mgr.budget.cap(other)) == (
+        8 * MiB,
+        4 * MiB,
+    )  # proportions of the limit, not of 64 MiB
     async with mgr:
         # 16 MiB asked of a cap of 8: two chunks (on the whole device's budget it would be one of 32)
         async with mgr.request(solver, {"x": ArrayRequest((4, 4 * MiB // 4), np.float32, chunk_axis=1)}) as response:
             assert response.chunks == 2 and response.arrays["x"].nbytes == 8 * MiB
-            assert mgr.memory_info().free == 8 * MiB  # what the limit leaves; the device has 56 MiB free
+            assert mgr.pool.memory_info().free == 8 * MiB  # what the limit leaves; the device has 56 MiB free
             assert backend.device.memory_info().free >= 56 * MiB - 1024
-        assert mgr.memory_info().free == 16 * MiB
+        assert mgr.pool.memory_info().free == 16 * MiB
     mgr.close()
 
 
@@ -100,12 +103,12 @@ async def test_memory_limit_counts_other_libraries_bytes_in_the_pool() -> None:
     mgr.register(solver)
     async with mgr:
         theirs = backend.library_allocate(6 * MiB)  # torch's, CuPy's... through the same pool
-        assert mgr.memory_info().free == 10 * MiB
+        assert mgr.pool.memory_info().free == 10 * MiB
         async with mgr.request(solver, {"x": ArrayRequest((16 * MiB,), np.uint8)}) as response:
             assert response.chunks > 1 and response.arrays["x"].nbytes <= 10 * MiB  # planned in what is left
         backend.library_free(theirs)
         del theirs  # the block's handle keeps its memory in the pool's use, as on a GPU
-        assert mgr.memory_info().free == 16 * MiB
+        assert mgr.pool.memory_info().free == 16 * MiB
     mgr.close()
 
 
@@ -120,7 +123,7 @@ def test_a_memory_limit_that_is_not_bytes_is_refused(bad: object) -> None:
 def test_memory_limit_reaches_each_workers_manager() -> None:
     async def main() -> None:
         async with cluster(sim(memory_limit=12 * MiB)) as (_, worker):
-            assert manager_of(worker).memory_info().total == 12 * MiB
+            assert manager_of(worker).pool.memory_info().total == 12 * MiB
 
     run(main)
 
@@ -153,12 +156,12 @@ def test_budget_device_memory_limit_is_dask_cudas_spilling_limit() -> None:
             worker,
         ):
             mgr = manager_of(worker)
-            assert mgr.memory_info().total == 24 * MiB and mgr.options.memory_limit == 24 * MiB
+            assert mgr.pool.memory_info().total == 24 * MiB and mgr.options.memory_limit == 24 * MiB
 
             async def task() -> int:
                 mgr, part = get_manager(), Component()
                 mgr.register(part, proportion=0.5)
-                return mgr.cap(part)
+                return mgr.budget.cap(part)
 
             assert await client.submit(task) == 12 * MiB
         async with cluster(data=device_host_file(None)) as (client, _):  # no limit: spilling off
@@ -210,7 +213,7 @@ def test_budget_rmm_maximum_pool_size_is_the_pools_maximum() -> None:
     async def main() -> None:
         setup = PooledRMMSetup(**(RMM_SETTINGS | {"initial_pool_size": "16MiB", "maximum_pool_size": "48MiB"}))
         async with cluster(sim(budget="rmm_maximum_pool_size"), plugins=[setup]) as (_, worker):
-            assert manager_of(worker).memory_info().total == 48 * MiB
+            assert manager_of(worker).pool.memory_info().total == 48 * MiB
 
     run(main)
 
@@ -220,7 +223,7 @@ def test_registered_through_the_client_it_comes_after_dask_cudas_rmm_plugin() ->
     async def main() -> None:
         async with cluster(sim(allocator="rmm"), plugins=[rmm_setup()]) as (client, worker):
             mgr = manager_of(worker)
-            assert mgr.allocator == "rmm" and mgr.running
+            assert mgr.pool.allocator == "rmm" and mgr.running
 
             async def task() -> int:
                 mgr, part = get_manager(), Component()

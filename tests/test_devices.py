@@ -91,13 +91,13 @@ async def test_a_managers_prefetch_goes_to_its_own_device_by_default() -> None:
         c = Component()
         mgr.register(c)
         response = await mgr.request(c, {"m": ArrayRequest((256,), np.float32, kind="managed")})
-        await mgr.prefetch(c, response.arrays["m"])  # to device 1, its own
-        await mgr.prefetch(c, response.arrays["m"], 0)
-        mgr.advise(response.arrays["m"], "preferred_location")
+        await mgr.host.prefetch(c, response.arrays["m"])  # to device 1, its own
+        await mgr.host.prefetch(c, response.arrays["m"], 0)
+        mgr.host.advise(response.arrays["m"], "preferred_location")
         with mgr.on_device():
             pass  # the simulator has nothing to switch
         with pytest.raises(BackendError, match="no device 2"):
-            await mgr.prefetch(c, response.arrays["m"], 2)
+            await mgr.host.prefetch(c, response.arrays["m"], 2)
         mgr.release(response)
     sim.close()
 

@@ -48,7 +48,7 @@ def test_host_arrays_and_like_refuse_them_too() -> None:
     mgr = MemoryManager("simulator")
     try:
         with pytest.raises(InvalidRequestError, match="big-endian"):
-            mgr.create_host_array((4,), ">f4")
+            mgr.host.array((4,), ">f4")
         with pytest.raises(InvalidRequestError, match="big-endian"):
             ArrayRequest.like(np.zeros(4, ">f8"))
     finally:

@@ -160,7 +160,7 @@ def test_bad_proportion_raises_and_registers_nothing(sim: SimulatorBackend, prop
         mgr.register(part, proportion=proportion)
     assert not mgr.is_registered(part)
     mgr.register(part, proportion=0.5)  # nothing was half-registered
-    assert mgr.proportion(part) == 0.5
+    assert mgr.budget.proportion(part) == 0.5
 
 
 @pytest.mark.parametrize("group", ["", 3, None])
@@ -206,15 +206,15 @@ def test_proportions_caps_and_the_auto_pool(sim: SimulatorBackend) -> None:
     manual, auto1, auto2 = Part(), Part(), Part()
     mgr.register(manual, proportion=0.3)
     mgr.register(auto1)
-    assert mgr.proportion(auto1) == pytest.approx(0.7)
+    assert mgr.budget.proportion(auto1) == pytest.approx(0.7)
     mgr.register(auto2)
-    assert mgr.proportion(auto1) == pytest.approx(0.35) == mgr.proportion(auto2)
-    assert mgr.cap(manual) == 300_000
-    assert mgr.cap(auto2) == 350_000
-    assert mgr.manual_pool_proportion == pytest.approx(0.3)
-    assert mgr.auto_pool_proportion == pytest.approx(0.7)
+    assert mgr.budget.proportion(auto1) == pytest.approx(0.35) == mgr.budget.proportion(auto2)
+    assert mgr.budget.cap(manual) == 300_000
+    assert mgr.budget.cap(auto2) == 350_000
+    assert mgr.budget.manual_pool == pytest.approx(0.3)
+    assert mgr.budget.auto_pool == pytest.approx(0.7)
     mgr.unregister(auto1)  # the auto pool rebalances
-    assert mgr.cap(auto2) == 700_000
+    assert mgr.budget.cap(auto2) == 700_000
     late = Part()
     with pytest.raises(BudgetError, match="auto member"):
         mgr.register(late, proportion=0.68)  # would leave under 5% for auto2
@@ -246,26 +246,26 @@ def test_switching_limit_modes(sim: SimulatorBackend) -> None:
     a, b = Part(), Part()
     mgr.register(a)
     mgr.register(b)
-    mgr.set_manual_limit_mode(a, 0.2)
-    assert mgr.proportion(a) == pytest.approx(0.2)
-    assert mgr.proportion(b) == pytest.approx(0.8)
+    mgr.budget.move_to_manual(a, 0.2)
+    assert mgr.budget.proportion(a) == pytest.approx(0.2)
+    assert mgr.budget.proportion(b) == pytest.approx(0.8)
     with pytest.raises(BudgetError, match="already in the manual pool"):
-        mgr.set_manual_limit_mode(a, 0.3)
-    mgr.set_manual_proportion(a, 0.4)
-    assert mgr.cap(a) == 400_000 and mgr.cap(b) == 600_000
+        mgr.budget.move_to_manual(a, 0.3)
+    mgr.budget.set_manual(a, 0.4)
+    assert mgr.budget.cap(a) == 400_000 and mgr.budget.cap(b) == 600_000
     with pytest.raises(BudgetError):
-        mgr.set_manual_proportion(a, 0.99)  # b would be left under 5%
-    assert mgr.proportion(a) == pytest.approx(0.4)
-    mgr.set_auto_limit_mode(a)
-    assert mgr.proportion(a) == pytest.approx(0.5) == mgr.proportion(b)
+        mgr.budget.set_manual(a, 0.99)  # b would be left under 5%
+    assert mgr.budget.proportion(a) == pytest.approx(0.4)
+    mgr.budget.set_auto(a)
+    assert mgr.budget.proportion(a) == pytest.approx(0.5) == mgr.budget.proportion(b)
     with pytest.raises(BudgetError, match="already in the auto pool"):
-        mgr.set_auto_limit_mode(a)
-    mgr.set_manual_proportion(b, 0.1)  # set_manual_proportion also moves out of the auto pool
-    assert mgr.proportion(a) == pytest.approx(0.9)
+        mgr.budget.set_auto(a)
+    mgr.budget.set_manual(b, 0.1)  # set_manual_proportion also moves out of the auto pool
+    assert mgr.budget.proportion(a) == pytest.approx(0.9)
     with pytest.raises(ConfigurationError):
-        mgr.set_limit_mode("aggressive")
-    mgr.set_limit_mode("active")
-    assert mgr.active and mgr.mode.value == "active"
+        mgr.budget.set_mode("aggressive")
+    mgr.budget.set_mode("active")
+    assert mgr.options.active and mgr.budget.mode.value == "active"
 
 
 def test_unregistered_instance_errors(sim: SimulatorBackend) -> None:
@@ -273,14 +273,14 @@ def test_unregistered_instance_errors(sim: SimulatorBackend) -> None:
     stranger = Part()
     calls: list[Callable[[], Any]] = [
         lambda: mgr.request(stranger, {"a": vec(1)}),
-        lambda: mgr.allocate_all(stranger, {"a": vec(1)}),
-        lambda: mgr.get_stream(stranger),
-        lambda: mgr.get_stream_group(stranger),
-        lambda: mgr.cap(stranger),
-        lambda: mgr.proportion(stranger),
+        lambda: mgr.allocate(stranger, {"a": vec(1)}),
+        lambda: mgr.groups.stream(stranger),
+        lambda: mgr.groups.group_of(stranger),
+        lambda: mgr.budget.cap(stranger),
+        lambda: mgr.budget.proportion(stranger),
         lambda: mgr.unregister(stranger),
-        lambda: mgr.set_manual_proportion(stranger, 0.5),
-        lambda: mgr.change_stream_group(stranger, "x"),
+        lambda: mgr.budget.set_manual(stranger, 0.5),
+        lambda: mgr.groups.move(stranger, "x"),
     ]
     for call in calls:
         with pytest.raises(RegistrationError, match="not registered: call mgr.register"):
@@ -292,13 +292,13 @@ def test_unregister_frees_arrays_and_budget(sim: SimulatorBackend) -> None:
     a, b = Part(), Part()
     mgr.register(a)
     mgr.register(b)
-    mgr.allocate_all(a, {"x": vec(1000)})
-    kept = mgr.allocate_all(b, {"y": vec(500)})
+    mgr.allocate(a, {"x": vec(1000)})
+    kept = mgr.allocate(b, {"y": vec(500)})
     assert sim.used == 12_000
     mgr.unregister(a)
     assert sim.used == 4_000 and mgr.stats().live_bytes == 4_000
     assert not mgr.is_registered(a)
-    assert mgr.proportion(b) == pytest.approx(1.0)
+    assert mgr.budget.proportion(b) == pytest.approx(1.0)
     mgr.release(kept)
     assert_all_released(mgr, sim)
 
@@ -334,13 +334,13 @@ async def test_collected_instance_is_unregistered_and_its_arrays_freed(sim: Simu
         doomed = Part()
         mgr.register(doomed, name="doomed", stream_group="gone")
         response = await mgr.request(doomed, {"a": vec(100)})
-        mgr.allocate_all(doomed, {"b": vec(50)})
+        mgr.allocate(doomed, {"b": vec(50)})
         assert sim.used == 1200
         del doomed, response  # the caller forgets its arrays too
         gc.collect()
-        assert "gone" not in mgr.stream_groups  # reaped by this very call; the emptied group is forgotten
+        assert "gone" not in mgr.groups.members()  # reaped by this very call; the emptied group is forgotten
         assert sim.used == 0 and mgr.stats().live_bytes == 0
-        assert mgr.proportion(keeper) == pytest.approx(1.0)
+        assert mgr.budget.proportion(keeper) == pytest.approx(1.0)
 
 
 # -- stream groups --------------------------------------------------------------------------
@@ -350,22 +350,22 @@ def test_stream_groups(sim: SimulatorBackend) -> None:
     mgr.register(a, stream_group="solve", name="a")
     mgr.register(b, stream_group="solve", name="b")
     mgr.register(c, name="c")
-    assert mgr.get_stream(a) is mgr.get_stream(b)
-    assert mgr.get_stream(a) is not mgr.get_stream(c)
-    assert mgr.get_stream_group(a) == "solve" and mgr.get_stream_group(c) == "default"
-    assert mgr.is_grouped(a) and not mgr.is_grouped(c)
-    assert mgr.stream_groups == {"solve": ["a", "b"], "default": ["c"]}
+    assert mgr.groups.stream(a) is mgr.groups.stream(b)
+    assert mgr.groups.stream(a) is not mgr.groups.stream(c)
+    assert mgr.groups.group_of(a) == "solve" and mgr.groups.group_of(c) == "default"
+    assert mgr.groups.is_grouped(a) and not mgr.groups.is_grouped(c)
+    assert mgr.groups.members() == {"solve": ["a", "b"], "default": ["c"]}
 
-    mgr.change_stream_group(b, "load")
-    assert mgr.get_stream_group(b) == "load"
-    assert mgr.get_stream(b) is not mgr.get_stream(a)
-    assert not mgr.is_grouped(a)
-    mgr.change_stream_group(b, "default")
-    assert mgr.get_stream(b) is mgr.get_stream(c) and mgr.is_grouped(c)
+    mgr.groups.move(b, "load")
+    assert mgr.groups.group_of(b) == "load"
+    assert mgr.groups.stream(b) is not mgr.groups.stream(a)
+    assert not mgr.groups.is_grouped(a)
+    mgr.groups.move(b, "default")
+    assert mgr.groups.stream(b) is mgr.groups.stream(c) and mgr.groups.is_grouped(c)
     with pytest.raises(RegistrationError, match="non-empty strings"):
-        mgr.change_stream_group(b, "")
+        mgr.groups.move(b, "")
     with pytest.raises(RegistrationError, match="no stream group 'nope'"):
-        mgr.get_available_memory("nope")
+        mgr.budget.available("nope")
 
 
 def test_reinit_streams_gives_new_streams(sim: SimulatorBackend) -> None:
@@ -373,11 +373,11 @@ def test_reinit_streams_gives_new_streams(sim: SimulatorBackend) -> None:
     a, b = Part(), Part()
     mgr.register(a, stream_group="one")
     mgr.register(b, stream_group="two")
-    before = {mgr.get_stream(a), mgr.get_stream(b)}
-    mgr.reinit_streams()
-    after = {mgr.get_stream(a), mgr.get_stream(b)}
+    before = {mgr.groups.stream(a), mgr.groups.stream(b)}
+    mgr.groups.reinit_streams()
+    after = {mgr.groups.stream(a), mgr.groups.stream(b)}
     assert len(after) == 2 and not before & after
-    event = sim.device.record_event(mgr.get_stream(a))
+    event = sim.device.record_event(mgr.groups.stream(a))
     event.synchronize()  # the new streams work
 
 
@@ -421,7 +421,7 @@ async def test_free_by_label_across_instances_and_free_all(sim: SimulatorBackend
         mgr.register(b, stream_group="gb")
         await mgr.request(a, {"state": vec(100), "params": vec(10, unchunkable=True)})
         await mgr.request(b, {"state": vec(200)})
-        mgr.allocate_all(b, {"params": vec(5, unchunkable=True)})
+        mgr.allocate(b, {"params": vec(5, unchunkable=True)})
         assert sim.used == (100 + 10 + 200 + 5) * 8
         mgr.free("state")
         assert sim.used == (10 + 5) * 8 == mgr.stats().live_bytes
@@ -440,7 +440,7 @@ async def test_invalidate_all_calls_hooks_once_releases_and_fails_in_flight(sim:
         mgr.register(b, invalidate_hook=lambda: calls.append("b"))
         mgr.register(c)  # no hook
         await mgr.request(b, {"x": vec(100)})
-        errors = await interrupt_in_flight(mgr, sim, a, {"y": vec(100)}, mgr.invalidate_all, ContextResetError)
+        errors = await interrupt_in_flight(mgr, sim, a, {"y": vec(100)}, mgr.pool.invalidate_all, ContextResetError)
         assert sorted(calls) == ["a", "b"]
         assert len(errors) == 1 and "invalidate_all" in str(errors[0])
         assert_all_released(mgr, sim)
@@ -457,25 +457,25 @@ async def test_set_allocator_resets_like_invalidate_all(sim: SimulatorBackend) -
         mgr.register(a, stream_group="busy", invalidate_hook=lambda: calls.append("a"))
         mgr.register(b, invalidate_hook=lambda: calls.append("b"))
         await mgr.request(b, {"x": vec(100)})
-        old_streams = {mgr.get_stream(a), mgr.get_stream(b)}
+        old_streams = {mgr.groups.stream(a), mgr.groups.stream(b)}
         with pytest.warns(AiocubieWarning, match="resets the device context"):
             errors = await interrupt_in_flight(
-                mgr, sim, a, {"y": vec(100)}, lambda: mgr.set_allocator("cupy"), ContextResetError
+                mgr, sim, a, {"y": vec(100)}, lambda: mgr.pool.set_allocator("cupy"), ContextResetError
             )
-        assert mgr.allocator == "cupy" and sim.resets == 1
+        assert mgr.pool.allocator == "cupy" and sim.resets == 1
         assert sorted(calls) == ["a", "b"]
         assert len(errors) == 1 and "set_allocator('cupy')" in str(errors[0])
         assert_all_released(mgr, sim)
-        assert not old_streams & {mgr.get_stream(a), mgr.get_stream(b)}
+        assert not old_streams & {mgr.groups.stream(a), mgr.groups.stream(b)}
         async with mgr.request(a, {"y": vec(10)}) as response:  # served on the new context
-            assert response.stream is mgr.get_stream(a)
+            assert response.stream is mgr.groups.stream(a)
         assert_all_released(mgr, sim)
 
 
 def test_an_allocator_for_a_given_backend_is_made_beside_its_resource(sim: SimulatorBackend) -> None:
     mgr = MemoryManager(sim, allocator="cupy")  # no reset: nothing was allocated through this manager
-    assert mgr.allocator == "cupy" and sim.resource.name == "driver" and sim.resets == 0
-    assert MemoryManager(sim, allocator="default").allocator == "driver" == MemoryManager(sim).allocator
+    assert mgr.pool.allocator == "cupy" and sim.resource.name == "driver" and sim.resets == 0
+    assert MemoryManager(sim, allocator="default").pool.allocator == "driver" == MemoryManager(sim).pool.allocator
     with pytest.raises(UnknownAllocatorError, match="unknown allocator 'tcmalloc'"):
         MemoryManager(sim, allocator="tcmalloc")
 
@@ -487,14 +487,14 @@ async def test_unknown_allocator_resets_nothing(sim: SimulatorBackend) -> None:
         part = Part()
         mgr.register(part, invalidate_hook=lambda: calls.append("hook"))
         response = await mgr.request(part, {"x": vec(100)})
-        stream = mgr.get_stream(part)
+        stream = mgr.groups.stream(part)
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # nothing is reset, so nothing may warn of a reset
             with pytest.raises(UnknownAllocatorError, match="unknown allocator 'tcmalloc'"):
-                mgr.set_allocator("tcmalloc")
-        assert calls == [] and sim.resets == 0 and mgr.allocator == "driver"
+                mgr.pool.set_allocator("tcmalloc")
+        assert calls == [] and sim.resets == 0 and mgr.pool.allocator == "driver"
         assert sim.used == 800 and mgr.stats().live_bytes == 800
-        assert mgr.get_stream(part) is stream
+        assert mgr.groups.stream(part) is stream
         mgr.release(response)
     assert_all_released(mgr, sim)
 
@@ -510,7 +510,7 @@ def test_a_raising_invalidate_hook_does_not_stop_the_others(sim: SimulatorBacken
     parts = Part(), Part()
     mgr.register(parts[0], invalidate_hook=broken)
     mgr.register(parts[1], invalidate_hook=lambda: calls.append("fine"))
-    mgr.invalidate_all()
+    mgr.pool.invalidate_all()
     assert sorted(calls) == ["broken", "fine"]
 
 
@@ -520,18 +520,16 @@ async def test_allocate_all_and_allocate(sim: SimulatorBackend) -> None:
     mgr = MemoryManager(sim)  # the direct path works without `async with`
     part = Part()
     mgr.register(part, name="direct")
-    gate = hold_stream(mgr.get_stream(part))
-    response = mgr.allocate_all(
-        part, {"a": ArrayRequest((4, 25), "float32", zero=True), "b": vec(10, unchunkable=True)}
-    )
+    gate = hold_stream(mgr.groups.stream(part))
+    response = mgr.allocate(part, {"a": ArrayRequest((4, 25), "float32", zero=True), "b": vec(10, unchunkable=True)})
     host_data(response.arrays["a"])[...] = 3  # garbage in fresh device memory (behind the held stream)
     gate.set()
     with anyio.fail_after(HANG_GUARD):
-        await mgr.sync_stream(part)
+        await mgr.groups.sync(part)
     assert not response.arrays["a"].any(), "the zero fill is queued on the group's stream"
     assert response.chunks == 1 and response.chunked_shapes == {"a": (4, 25), "b": (10,)}
-    assert response.stream is mgr.get_stream(part)
-    array = mgr.allocate(part, vec(5, "int64"), label="c")
+    assert response.stream is mgr.groups.stream(part)
+    array = mgr.allocate(part, {"c": vec(5, "int64")}).arrays["c"]
     assert array.shape == (5,) and array.dtype == np.int64
     assert sim.used == 400 + 80 + 40 == mgr.stats().live_bytes
     assert mgr.stats().instances["direct"].live_bytes == 520
@@ -545,14 +543,14 @@ def test_allocate_all_too_large_or_failing_allocates_nothing(sim: SimulatorBacke
     part = Part()
     mgr.register(part)
     with pytest.raises(InsufficientMemoryError, match="use await mgr.request"):
-        mgr.allocate_all(part, {"a": vec(TOTAL // 8)})
+        mgr.allocate(part, {"a": vec(TOTAL // 8)})
     sim.faults.inject("allocate", after=1)
     with pytest.raises(AllocationError, match="injected fault"):
-        mgr.allocate_all(part, {"a": vec(100), "b": vec(100), "c": vec(100)})
+        mgr.allocate(part, {"a": vec(100), "b": vec(100), "c": vec(100)})
     assert_all_released(mgr, sim)
     sim.faults.inject("record_event")
     with pytest.raises(BackendError, match="injected fault"):
-        mgr.allocate_all(part, {"a": vec(100)})
+        mgr.allocate(part, {"a": vec(100)})
     assert_all_released(mgr, sim)
 
 
@@ -573,18 +571,18 @@ async def test_to_device_from_device_round_trip() -> None:
                 part, {"a": ArrayRequest((30, 40), "float64"), "b": ArrayRequest(500, "int32", unchunkable=True)}
             ) as response:
                 devices = [response.arrays["a"], response.arrays["b"]]
-                await mgr.to_device(part, hosts, devices)
-                backs = [mgr.create_host_array(h.shape, h.dtype) for h in hosts]
-                await mgr.from_device(part, devices, backs)
+                await mgr.host.to_device(part, hosts, devices)
+                backs = [mgr.host.array(h.shape, h.dtype) for h in hosts]
+                await mgr.host.from_device(part, devices, backs)
                 for host, back in zip(hosts, backs):
                     np.testing.assert_array_equal(back, host)
                 with pytest.raises(InvalidRequestError, match="pair them up"):
-                    await mgr.to_device(part, hosts, devices[:1])
+                    await mgr.host.to_device(part, hosts, devices[:1])
                 with pytest.raises(BackendError, match="shapes and dtypes must match"):
-                    await mgr.to_device(part, [hosts[1]], [devices[0]])
+                    await mgr.host.to_device(part, [hosts[1]], [devices[0]])
                 sim.faults.inject("copy")
                 with pytest.raises(BackendError, match="injected fault"):
-                    await mgr.from_device(part, devices, backs)
+                    await mgr.host.from_device(part, devices, backs)
         assert_all_released(mgr, sim)
     finally:
         sim.close()
@@ -595,11 +593,11 @@ async def test_sync_stream_waits_for_queued_work(sim: SimulatorBackend) -> None:
     async with MemoryManager(sim) as mgr:
         part = Part()
         mgr.register(part)
-        gate = hold_stream(mgr.get_stream(part))
+        gate = hold_stream(mgr.groups.stream(part))
         synced = anyio.Event()
 
         async def sync() -> None:
-            await mgr.sync_stream(part)
+            await mgr.groups.sync(part)
             synced.set()
 
         try:
@@ -618,19 +616,19 @@ async def test_sync_stream_waits_for_queued_work(sim: SimulatorBackend) -> None:
 def test_create_host_array(sim: SimulatorBackend) -> None:
     mgr = MemoryManager(sim)
     for kind in ("pinned", "host"):
-        zeros = mgr.create_host_array((3, 4), "float32", kind)
+        zeros = mgr.host.array((3, 4), "float32", kind)
         assert zeros.shape == (3, 4) and zeros.dtype == np.float32 and not zeros.any()
         assert zeros.flags.c_contiguous
         like = np.arange(12.0).reshape(3, 4)
-        copy = mgr.create_host_array((3, 4), "float64", kind, like=like)
+        copy = mgr.host.array((3, 4), "float64", kind, like=like)
         np.testing.assert_array_equal(copy, like)
         like[0, 0] = 99.0
         assert copy[0, 0] == 0.0, "like= copies; it does not alias"
-    assert mgr.create_host_array(5, "int8").shape == (5,)
+    assert mgr.host.array(5, "int8").shape == (5,)
     with pytest.raises(InvalidRequestError, match="'pinned' or 'host'"):
-        mgr.create_host_array(5, "float32", "device")
+        mgr.host.array(5, "float32", "device")
     with pytest.raises(InvalidRequestError, match="like has shape"):
-        mgr.create_host_array((2, 2), "float32", like=np.zeros(4))
+        mgr.host.array((2, 2), "float32", like=np.zeros(4))
     assert sim.used == 0
 
 
@@ -642,16 +640,16 @@ async def test_managed_memory_prefetch_and_advice(sim: SimulatorBackend) -> None
         async with mgr.request(part, {"m": vec(1000, kind="managed")}) as response:
             assert sim.used == 8000, "managed memory counts against the device"
             array = response.arrays["m"]
-            await mgr.prefetch(part, array, 0)
-            await mgr.prefetch(part, array, None)
-            mgr.advise(array, "preferred_location", 0)
-            mgr.advise(array, "accessed_by", None)
-            mgr.advise(array, "read_mostly")
+            await mgr.host.prefetch(part, array, 0)
+            await mgr.host.prefetch(part, array, None)
+            mgr.host.advise(array, "preferred_location", 0)
+            mgr.host.advise(array, "accessed_by", None)
+            mgr.host.advise(array, "read_mostly")
             with pytest.raises(BackendError, match="unknown managed-memory advice"):
-                mgr.advise(array, "nonsense")  # type: ignore[arg-type]
+                mgr.host.advise(array, "nonsense")  # type: ignore[arg-type]
             sim.faults.inject("prefetch")
             with pytest.raises(BackendError, match="injected fault"):
-                await mgr.prefetch(part, array)
+                await mgr.host.prefetch(part, array)
     assert_all_released(mgr, sim)
 
 
@@ -667,13 +665,13 @@ async def test_prefetch_and_advise_refuse_a_non_array_even_with_a_fault_injected
         mgr.register(comp)
         sim.faults.inject("prefetch")
         with pytest.raises(InvalidRequestError, match="prefetch needs a managed array"):
-            await mgr.prefetch(comp, thing)
+            await mgr.host.prefetch(comp, thing)
         with pytest.raises(InvalidRequestError, match="advise needs a managed array"):
-            mgr.advise(thing, "read_mostly")
+            mgr.host.advise(thing, "read_mostly")
         async with mgr.request(comp, {"m": ArrayRequest((8,), np.float32, "managed")}) as response:
             with pytest.raises(BackendError, match="injected fault: prefetching 32 bytes"):
-                await mgr.prefetch(comp, response.arrays["m"])  # the fault is still armed
-            await mgr.prefetch(comp, response.arrays["m"])
+                await mgr.host.prefetch(comp, response.arrays["m"])  # the fault is still armed
+            await mgr.host.prefetch(comp, response.arrays["m"])
     sim.close()
 
 
@@ -741,7 +739,7 @@ async def test_a_thousand_concurrent_requests(sim: SimulatorBackend) -> None:
             runs = 10 + i % len(groups)  # one run length per group: a batch must agree on it
             async with mgr.request(part, {"x": vec(runs), "y": vec(3, "int8", unchunkable=True)}) as r:
                 assert r.arrays["x"].shape == (runs,) and r.chunks == 1
-                assert r.stream is mgr.get_stream(part)
+                assert r.stream is mgr.groups.stream(part)
                 await anyio.lowlevel.checkpoint()
             served += 1
 
@@ -808,8 +806,8 @@ async def test_queued_requests_follow_their_instance_to_a_new_group(sim: Simulat
             async with anyio.create_task_group() as tg:
                 tg.start_soon(ask)
                 await wait_until(lambda: mgr.stats().groups["old"].requests == 1)
-                mgr.change_stream_group(mover, "new")  # alone in "new": its batch closes at once
-        assert result[0].chunks == 1 and result[0].stream is mgr.get_stream(mover)
+                mgr.groups.move(mover, "new")  # alone in "new": its batch closes at once
+        assert result[0].chunks == 1 and result[0].stream is mgr.groups.stream(mover)
         mgr.free_all()
     assert_all_released(mgr, sim)
 

@@ -19,20 +19,20 @@ async def test_use_after_the_exit_says_the_manager_exited(anyio_backend: str) ->
         mgr.register(part)
         response = await mgr.request(part, {"x": ArrayRequest((4,), np.float32)})
         x = response.arrays["x"]  # kept past the exit (the response lets go of it)
-        stream = mgr.get_stream(part)
+        stream = mgr.groups.stream(part)
     assert mgr.backend.device.resets == 0  # type: ignore[attr-defined]
     # a kernel launched on the stream (a walk body in another task, say) hears it from the stream itself
     with pytest.raises(BackendError, match="a MemoryManager closes the backend it made when it exits") as caught:
         mgr.backend.launch(stream)  # type: ignore[attr-defined]
     assert "context reset" not in str(caught.value) and "inside its `async with`" in str(caught.value)
     with pytest.raises(ManagerStateError, match="exited .* closed the backend it made") as refused:
-        mgr.allocate(part, ArrayRequest((4,), "f4"))
+        mgr.allocate(part, {"a": ArrayRequest((4,), "f4")})
     assert "inside `async with mgr:`" in str(refused.value)
     host = np.zeros(4, np.float32)
     waits: list[Callable[[], Awaitable[Any]]] = [
-        lambda: mgr.sync_stream(part),
-        lambda: mgr.to_device(part, [host], [x]),
-        lambda: mgr.from_device(part, [x], [host]),
+        lambda: mgr.groups.sync(part),
+        lambda: mgr.host.to_device(part, [host], [x]),
+        lambda: mgr.host.from_device(part, [x], [host]),
     ]
     for wait in waits:
         with pytest.raises(ManagerStateError, match="exited .* closed the backend it made"):
@@ -43,5 +43,5 @@ async def test_use_after_the_exit_says_the_manager_exited(anyio_backend: str) ->
         with pytest.raises(ReleasedError, match="its manager's exit"):
             use()
     async with mgr:  # entered again: new streams
-        await mgr.sync_stream(part)
-        assert mgr.allocate(part, ArrayRequest((4,), "f4")).shape == (4,)
+        await mgr.groups.sync(part)
+        assert mgr.allocate(part, {"a": ArrayRequest((4,), "f4")}).arrays["a"].shape == (4,)

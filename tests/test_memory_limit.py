@@ -24,12 +24,12 @@ async def test_memory_limit_counts_every_kind_that_takes_device_memory(kind: str
     request = {"x": ArrayRequest((600 * KiB,), np.uint8, unchunkable=True, kind=kind)}
     async with mgr:
         held = [await mgr.request(solver, request)]
-        assert mgr.memory_info().free <= 1 * MiB - 600 * KiB
+        assert mgr.pool.memory_info().free <= 1 * MiB - 600 * KiB
         for _ in range(3):  # a second 600 KiB does not fit under the 1 MiB limit, of either kind
             with pytest.raises(PlanningError, match="unchunkable"):
                 held.append(await mgr.request(solver, request))
         assert len(held) == 1
         mgr.release(held[0])
-        assert mgr.memory_info().free == 1 * MiB
+        assert mgr.pool.memory_info().free == 1 * MiB
     mgr.close()
     backend.close()

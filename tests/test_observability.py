@@ -123,14 +123,14 @@ async def test_history_marks_failures_resets_and_group_moves(sim: SimulatorBacke
         mgr.register(part, stream_group="g", name="p")
         held = await mgr.request(part, {"x": vec(100)})  # before recording: the totals start from it
         mgr.record_history()
-        mgr.reset_peak_stats()
+        mgr.reset_peaks()
         sim.faults.inject("allocate")
         with pytest.raises(Exception, match="injected fault"):
             await mgr.request(part, {"y": vec(10)})
-        mgr.change_stream_group(part, "h")
+        mgr.groups.move(part, "h")
         mgr.release(held)
         with pytest.warns(AiocubieWarning, match="resets the device context"):
-            mgr.set_allocator("cupy")
+            mgr.pool.set_allocator("cupy")
         events = mgr.history().events
     assert [e.kind for e in events] == [
         EventKind.RESET,
@@ -155,7 +155,7 @@ async def test_history_series_follow_a_member_into_its_new_group() -> None:
         component = Part()
         mgr.register(component, stream_group="a", name="c")
         response = await mgr.request(component, {"x": ArrayRequest((1000,), np.float32)})
-        mgr.change_stream_group(component, "b")
+        mgr.groups.move(component, "b")
         await anyio.sleep(0)
         mgr.release(response)
         series = {group: values for group, (_times, values) in mgr.history().series().items()}
@@ -229,7 +229,7 @@ async def test_memory_summary_reads_at_a_glance(sim: SimulatorBackend) -> None:
     async with MemoryManager(sim, mode="active", allocator="cupy") as mgr:
         a, _ = await _work(mgr, sim)
         kept = await mgr.request(a, {"x": vec(200_000 // 8)})
-        text = mgr.memory_summary()
+        text = mgr.summary()
         mgr.release(kept)
     lines = text.splitlines()
     assert lines[0].startswith("device: ") and "976.6 KiB" in lines[0]  # TOTAL in KiB
@@ -251,16 +251,16 @@ async def test_reset_peak_stats_scopes(sim: SimulatorBackend) -> None:
         stats = mgr.stats()
         assert stats.groups["load"].peak_bytes > 800 and stats.instances["a"].peak_bytes == 8080
 
-        mgr.reset_peak_stats(group="load")
+        mgr.reset_peaks(group="load")
         stats = mgr.stats()
         assert stats.groups["load"].peak_bytes == 0 and stats.instances["b"].peak_bytes > 0
         assert stats.groups["solve"].peak_bytes == 8080
 
-        mgr.reset_peak_stats(instance=a)
+        mgr.reset_peaks(instance=a)
         stats = mgr.stats()
         assert stats.instances["a"].peak_bytes == 800 and stats.groups["solve"].peak_bytes == 8080
 
-        mgr.reset_peak_stats()
+        mgr.reset_peaks()
         stats = mgr.stats()
         assert stats.peak_bytes == stats.live_bytes == 800
         assert stats.groups["solve"].peak_bytes == 800 and stats.instances["b"].peak_bytes == 0
@@ -268,10 +268,10 @@ async def test_reset_peak_stats_scopes(sim: SimulatorBackend) -> None:
         mgr.unregister(b)  # a departed instance's kept peak is reset too
         async with mgr.request(a, {"x": vec(1000)}):
             pass
-        mgr.reset_peak_stats()
+        mgr.reset_peaks()
         assert mgr.stats().instances["b"].peak_bytes == 0 and mgr.stats().instances["a"].peak_bytes == 800
         with pytest.raises(Exception, match="no stream group 'nope'"):
-            mgr.reset_peak_stats(group="nope")
+            mgr.reset_peaks(group="nope")
         mgr.release(held)
 
 
@@ -321,9 +321,9 @@ async def test_the_manager_counts_cached_pool_blocks_as_free() -> None:
         part = Part()
         mgr.register(part)
         async with mgr.request(part, {"x": vec(1000)}):
-            assert mgr.memory_info().free == TOTAL - 8000
+            assert mgr.pool.memory_info().free == TOTAL - 8000
         assert mgr.stats().pool.cached == 8000 and mgr.backend.device.memory_info().free == TOTAL - 8000
-        assert mgr.memory_info().free == mgr.stats().free == TOTAL  # the pool serves requests from them
+        assert mgr.pool.memory_info().free == mgr.stats().free == TOTAL  # the pool serves requests from them
 
 
 async def test_debug_logs_plans_and_allocations(sim: SimulatorBackend, caplog: pytest.LogCaptureFixture) -> None:
@@ -349,11 +349,11 @@ async def test_environment_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     monkeypatch.setenv("AIOCUBIE_ALLOCATOR", "cupy")
     monkeypatch.setenv("AIOCUBIE_HISTORY", "1")
     mgr = MemoryManager()
-    assert mgr.mode is LimitMode.ACTIVE and mgr.backend.name == "simulator" and mgr.allocator == "cupy"
+    assert mgr.budget.mode is LimitMode.ACTIVE and mgr.backend.name == "simulator" and mgr.pool.allocator == "cupy"
     assert mgr.history().events == ()
     mgr.close()
     explicit = MemoryManager(backend=SimulatorBackend(TOTAL), mode="passive", allocator="default")
-    assert explicit.mode is LimitMode.PASSIVE and explicit.allocator == "driver"  # arguments win
+    assert explicit.budget.mode is LimitMode.PASSIVE and explicit.pool.allocator == "driver"  # arguments win
     monkeypatch.setenv("AIOCUBIE_HISTORY", str(tmp_path / "oom.json"))
     assert MemoryManager(SimulatorBackend(TOTAL)).history().events == ()
     for variable, value, error in (
@@ -431,7 +431,7 @@ async def test_statistics_is_a_frozen_view_of_requests_members_and_arrays() -> N
     assert before.tables["members"] == 3 and before.tables["groups"] == 2
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         before.running = True  # type: ignore[misc]
-    held = mgr.allocate(c, vec(10))
+    held = mgr.allocate(c, {"array": vec(10)}).arrays["array"]
     assert mgr.statistics().allocations == 1 and before.allocations == 0  # a snapshot does not follow
     async with mgr:
 
@@ -446,7 +446,7 @@ async def test_statistics_is_a_frozen_view_of_requests_members_and_arrays() -> N
             stats = mgr.statistics()
             assert stats.running and stats.pending == 1
             assert stats.groups == {"default": GroupStatistics(queued=1), "solo": GroupStatistics()}
-            mgr.flush()
+            mgr.groups.flush()
         assert mgr.statistics().pending == 0
     assert held is not None and mgr.statistics().allocations == 0  # leaving `async with` frees all
     mgr.close()

@@ -69,17 +69,17 @@ def test_options_are_frozen() -> None:
 
 def test_manager_settings_have_one_way_in() -> None:
     mgr = MemoryManager(SimulatorBackend(1 << 20), mode="active")
-    mgr.set_policy("fail")
-    assert mgr.policy is Policy.FAIL and mgr.options.policy is Policy.FAIL
+    mgr.budget.set_policy("fail")
+    assert mgr.budget.policy is Policy.FAIL and mgr.options.policy is Policy.FAIL
     with pytest.raises(AttributeError):
-        mgr.policy = "wait"  # type: ignore[misc]
+        mgr.budget.policy = "wait"  # type: ignore[misc]
     with pytest.raises(AttributeError):
-        mgr.mode = "passive"  # type: ignore[misc]
+        mgr.budget.mode = "passive"  # type: ignore[misc]
     with pytest.raises(ConfigurationError, match="'sometimes'"):
-        mgr.set_policy("sometimes")
+        mgr.budget.set_policy("sometimes")
     with pytest.raises(ConfigurationError, match="'lazy'"):
-        mgr.set_limit_mode("lazy")
-    assert mgr.policy is Policy.FAIL and mgr.mode is LimitMode.ACTIVE
+        mgr.budget.set_mode("lazy")
+    assert mgr.budget.policy is Policy.FAIL and mgr.budget.mode is LimitMode.ACTIVE
     mgr.close()
 
 

@@ -61,13 +61,13 @@ async def test_a_pooled_host_array_stays_out_of_the_pool_while_a_view_lives() ->
     the next pooled array then aliased the view."""
     sim = SimulatorBackend(total=4 * MiB)
     async with MemoryManager(sim) as mgr:
-        array = mgr.create_host_array((4, 256), np.float32, pool=True)
+        array = mgr.host.array((4, 256), np.float32, pool=True)
         array[...] = 1.0
         view = array[1:3]
         assert sim.device.is_pinned(view)
         del array
         gc.collect()
-        other = mgr.create_host_array((4, 256), np.float32, pool=True)
+        other = mgr.host.array((4, 256), np.float32, pool=True)
         other[...] = 2.0
         assert not np.shares_memory(view, other)
         np.testing.assert_array_equal(view, 1.0)
@@ -113,5 +113,5 @@ async def test_the_pinned_pool_holds_at_most_1_1x_its_peak_in_use(pattern: str) 
             pinned = mgr.stats().pinned
             assert pinned.in_use == 0
             assert pinned.held <= 1.1 * pinned.peak_in_use, pinned
-        assert mgr.release_pinned() == pinned.held
+        assert mgr.host.release_pinned() == pinned.held
     sim.close()

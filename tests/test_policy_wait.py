@@ -137,7 +137,7 @@ async def test_set_policy_wait_makes_a_passive_request_wait(sim: SimulatorBacken
         held = await mgr.request(a, blob(800 * KB))
         with pytest.raises(UnchunkableTooLargeError):  # policy chunk: refused at once
             await mgr.request(b, blob(500 * KB))
-        mgr.set_policy("wait")
+        mgr.budget.set_policy("wait")
         ended: list[str] = []
         asker = Asker(mgr, b, 500 * KB, ended, "b")
         with anyio.fail_after(HANG_GUARD):

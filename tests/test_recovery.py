@@ -43,11 +43,11 @@ async def test_cached_blocks_are_freed_first_and_the_allocation_goes_on(
 ) -> None:
     hook_calls: list[int] = []
     async with MemoryManager(pooled) as mgr:
-        mgr.add_reclaim_hook(lambda n: hook_calls.append(n) or 0)
+        mgr.pool.add_reclaim_hook(lambda n: hook_calls.append(n) or 0)
         part = Part()
         mgr.register(part, stream_group="g")
         for _ in range(10):  # ten 50 kB blocks end up cached in the pool
-            mgr.allocate_all(part, {"x": vec(50_000 // 8)})
+            mgr.allocate(part, {"x": vec(50_000 // 8)})
         mgr.free_all()
         gc.collect()  # an array in a reference cycle holds its block until collected, as on a GPU
         assert mgr.stats().pool.cached == 500_000
@@ -89,7 +89,7 @@ async def test_reclaim_hooks_run_after_the_cache_and_the_allocation_goes_on(pool
         mgr.register(spiller, stream_group="spill")
         part = Part()
         mgr.register(part, stream_group="g", name="worker")
-        spiller.held = mgr.allocate_all(spiller, {"table": vec(300_000 // 8)})
+        spiller.held = mgr.allocate(spiller, {"table": vec(300_000 // 8)})
         broken: list[int] = []
 
         def raises(nbytes: int) -> int:
@@ -99,9 +99,9 @@ async def test_reclaim_hooks_run_after_the_cache_and_the_allocation_goes_on(pool
         async def awaitable(nbytes: int) -> int:  # reclaim hooks are plain functions
             return 0
 
-        mgr.add_reclaim_hook(raises)
-        mgr.add_reclaim_hook(awaitable)  # type: ignore[arg-type]
-        mgr.add_reclaim_hook(spiller.reclaim)
+        mgr.pool.add_reclaim_hook(raises)
+        mgr.pool.add_reclaim_hook(awaitable)  # type: ignore[arg-type]
+        mgr.pool.add_reclaim_hook(spiller.reclaim)
         pooled.occupy(600_000)  # unseen: the manager plans on its last reading
         mgr.record_history()
         async with mgr.request(part, {"x": vec(250_000 // 8)}) as response:
@@ -128,7 +128,7 @@ async def test_out_of_memory_after_every_step_says_what_each_group_holds(sim: Si
         mgr.register(a, stream_group="solve")
         mgr.register(b, stream_group="load")
         held = await mgr.request(b, {"y": vec(20_000)})
-        mgr.add_reclaim_hook(lambda nbytes: None)
+        mgr.pool.add_reclaim_hook(lambda nbytes: None)
         sim.faults.inject("oom", times=3)  # the try, the retry after the cache, the retry after the hooks
         with pytest.raises(OutOfMemoryError) as info:
             await mgr.request(a, {"x": vec(1000)})
@@ -139,7 +139,7 @@ async def test_out_of_memory_after_every_step_says_what_each_group_holds(sim: Si
     message = str(info.value)
     assert "group 'solve' asked for 7.8 KiB (1 request(s), 1 chunk(s) of 1000 runs)" in message
     assert "calling 1 reclaim hook(s) did not make room" in message
-    assert "Held through this manager: 'load' 156.2 KiB" in message and "mgr.add_reclaim_hook" in message
+    assert "Held through this manager: 'load' 156.2 KiB" in message and "mgr.pool.add_reclaim_hook" in message
     assert "injected out of memory" in message
     assert (recovery.out_of_memory, recovery.cache_releases, recovery.hook_calls, recovery.failed) == (1, 1, 1, 1)
     assert recovery.recovered == 0
@@ -151,7 +151,7 @@ async def test_out_of_memory_after_every_step_says_what_each_group_holds(sim: Si
 async def test_an_injected_allocation_fault_is_not_out_of_memory(sim: SimulatorBackend) -> None:
     calls: list[int] = []
     async with MemoryManager(sim) as mgr:
-        mgr.add_reclaim_hook(calls.append)  # type: ignore[arg-type]
+        mgr.pool.add_reclaim_hook(calls.append)  # type: ignore[arg-type]
         part = Part()
         mgr.register(part)
         sim.faults.inject("allocate")
@@ -170,7 +170,7 @@ async def test_one_recovery_step_each_for_injected_out_of_memory(sim: SimulatorB
             calls.append(nbytes)
             return 0
 
-        mgr.add_reclaim_hook(hook)
+        mgr.pool.add_reclaim_hook(hook)
         sim.faults.inject("oom", times=1)  # the cache release is enough
         async with mgr.request(part, {"x": vec(10)}):
             pass
@@ -179,8 +179,8 @@ async def test_one_recovery_step_each_for_injected_out_of_memory(sim: SimulatorB
         async with mgr.request(part, {"x": vec(10)}):
             pass
         assert calls == [80]
-        mgr.remove_reclaim_hook(hook)
-        mgr.remove_reclaim_hook(print)  # not added: nothing happens
+        mgr.pool.remove_reclaim_hook(hook)
+        mgr.pool.remove_reclaim_hook(print)  # not added: nothing happens
         sim.faults.inject("oom", times=2)
         with pytest.raises(OutOfMemoryError, match="calling 0 reclaim hook"):  # no hooks: no third try
             await mgr.request(part, {"x": vec(10)})
@@ -193,7 +193,7 @@ async def test_one_recovery_step_each_for_injected_out_of_memory(sim: SimulatorB
 def test_a_reclaim_hook_must_be_callable() -> None:
     mgr = MemoryManager(SimulatorBackend(TOTAL))
     with pytest.raises(ConfigurationError, match="callable"):
-        mgr.add_reclaim_hook(42)  # type: ignore[arg-type]
+        mgr.pool.add_reclaim_hook(42)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("action", ["unregister", "change_stream_group"])
@@ -211,10 +211,10 @@ async def test_a_reclaim_hook_that_unregisters_or_moves_a_member_of_the_batch_le
             if action == "unregister":
                 mgr.unregister(c)
             else:
-                mgr.change_stream_group(c, "h")
+                mgr.groups.move(c, "h")
             return 0
 
-        mgr.add_reclaim_hook(hook)
+        mgr.pool.add_reclaim_hook(hook)
         sim.faults.inject("oom", times=2)  # the batch of both requests needs the hooks
         outcomes: dict[str, object] = {}
 
@@ -272,7 +272,7 @@ async def test_what_a_hook_says_it_freed_is_counted_as_whole_bytes_up_to_the_dev
     async with MemoryManager(sim) as mgr:
         part = Part()
         mgr.register(part)
-        mgr.add_reclaim_hook(lambda nbytes: said)  # type: ignore[arg-type,return-value]
+        mgr.pool.add_reclaim_hook(lambda nbytes: said)  # type: ignore[arg-type,return-value]
         sim.faults.inject("oom", times=2)  # the try and the retry after the cache: the hook's retry succeeds
         async with mgr.request(part, {"x": vec(100)}):
             pass

@@ -60,12 +60,12 @@ async def test_copies_refuse_a_released_response_array_of_any_kind(anyio_backend
         released = response.arrays["x"]
         mgr.release(response)
         with pytest.raises(ReleasedError, match="released"):
-            await mgr.from_device(part, [released], [np.zeros(4, np.float32)])
+            await mgr.host.from_device(part, [released], [np.zeros(4, np.float32)])
         with pytest.raises(ReleasedError, match="released"):
-            await mgr.to_device(part, [released], [device])
+            await mgr.host.to_device(part, [released], [device])
         with pytest.raises(ReleasedError, match="released"):
-            await mgr.to_device(part, [np.zeros(4, np.float32)], [released])
-        await mgr.sync_stream(part)
+            await mgr.host.to_device(part, [np.zeros(4, np.float32)], [released])
+        await mgr.groups.sync(part)
         if isinstance(released, np.ndarray):  # a numpy array cannot refuse: its memory is poisoned instead
             assert np.isnan(released).all()
 
@@ -97,7 +97,7 @@ async def test_an_array_kept_past_its_release_refuses_every_use(how: str) -> Non
             else:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    mgr.set_allocator("cupy")
+                    mgr.pool.set_allocator("cupy")
         assert response.released == {"x"}
         for use in (
             kept.get,
@@ -111,7 +111,7 @@ async def test_an_array_kept_past_its_release_refuses_every_use(how: str) -> Non
             with pytest.raises(ReleasedError, match="released"):
                 use()
         with pytest.raises(ReleasedError):
-            await mgr.to_device(comp, [np.zeros((4, 8), np.float32)], [kept])
+            await mgr.host.to_device(comp, [np.zeros((4, 8), np.float32)], [kept])
     sim.close()
 
 
@@ -278,7 +278,7 @@ async def test_walk_batches_of_a_released_response_names_the_walk(anyio_backend:
         mgr.register(part)
 
         def batch() -> tuple[dict[str, Any], dict[str, Any]]:
-            x = mgr.create_host_array((4,), np.float32, "pinned") if pinned else np.zeros(4, np.float32)
+            x = mgr.host.array((4,), np.float32, "pinned") if pinned else np.zeros(4, np.float32)
             return {"x": x}, {}
 
         async with mgr.request(part, {"x": ArrayRequest((4,), np.float32)}) as response:

@@ -62,7 +62,7 @@ async def test_other_libraries_bytes_show_in_stats_to_the_byte(shared: Simulator
         assert stats.live_bytes == 4000
         assert stats.other_bytes == 3777
         assert stats.pool.in_use == stats.live_bytes + stats.other_bytes
-        assert "held by other libraries" in mgr.memory_summary()
+        assert "held by other libraries" in mgr.summary()
         shared.library_free(theirs.pop())
         assert mgr.stats().other_bytes == 3000
         mgr.free_all()
@@ -107,7 +107,7 @@ async def test_a_library_out_of_memory_runs_the_reclaim_hooks_and_goes_on(shared
         mgr.free_all()
         return held
 
-    mgr.add_reclaim_hook(reclaim)
+    mgr.pool.add_reclaim_hook(reclaim)
     async with mgr:
         await mgr.request(part, _floats(100_000))  # 400 KB held by the manager
         block = shared.library_allocate(800 * KiB)  # fits only once the manager's arrays are gone
@@ -120,7 +120,7 @@ async def test_a_library_out_of_memory_runs_the_reclaim_hooks_and_goes_on(shared
 
 async def test_a_library_out_of_memory_that_nothing_frees_is_its_own_error(shared: SimulatorBackend) -> None:
     mgr = MemoryManager(shared)
-    mgr.add_reclaim_hook(lambda nbytes: 0)
+    mgr.pool.add_reclaim_hook(lambda nbytes: 0)
     async with mgr:
         with pytest.raises(OutOfMemoryError):
             shared.library_allocate(2 * TOTAL)
@@ -131,7 +131,7 @@ async def test_hooks_never_run_for_a_library_in_another_thread(shared: Simulator
     mgr, part = MemoryManager(shared), Part()
     mgr.register(part)
     called: list[int] = []
-    mgr.add_reclaim_hook(lambda nbytes: called.append(nbytes) or 1)
+    mgr.pool.add_reclaim_hook(lambda nbytes: called.append(nbytes) or 1)
     errors: list[BaseException] = []
 
     def other_thread() -> None:
@@ -150,9 +150,9 @@ async def test_hooks_never_run_for_a_library_in_another_thread(shared: Simulator
 async def test_set_allocator_detaches_the_recovery_from_the_shared_pool(shared: SimulatorBackend) -> None:
     mgr = MemoryManager(shared)
     called: list[int] = []
-    mgr.add_reclaim_hook(lambda nbytes: called.append(nbytes) or 1)
+    mgr.pool.add_reclaim_hook(lambda nbytes: called.append(nbytes) or 1)
     with pytest.warns(UserWarning, match="resets the device context"):
-        mgr.set_allocator("cupy")
+        mgr.pool.set_allocator("cupy")
     with pytest.raises(OutOfMemoryError):
         shared.library_allocate(2 * TOTAL)
     assert called == []
@@ -161,15 +161,15 @@ async def test_set_allocator_detaches_the_recovery_from_the_shared_pool(shared: 
 def test_share_pool_needs_the_rmm_allocator() -> None:
     mgr = MemoryManager(SimulatorBackend(TOTAL, allocator="cupy"))
     with pytest.raises(ConfigurationError, match=r"allocator='rmm'.*aiocubie\[rmm\]"):
-        mgr.share_pool("cupy")
+        mgr.pool.share("cupy")
     shared = MemoryManager(SimulatorBackend(TOTAL, allocator="rmm"))
-    shared.share_pool("cupy", "numba", "torch")
+    shared.pool.share("cupy", "numba", "torch")
     with pytest.raises(ConfigurationError, match="'jax'.*'cupy', 'numba', 'torch'"):
-        shared.share_pool("jax")
+        shared.pool.share("jax")
 
 
 def test_rmm_is_a_known_allocator_name() -> None:
-    assert MemoryManager(SimulatorBackend(TOTAL), allocator="rmm").allocator == "rmm"
+    assert MemoryManager(SimulatorBackend(TOTAL), allocator="rmm").pool.allocator == "rmm"
     with pytest.raises(UnknownAllocatorError, match="'rmm'"):
         MemoryManager(SimulatorBackend(TOTAL), allocator="rmmm")
 
@@ -204,7 +204,7 @@ async def test_torch_allocations_count_against_the_instance(shared: SimulatorBac
     mgr.register(part, stream_group="model")
     async with mgr:
         await mgr.request(part, _floats(1000))
-        with mgr.torch_allocations(part) as scope:
+        with mgr.pool.torch_allocations(part) as scope:
             tensors = [shared.library_allocate(5000), shared.library_allocate(3000)]
         outside = shared.library_allocate(100)  # not in the block: another library's
         stats = mgr.stats()
@@ -213,7 +213,7 @@ async def test_torch_allocations_count_against_the_instance(shared: SimulatorBac
         assert stats.groups["model"].live_bytes == 12_000 and stats.live_bytes == 12_000
         assert stats.other_bytes == 100 and stats.pool.in_use == 12_100  # every byte, once
         shared.library_free(tensors.pop())
-        with mgr.torch_allocations(part):
+        with mgr.pool.torch_allocations(part):
             pass  # the count is refreshed when a block ends
         assert mgr.stats().instances["Part#1"].live_bytes == 4000 + 5000
         assert mgr.stats().instances["Part#1"].peak_bytes == 12_000
@@ -224,9 +224,9 @@ async def test_torch_bytes_are_in_the_history(shared: SimulatorBackend) -> None:
     mgr, part = MemoryManager(shared), Part()
     mgr.register(part)
     mgr.record_history()
-    with mgr.torch_allocations(part):
+    with mgr.pool.torch_allocations(part):
         block = shared.library_allocate(2000)
-    with mgr.torch_allocations(part):
+    with mgr.pool.torch_allocations(part):
         shared.library_free(block)
     events = [(e.kind.value, e.label, e.nbytes, e.instance_live) for e in mgr.history().events]
     assert events == [("allocate", "torch", 2000, 2000), ("release", "torch", 2000, 0)]
@@ -239,7 +239,7 @@ async def test_torch_bytes_take_the_groups_headroom_in_active_mode(shared: Simul
         request = {"x": ArrayRequest(shape=(50_000,), dtype=np.float32, unchunkable=True)}  # 200 KB
         async with mgr.request(part, request):
             pass  # fits while torch holds nothing
-        with mgr.torch_allocations(part):
+        with mgr.pool.torch_allocations(part):
             shared.library_allocate(400 * KiB)
         with pytest.raises(InsufficientMemoryError):
             await mgr.request(part, request)
@@ -248,7 +248,7 @@ async def test_torch_bytes_take_the_groups_headroom_in_active_mode(shared: Simul
 async def test_torch_allocations_stop_counting_when_the_instance_leaves(shared: SimulatorBackend) -> None:
     mgr, part = MemoryManager(shared), Part()
     mgr.register(part)
-    with mgr.torch_allocations(part):
+    with mgr.pool.torch_allocations(part):
         shared.library_allocate(2000)
     assert mgr.stats().live_bytes == 2000
     mgr.unregister(part)
@@ -262,16 +262,16 @@ async def test_torch_allocations_refuse_async_with_and_warn_when_the_block_await
     mgr, part = MemoryManager(shared), Part()
     mgr.register(part)
     with pytest.raises(ManagerStateError, match="nothing inside may await"):
-        async with mgr.torch_allocations(part):  # type: ignore[attr-defined]
+        async with mgr.pool.torch_allocations(part):  # type: ignore[attr-defined]
             pass
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with mgr.torch_allocations(part):
+        with mgr.pool.torch_allocations(part):
             pass  # synchronous: no warning
     if anyio_backend == "trio":
         return  # the awaiting block is noticed on asyncio only (see aiocubie._libraries._loop_ran)
     with pytest.warns(AiocubieWarning, match="torch_allocations block awaited"):
-        with mgr.torch_allocations(part):
+        with mgr.pool.torch_allocations(part):
             await anyio.sleep(0)
 
 
@@ -279,9 +279,9 @@ def test_torch_allocations_need_a_pool_torch_can_draw_from() -> None:
     mgr, part = MemoryManager(SimulatorBackend(TOTAL, allocator="driver")), Part()
     mgr.register(part)
     with pytest.raises(ConfigurationError, match=r'allocator="rmm"'):
-        mgr.torch_allocations(part)
+        mgr.pool.torch_allocations(part)
     with pytest.raises(RegistrationError):
-        MemoryManager(SimulatorBackend(TOTAL, allocator="rmm")).torch_allocations(Part())
+        MemoryManager(SimulatorBackend(TOTAL, allocator="rmm")).pool.torch_allocations(Part())
 
 
 def test_the_shared_pool_does_not_keep_a_manager_alive() -> None:
@@ -302,29 +302,29 @@ async def test_a_hard_cap_on_other_libraries_refuses_them_and_not_the_manager(sh
     mgr, part = MemoryManager(shared), Part()
     mgr.register(part)
     called: list[int] = []
-    mgr.add_reclaim_hook(lambda nbytes: called.append(nbytes) or 0)
-    mgr.share_pool("cupy", "torch", limit=100 * KiB)
+    mgr.pool.add_reclaim_hook(lambda nbytes: called.append(nbytes) or 0)
+    mgr.pool.share("cupy", "torch", limit=100 * KiB)
     async with mgr:
         theirs = shared.library_allocate(60 * KiB)
         with pytest.raises(OutOfMemoryError, match="cap on other libraries"):
             shared.library_allocate(60 * KiB)  # refused by the allocator, whatever is free
         assert called == []  # the cap is above the failure callback: nothing to reclaim for it
         with pytest.raises(OutOfMemoryError):
-            with mgr.torch_allocations(part):  # torch's tensors are under the cap too
+            with mgr.pool.torch_allocations(part):  # torch's tensors are under the cap too
                 shared.library_allocate(60 * KiB)
         await mgr.request(part, _floats(100_000))  # aiocubie's own 400 KB: not under it
         shared.library_free(theirs)
         shared.library_free(shared.library_allocate(100 * KiB))  # room again once theirs is back
-        mgr.share_pool(limit=100 * KiB)  # the same cap again: nothing changes
+        mgr.pool.share(limit=100 * KiB)  # the same cap again: nothing changes
         with pytest.raises(ConfigurationError, match="set once"):
-            mgr.share_pool(limit=200 * KiB)
+            mgr.pool.share(limit=200 * KiB)
 
 
 @pytest.mark.parametrize("limit", [0, -1, 1.5, True, "1GB"])
 def test_the_cap_on_other_libraries_is_a_number_of_bytes(limit: object) -> None:
     mgr = MemoryManager(SimulatorBackend(TOTAL, allocator="rmm"))
     with pytest.raises(ConfigurationError, match="limit must be"):
-        mgr.share_pool("cupy", limit=limit)  # type: ignore[arg-type]
+        mgr.pool.share("cupy", limit=limit)  # type: ignore[arg-type]
 
 
 async def test_a_hook_that_says_it_freed_what_it_did_not_free_does_not_retry_forever(shared: SimulatorBackend) -> None:
@@ -339,7 +339,7 @@ async def test_a_hook_that_says_it_freed_what_it_did_not_free_does_not_retry_for
         return 4096  # says it freed 4 KiB; frees nothing
 
     mgr = MemoryManager(shared)
-    mgr.add_reclaim_hook(liar)
+    mgr.pool.add_reclaim_hook(liar)
     async with mgr:
         with pytest.raises(OutOfMemoryError):
             shared.library_allocate(2 * TOTAL)
@@ -353,7 +353,7 @@ async def test_a_library_recovery_keeps_out_of_memory_equal_to_recovered_plus_fa
     # that let it retry counted neither)
     mgr, part = MemoryManager(shared), Part()
     mgr.register(part)
-    mgr.add_reclaim_hook(lambda nbytes: (mgr.free_all(), 400_000)[1])
+    mgr.pool.add_reclaim_hook(lambda nbytes: (mgr.free_all(), 400_000)[1])
     async with mgr:
         await mgr.request(part, _floats(100_000))
         block = shared.library_allocate(800 * KiB)  # fits once the manager's arrays are gone
@@ -369,14 +369,14 @@ async def test_the_cap_on_other_libraries_outlives_a_new_rmm_resource(shared: Si
     # on a GPU the limiting adaptor stays the device's current resource, and the next rmm resource
     # finds it installed: the cap holds and is still set once. The simulator's model forgot it.
     mgr = MemoryManager(shared)
-    mgr.share_pool("cupy", limit=100 * KiB)
+    mgr.pool.share("cupy", limit=100 * KiB)
     with pytest.warns(UserWarning, match="resets the device context"):
-        mgr.set_allocator("rmm")
+        mgr.pool.set_allocator("rmm")
     async with mgr:
         with pytest.raises(OutOfMemoryError, match="cap on other libraries"):
             shared.library_allocate(200 * KiB)
         with pytest.raises(ConfigurationError, match="set once"):
-            mgr.share_pool(limit=200 * KiB)
+            mgr.pool.share(limit=200 * KiB)
 
 
 async def test_free_all_leaves_the_torch_bytes_an_instance_holds_counted_against_it(shared: SimulatorBackend) -> None:
@@ -386,7 +386,7 @@ async def test_free_all_leaves_the_torch_bytes_an_instance_holds_counted_against
     mgr.register(part)
     async with mgr:
         await mgr.request(part, _floats(1000))
-        with mgr.torch_allocations(part):
+        with mgr.pool.torch_allocations(part):
             tensor = shared.library_allocate(5000)
         mgr.free_all()
         mgr.free("torch")

@@ -96,7 +96,7 @@ async def test_one_lockstep_plan_for_a_batch_that_closes_when_all_asked(sim: Sim
             assert response.chunked_shapes == {"state": (4, chunk_length), "params": (100,)}
             assert response.arrays["state"].shape == (4, chunk_length)
             assert response.chunk_axes == {"state": 1, "params": None}
-            assert response.stream is mgr.get_stream(parts[0])
+            assert response.stream is mgr.groups.stream(parts[0])
         assert len({id(a.response.arrays["state"]) for a in askers if a.response}) == 3
         assert sim.used == 3 * (4 * chunk_length * 8 + 800) == mgr.stats().live_bytes
         group = mgr.stats().groups["solve"]
@@ -129,7 +129,7 @@ async def test_batch_with_a_member_missing_waits_for_flush(sim: SimulatorBackend
                 await settle()
                 assert not any(asker.done.is_set() for asker in askers), "the batch closed early"
                 assert sim.used == 0
-                mgr.flush("g")
+                mgr.groups.flush("g")
             await idle_hooked.wait()
         first, second = (asker.response for asker in askers)
         assert first is not None and second is not None
@@ -137,7 +137,7 @@ async def test_batch_with_a_member_missing_waits_for_flush(sim: SimulatorBackend
         empty = hooked["idle"]
         assert empty.arrays == {} and empty.chunked_shapes == {}
         assert (empty.chunks, empty.chunk_length, empty.runs) == (1, STATE_RUNS, STATE_RUNS)
-        assert empty.stream is mgr.get_stream(idle)
+        assert empty.stream is mgr.groups.stream(idle)
         assert mgr.stats().groups["g"].batches == 1
         mgr.free_all()
         assert_all_released(mgr, sim)
@@ -235,7 +235,7 @@ async def test_a_waiting_group_never_blocks_another(sim: SimulatorBackend) -> No
         small, other = Part(), Part()
         mgr.register(small, proportion=0.1, stream_group="small")  # cap 100_000
         mgr.register(other, stream_group="other")
-        held = mgr.allocate_all(small, {"held": vec(10_000)})  # 80_000 of its cap
+        held = mgr.allocate(small, {"held": vec(10_000)})  # 80_000 of its cap
         waiting = Asker(mgr, small, {"x": vec(5_000)})  # 40_000: fits the cap, not what is left
         with anyio.fail_after(HANG_GUARD), warns_waits_on_itself():
             async with anyio.create_task_group() as tg:
@@ -299,12 +299,12 @@ async def test_active_limits_a_group_to_its_caps_minus_holdings(sim: SimulatorBa
         request = {"x": vec(50_000)}
         async with mgr.request(a, request) as response:
             assert (response.chunks, response.chunk_length) == expected_plan(50_000, 8, 0, 95_000) == (5, 10_000)
-        held = mgr.allocate_all(b, {"held": vec(5_000)})  # b holds 40_000 of the group's cap
+        held = mgr.allocate(b, {"held": vec(5_000)})  # b holds 40_000 of the group's cap
         async with mgr.request(a, request) as response:
             offered = int((1 - HEADROOM) * 60_000)
             assert (response.chunks, response.chunk_length) == expected_plan(50_000, 8, 0, offered) == (8, 6_250)
         mgr.release(held)
-        mgr.set_limit_mode("passive")
+        mgr.budget.set_mode("passive")
         async with mgr.request(a, request) as response:
             assert response.chunks == 1
     assert_all_released(mgr, sim)
@@ -330,7 +330,7 @@ async def test_policy_wait_is_first_come_first_served(sim: SimulatorBackend) -> 
     async with MemoryManager(sim, mode="active", policy="wait", batch_window=0) as mgr:
         part = Part()
         mgr.register(part, proportion=0.1, ready_hook=lambda r: resolved.append(r.chunked_shapes["x"]))
-        held = mgr.allocate_all(part, {"held": vec(10_000)})  # 80_000 of a 100_000 cap
+        held = mgr.allocate(part, {"held": vec(10_000)})  # 80_000 of a 100_000 cap
         big = Asker(mgr, part, {"x": vec(5_000)})  # must wait for the release
         small = Asker(mgr, part, {"x": vec(100)})  # would fit now, but asked later
         order: list[Asker] = []
@@ -424,7 +424,7 @@ async def test_a_device_fault_part_way_releases_the_whole_batch(
         parts = [Part() for _ in range(3)]
         for part in parts:
             mgr.register(part, stream_group="g")
-        held = mgr.allocate_all(parts[0], {"held": vec(125)})
+        held = mgr.allocate(parts[0], {"held": vec(125)})
         sim.faults.inject(site, after=4 if site == "allocate" else 0)  # type: ignore[arg-type]
         two = {"x": vec(100), "y": vec(100, "int32")}
         askers = await ask_together(mgr, [(part, two) for part in parts])
@@ -461,7 +461,7 @@ async def test_cancelled_while_queued_is_withdrawn(sim: SimulatorBackend) -> Non
             async with anyio.create_task_group() as tg:
                 tg.start_soon(stays)
                 await wait_until(lambda: mgr.stats().groups["g"].requests == 2)
-                mgr.flush("g")
+                mgr.groups.flush("g")
             await wait_until(lambda: len(hooked) == 1)
         assert stays.response is not None and stays.response.chunk_length == 10
         assert hooked[0].arrays == {}, "the withdrawn request took no part in the batch"
@@ -475,7 +475,7 @@ async def test_cancelled_while_waiting_for_memory(sim: SimulatorBackend) -> None
     async with MemoryManager(sim, mode="active", policy="wait") as mgr:
         part = Part()
         mgr.register(part, proportion=0.1, name="p")
-        held = mgr.allocate_all(part, {"held": vec(10_000)})
+        held = mgr.allocate(part, {"held": vec(10_000)})
         waiting = Asker(mgr, part, {"x": vec(5_000)})
         with anyio.fail_after(HANG_GUARD):
             with warns_waits_on_itself():
@@ -498,7 +498,7 @@ async def test_cancelled_while_allocated_is_freed_when_the_batch_resolves(sim: S
     async with MemoryManager(sim) as mgr:
         part = Part()
         mgr.register(part, name="p")
-        gate = hold_stream(mgr.get_stream(part))
+        gate = hold_stream(mgr.groups.stream(part))
         asker = Asker(mgr, part, {"x": vec(1000)})
         try:
             with anyio.fail_after(HANG_GUARD):
@@ -527,7 +527,7 @@ async def test_cancelled_with_device_latency() -> None:
             for part in parts:
                 mgr.register(part, stream_group="g")
             askers = [Asker(mgr, part, {"x": vec(1000, zero=True)}) for part in parts]
-            gate = hold_stream(mgr.get_stream(parts[0]))  # so that the cancel lands before the device is done
+            gate = hold_stream(mgr.groups.stream(parts[0]))  # so that the cancel lands before the device is done
             try:
                 with anyio.fail_after(HANG_GUARD):
                     async with anyio.create_task_group() as tg:
@@ -627,7 +627,7 @@ async def test_a_flush_with_nothing_queued_does_not_cut_the_next_window(sim: Sim
         a, b, c = Part(), Part(), Part()
         for part in (a, b, c):  # c never asks: the batch closes on the window
             mgr.register(part, stream_group="g")
-        mgr.flush("g")
+        mgr.groups.flush("g")
         with anyio.fail_after(HANG_GUARD):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(Asker(mgr, a, {"x": vec(8)}))

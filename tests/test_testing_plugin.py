@@ -59,7 +59,7 @@ async def test_defaults(aiocubie_manager, aiocubie_simulator):
 async def test_marker_sets_total_and_options(aiocubie_manager, aiocubie_config):
     assert aiocubie_manager.backend.total == 1 << 16
     assert aiocubie_manager.options.headroom == 0.0
-    assert aiocubie_manager.active
+    assert aiocubie_manager.options.active
     assert aiocubie_config["total"] == 1 << 16
     owner = object()
     aiocubie_manager.register(owner)
@@ -180,7 +180,7 @@ from aiocubie import ArrayRequest
 @pytest.mark.aiocubie(total=1 << 16, mode="active")
 async def test_asyncio_manager(aiocubie_asyncio_manager, aiocubie_simulator):
     assert aiocubie_asyncio_manager.running and aiocubie_asyncio_manager.backend is aiocubie_simulator
-    assert aiocubie_simulator.total == 1 << 16 and aiocubie_asyncio_manager.active
+    assert aiocubie_simulator.total == 1 << 16 and aiocubie_asyncio_manager.options.active
     owner = object()
     aiocubie_asyncio_manager.register(owner)
     async with aiocubie_asyncio_manager.request(owner, {"a": ArrayRequest((256,), np.float32)}) as response:

@@ -69,9 +69,9 @@ async def test_the_summary_says_caps_hold_per_group(sim: SimulatorBackend) -> No
         a, b = Part(), Part()
         mgr.register(a, proportion=0.2, stream_group="g")
         mgr.register(b, proportion=0.6, stream_group="g")
-        assert "caps hold per group" not in mgr.memory_summary()
+        assert "caps hold per group" not in mgr.summary()
         async with mgr.request(a, {"x": vec(TOTAL // 2 // 8, unchunkable=True)}):  # a: over its own 20%
-            text = mgr.memory_summary()
+            text = mgr.summary()
         assert "caps hold per group: an instance may use more than its own cap" in text
 
 
@@ -88,4 +88,4 @@ def test_numpy_into_a_simulated_cupy_array_says_what_to_do(mix: typing.Any) -> N
     device = SimCupyArray(np.zeros(3))
     with pytest.raises((TypeError, ValueError), match=r"\.set\(|\.get\(\)") as info:
         mix(device, np.ones(3))
-    assert "mgr.to_device" in str(info.value) or "mgr.from_device" in str(info.value)
+    assert "mgr.host.to_device" in str(info.value) or "mgr.host.from_device" in str(info.value)

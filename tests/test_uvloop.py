@@ -52,5 +52,5 @@ async def test_batched_chunked_and_cancelled_requests_on_uvloop() -> None:
 
             with anyio.move_on_after(0.0001):  # cancelled while queued or in flight
                 await mgr.request(parts[0], {"y": ArrayRequest((10,), np.int8)})
-            await mgr.sync_stream(parts[0])  # after the request's batch on the same stream
+            await mgr.groups.sync(parts[0])  # after the request's batch on the same stream
             assert mgr.stats().live_bytes == 0 and sim.used == 0  # withdrawn, or freed on resolving

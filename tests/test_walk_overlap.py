@@ -89,12 +89,12 @@ async def _walk(
         host = {}
         for label in ("x", "z", "p"):
             host[label] = (
-                mgr.create_host_array(data[label].shape, data[label].dtype, "pinned", like=data[label])
+                mgr.host.array(data[label].shape, data[label].dtype, "pinned", like=data[label])
                 if pinned
                 else data[label].copy()
             )
         shape = SHAPES[axis]
-        host["y"] = mgr.create_host_array(shape, dtype, "pinned") if pinned else np.zeros(shape, dtype)
+        host["y"] = mgr.host.array(shape, dtype, "pinned") if pinned else np.zeros(shape, dtype)
         host["total"] = np.zeros(1)
         async with mgr.request(solver, walk_requests(requests, depth)) as response:
             chunks = response.chunks
@@ -190,8 +190,8 @@ async def _timed_walk(
         solver = object()
         mgr.register(solver)
         per_run = 2 * width
-        mgr.set_manual_limit_mode(solver, (depth * per_run * 4 + per_run // 2) / sim.total)
-        mgr.set_limit_mode("active")
+        mgr.budget.move_to_manual(solver, (depth * per_run * 4 + per_run // 2) / sim.total)
+        mgr.budget.set_mode("active")
         async with mgr.request(solver, walk_requests(requests, depth)) as response:
             assert response.chunks == chunks
             inputs = {"x": x}
@@ -474,19 +474,19 @@ async def test_pageable_walks_stage_through_exact_reused_pinned_buffers() -> Non
         staged = 2 * 2 * 4000 * response.chunk_length  # depth x (in + out) x chunk bytes
         assert pinned.peak_in_use == staged and pinned.held <= 1.1 * staged
         assert pinned.in_use == 0 and pinned.pinned == 4  # pinned once, then reused
-        assert mgr.release_pinned() == pinned.held
+        assert mgr.host.release_pinned() == pinned.held
         assert mgr.stats().pinned.held == 0
 
 
 def test_create_host_array_draws_from_the_pool() -> None:
     mgr = MemoryManager(SimulatorBackend(1 << 20))
-    a = mgr.create_host_array((10, 3), np.float64, "pinned", pool=True)
+    a = mgr.host.array((10, 3), np.float64, "pinned", pool=True)
     assert a.shape == (10, 3) and not a.any() and mgr.backend.device.is_pinned(a[2:])
     assert mgr.stats().pinned.in_use == 240
     del a
     gc.collect()
     assert mgr.stats().pinned.in_use == 0 and mgr.stats().pinned.held == 240
-    b = mgr.create_host_array(30, np.float64, "pinned", pool=True)  # the same buffer again
+    b = mgr.host.array(30, np.float64, "pinned", pool=True)  # the same buffer again
     assert mgr.stats().pinned.pinned == 1 and b.shape == (30,)
     assert not mgr.backend.device.is_pinned(np.zeros(3))
     mgr.close()

@@ -40,8 +40,8 @@ async def _walk(shape: tuple[int, ...], axis: int, depth: int, pinned: bool) -> 
         solver = object()
         mgr.register(solver)
         if pinned:
-            host = {label: mgr.create_host_array(shape, dtype, "pinned", like=data[label]) for label in ("x", "z")}
-            host["y"] = mgr.create_host_array(shape, dtype, "pinned")
+            host = {label: mgr.host.array(shape, dtype, "pinned", like=data[label]) for label in ("x", "z")}
+            host["y"] = mgr.host.array(shape, dtype, "pinned")
         else:
             host = {"x": data["x"].copy(), "z": data["z"].copy(), "y": np.zeros(shape, dtype)}
         async with mgr.request(solver, walk_requests(requests, depth)) as response:
@@ -100,10 +100,10 @@ async def test_a_non_contiguous_pinned_host_view_is_staged_and_still_exact(layou
     async with MemoryManager(sim, headroom=0.0) as mgr:
         solver = object()
         mgr.register(solver)
-        base = mgr.create_host_array(shape, dtype, "pinned")
+        base = mgr.host.array(shape, dtype, "pinned")
         base[...] = np.arange(base.size, dtype=dtype).reshape(shape)
         x = base[::-1]  # reversed along axis 0, which is not the run axis here
-        y = mgr.create_host_array(shape, dtype, "pinned")
+        y = mgr.host.array(shape, dtype, "pinned")
         requests = {label: ArrayRequest(shape, dtype, chunk_axis=axis) for label in ("x", "y")}
         async with mgr.request(solver, walk_requests(requests, 2)) as response:
             assert response.chunks > 1

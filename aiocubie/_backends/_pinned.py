@@ -34,7 +34,7 @@ class PinnedPool:
     ``KEEP x`` the peak that buffer makes, it unpins free buffers, the smallest first (the
     least likely to serve the next request), until it is under. So at rest it holds at most
     1.1x the most ever staged at once, and free buffers too small for what is asked now go
-    first. :meth:`clear` (``mgr.release_pinned()``) unpins every free buffer.
+    first. :meth:`clear` (``mgr.host.release_pinned()``) unpins every free buffer.
 
     Parameters
     ----------

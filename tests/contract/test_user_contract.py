@@ -115,7 +115,7 @@ async def test_user_cupy_arithmetic_walk(contract: Contract) -> None:
         async with mgr.request(solver, requests) as response:
             async for chunk in walk_chunks(response, inputs={"x": x}, outputs={"y": y}):
                 chunk.device["y"][...] = 2 * chunk.device["x"] + 1
-                await mgr.sync_stream(solver)
+                await mgr.groups.sync(solver)
     np.testing.assert_allclose(y, 2 * x + 1)
 
 
@@ -140,7 +140,7 @@ async def test_user_numba_kernel_walk(contract: Contract) -> None:
                 _launch(
                     axpy, contract.backend.name, chunk.length, response.stream, chunk.device["x"], chunk.device["y"]
                 )
-                await mgr.sync_stream(solver)
+                await mgr.groups.sync(solver)
     np.testing.assert_allclose(y, 3.0 * x - 1.0)
 
 

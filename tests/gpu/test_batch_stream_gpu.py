@@ -26,7 +26,7 @@ async def test_an_ordered_request_does_not_wait_behind_a_busy_stream(cuda_backen
     async with MemoryManager(cuda_backend) as mgr:
         owner = Loader()
         mgr.register(owner)
-        stream = mgr.get_stream(owner)
+        stream = mgr.groups.stream(owner)
         with current_cupy_stream(stream):
             flag = cupy.zeros(1, np.int32)
         kernels.sleep(stream, flag, 200_000_000)  # the stream is busy for 0.2 s
@@ -47,8 +47,8 @@ async def test_an_ordered_request_does_not_wait_behind_a_busy_stream(cuda_backen
 async def test_the_readme_loader_gets_every_output(cuda_backend: Any, k: int, groups: int) -> None:
     cupy = pytest.importorskip("cupy")
     async with MemoryManager(cuda_backend) as mgr:
-        xs = [mgr.create_host_array((256, 1024), np.float32, "pinned") for _ in range(32)]
-        ys = [mgr.create_host_array((256, 1024), np.float32, "pinned") for _ in xs]
+        xs = [mgr.host.array((256, 1024), np.float32, "pinned") for _ in range(32)]
+        ys = [mgr.host.array((256, 1024), np.float32, "pinned") for _ in xs]
         for b, x in enumerate(xs):
             x[...] = b
         owners = [Loader() for _ in range(k)]
@@ -78,9 +78,7 @@ async def test_walk_batches_gets_every_output(cuda_backend: Any, in_flight: int,
     async with MemoryManager(cuda_backend) as mgr:
         shape = (256, 1024)
         make = (
-            (lambda: mgr.create_host_array(shape, np.float32, "pinned"))
-            if pinned
-            else (lambda: np.empty(shape, np.float32))
+            (lambda: mgr.host.array(shape, np.float32, "pinned")) if pinned else (lambda: np.empty(shape, np.float32))
         )
         xs = [make() for _ in range(32)]
         ys = [make() for _ in xs]

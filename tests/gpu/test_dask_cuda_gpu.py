@@ -80,8 +80,8 @@ async def what_the_worker_has() -> dict[str, Any]:
         "upstream_is_installed_below_ours": upstream is current.get_upstream().get_upstream(),
         "pool_size": int(upstream.pool_size()) if hasattr(upstream, "pool_size") else None,
         "plugins": sorted(type(p).__name__ for p in get_worker().plugins.values()),
-        "allocator": mgr.allocator,
-        "total": mgr.memory_info().total,
+        "allocator": mgr.pool.allocator,
+        "total": mgr.pool.memory_info().total,
         "memory_limit": mgr.options.memory_limit,
     }
 
@@ -126,7 +126,7 @@ async def capped_job(i: int, proportion: float, nbytes: int) -> dict[str, Any]:
     async with mgr.request(part, {"x": ArrayRequest((4, nbytes // 16), np.float32, chunk_axis=1)}) as response:
         chunks = response.chunks
     usage = mgr.stats().groups[group]
-    seen = {"chunks": chunks, "peak": usage.peak_bytes, "cap": usage.cap_bytes, "budget": mgr.memory_info().total}
+    seen = {"chunks": chunks, "peak": usage.peak_bytes, "cap": usage.cap_bytes, "budget": mgr.pool.memory_info().total}
     mgr.unregister(part)
     return seen
 

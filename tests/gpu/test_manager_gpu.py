@@ -74,15 +74,15 @@ async def test_copies_and_managed_prefetch(cuda_backend: Any) -> None:
         async with mgr.request(solver, request) as response:
             data = rng.standard_normal((1000, 37))
             back = np.empty_like(data)
-            await mgr.to_device(solver, [data], [response.arrays["d"]])
-            await mgr.from_device(solver, [response.arrays["d"]], [back])
+            await mgr.host.to_device(solver, [data], [response.arrays["d"]])
+            await mgr.host.from_device(solver, [response.arrays["d"]], [back])
             np.testing.assert_array_equal(back, data)
             managed = response.arrays["m"]
-            mgr.advise(managed, "preferred_location", 0)
-            mgr.advise(managed, "accessed_by", None)
-            await mgr.prefetch(solver, managed, 0)
-            await mgr.prefetch(solver, managed, None)
-            await mgr.to_device(solver, [np.arange(managed.size, dtype=np.int32)], [managed])
+            mgr.host.advise(managed, "preferred_location", 0)
+            mgr.host.advise(managed, "accessed_by", None)
+            await mgr.host.prefetch(solver, managed, 0)
+            await mgr.host.prefetch(solver, managed, None)
+            await mgr.host.to_device(solver, [np.arange(managed.size, dtype=np.int32)], [managed])
             assert int(managed[-1]) == managed.size - 1
         assert mgr.stats().live_bytes == 0
 
@@ -95,13 +95,13 @@ async def test_set_allocator_resets_and_invalidates(cuda_backend: Any) -> None:
         mgr.register(solver, invalidate_hook=lambda: invalidated.append("solver"))
         await mgr.request(solver, {"a": ArrayRequest((1 << 20,), np.uint8)})
         with pytest.warns(Warning, match="resets the device context"):
-            mgr.set_allocator("cupy_async")
+            mgr.pool.set_allocator("cupy_async")
         assert invalidated == ["solver"]
-        assert mgr.stats().live_bytes == 0 and mgr.allocator == "cupy_async"
+        assert mgr.stats().live_bytes == 0 and mgr.pool.allocator == "cupy_async"
         with pytest.raises(UnknownAllocatorError, match="'nope'"):
-            mgr.set_allocator("nope")
+            mgr.pool.set_allocator("nope")
         async with mgr.request(solver, {"a": ArrayRequest((1 << 20,), np.uint8, zero=True)}) as response:
             assert to_host(response.arrays["a"]).sum() == 0
         with pytest.warns(Warning):
-            mgr.set_allocator("default")
+            mgr.pool.set_allocator("default")
         assert invalidated == ["solver", "solver"]

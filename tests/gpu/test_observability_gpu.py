@@ -29,14 +29,14 @@ async def test_history_summary_and_snapshot_of_a_chunked_batch(backend: Any, tmp
         mgr.record_history()
         part = Part()
         mgr.register(part, stream_group="solve", name="solver", proportion=0.001)
-        cap = mgr.cap(part)
+        cap = mgr.budget.cap(part)
         runs = 2 * cap // 4 // 16  # twice the cap (a thousandth of the GPU) in float32 rows of 16: chunked
         request = {"x": ArrayRequest((runs, 16), np.float32), "w": ArrayRequest((16,), np.float32, unchunkable=True)}
         async with mgr.request(part, request) as response:
             assert response.chunks > 1
             assert mgr.stats().groups["solve"].live_bytes > 0
         snapshot = mgr.stats()
-        summary = mgr.memory_summary()
+        summary = mgr.summary()
         history = mgr.history()
     plan, *allocations = [e for e in history.events if e.kind in (EventKind.PLAN, EventKind.ALLOCATE)]
     assert (plan.group, plan.chunks, plan.chunk_length) == ("solve", response.chunks, response.chunk_length)

@@ -68,7 +68,7 @@ async def test_pool_cache_is_freed_for_a_request_larger_than_free(cuda_backend: 
         part = Part()
         mgr.register(part, stream_group="g")
         for _ in range(2):  # two 1 GiB blocks end up cached in the pool
-            mgr.allocate_all(part, {"x": ArrayRequest((GiB,), np.uint8)})
+            mgr.allocate(part, {"x": ArrayRequest((GiB,), np.uint8)})
         mgr.free_all()
         facts = mgr.stats().pool
         assert facts.held is not None and facts.in_use is not None and facts.held - facts.in_use >= 2 * GiB
@@ -92,7 +92,7 @@ async def test_reclaim_hook_frees_memory_another_library_holds(cuda_backend: Any
         mgr.register(part, stream_group="g")
         async with mgr.request(part, {"warm": ArrayRequest((1 << 20,), np.uint8)}):
             pass  # the manager reads the device now, and keeps that reading
-        mgr.add_reclaim_hook(hog.give_back)
+        mgr.pool.add_reclaim_hook(hog.give_back)
         hog.take(cuda_backend.device.device_id, leave=GiB)  # unseen by the manager until it reads again
         request = {"x": ArrayRequest((2 * GiB,), np.uint8, unchunkable=True)}
         async with mgr.request(part, request) as response:

@@ -39,7 +39,7 @@ async def test_it_wraps_the_installed_resource_and_counts_every_library(rmm: Any
     current = rmm.mr.get_current_device_resource()
     assert isinstance(current, rmm.mr.StatisticsResourceAdaptor)  # ours, over what was installed
     assert isinstance(current.get_upstream(), rmm.mr.FailureCallbackResourceAdaptor)
-    mgr.share_pool("cupy")
+    mgr.pool.share("cupy")
     mgr.register(part)
     async with mgr:
         before = mgr.stats()
@@ -66,12 +66,12 @@ def test_blocks_are_ordered_on_the_groups_stream(rmm: Any, device: Any) -> None:
 async def test_a_library_out_of_memory_runs_the_reclaim_hooks(rmm: Any) -> None:
     cupy = pytest.importorskip("cupy")
     mgr, part = MemoryManager("cuda", allocator="rmm"), Part()
-    mgr.share_pool("cupy")
+    mgr.pool.share("cupy")
     mgr.register(part)
     asked: list[int] = []
-    mgr.add_reclaim_hook(lambda nbytes: asked.append(nbytes) or 0)
+    mgr.pool.add_reclaim_hook(lambda nbytes: asked.append(nbytes) or 0)
     async with mgr:
-        total = mgr.memory_info().total
+        total = mgr.pool.memory_info().total
         with pytest.raises(MemoryError):  # CuPy's own error: nothing freed, it fails as it would alone
             cupy.empty(2 * total, dtype=np.uint8)
         assert asked == [2 * total]
@@ -95,7 +95,7 @@ async def test_torch_allocations_count_against_the_instance(rmm: Any) -> None:
     mgr.register(part)
     async with mgr:
         before = mgr.stats()
-        with mgr.torch_allocations(part) as scope:
+        with mgr.pool.torch_allocations(part) as scope:
             tensor = torch.ones(MiB // 4, device="cuda")  # 1 MiB in a segment torch rounds up
         stats = mgr.stats()
         assert scope.held >= MiB and stats.live_bytes == scope.held

@@ -30,11 +30,9 @@ async def _walk(backend: Any, depth: int, axis: int, pinned: bool, dtype: Any) -
         solver = Solver()
         per_run = 3 * x.nbytes // shape[axis]
         # a budget for 300 runs of depth buffers: about 10 chunks
-        mgr.register(solver, proportion=depth * per_run * 300 / mgr.memory_info().total)
-        host = {
-            label: mgr.create_host_array(shape, dtype, "pinned", like=x) if pinned else x.copy() for label in ("x", "z")
-        }
-        host["y"] = mgr.create_host_array(shape, dtype, "pinned") if pinned else np.zeros(shape, dtype)
+        mgr.register(solver, proportion=depth * per_run * 300 / mgr.pool.memory_info().total)
+        host = {label: mgr.host.array(shape, dtype, "pinned", like=x) if pinned else x.copy() for label in ("x", "z")}
+        host["y"] = mgr.host.array(shape, dtype, "pinned") if pinned else np.zeros(shape, dtype)
         requests = {label: ArrayRequest(shape, dtype, chunk_axis=axis) for label in ("x", "y", "z")}
         async with mgr.request(solver, walk_requests(requests, depth)) as response:
             assert response.chunks >= 4
@@ -69,7 +67,7 @@ async def test_overlapped_walks_match_the_serial_walk_bit_for_bit(
 async def test_leaving_an_overlapped_walk_early_waits_and_leaks_nothing(cuda_backend: Any) -> None:
     async with MemoryManager(cuda_backend, mode="active") as mgr:
         solver = Solver()
-        mgr.register(solver, proportion=(64 << 20) / mgr.memory_info().total)
+        mgr.register(solver, proportion=(64 << 20) / mgr.pool.memory_info().total)
         x = np.ones((4096, 4096), np.float32)
         y = np.zeros_like(x)
         requests = walk_requests({"x": ArrayRequest(x.shape, x.dtype), "y": ArrayRequest(x.shape, x.dtype)}, 2)
@@ -106,12 +104,10 @@ async def test_every_layout_equals_numpy_byte_for_byte(
     async with MemoryManager(cuda_backend, mode="active", headroom=0.0) as mgr:
         solver = Solver()
         per_run = 3 * x.nbytes // shape[axis]
-        mgr.register(solver, proportion=depth * per_run * 300 / mgr.memory_info().total)  # about 10 chunks
+        mgr.register(solver, proportion=depth * per_run * 300 / mgr.pool.memory_info().total)  # about 10 chunks
         if pinned:
-            host = {
-                label: mgr.create_host_array(shape, np.float32, "pinned", like=a) for label, a in (("x", x), ("z", z))
-            }
-            host["y"] = mgr.create_host_array(shape, np.float32, "pinned")
+            host = {label: mgr.host.array(shape, np.float32, "pinned", like=a) for label, a in (("x", x), ("z", z))}
+            host["y"] = mgr.host.array(shape, np.float32, "pinned")
         else:
             host = {"x": x.copy(), "z": z.copy(), "y": np.zeros_like(x)}
         requests = {label: ArrayRequest(shape, np.float32, chunk_axis=axis) for label in ("x", "y", "z")}

@@ -129,8 +129,8 @@ async def _stream(seed: int, caplog: pytest.LogCaptureFixture) -> None:
                         tg.start_soon(worker, i)
                     if reset:
                         await anyio.sleep(rng.uniform(0, 0.02))
-                        mgr.invalidate_all()
-            for stream in {mgr.get_stream(owner) for owner in owners}:
+                        mgr.pool.invalidate_all()
+            for stream in {mgr.groups.stream(owner) for owner in owners}:
                 await anyio.to_thread.run_sync(stream.synchronize)
             assert mgr.stats().live_bytes == 0
             assert mgr.backend.device.pinned_pool.in_use == 0

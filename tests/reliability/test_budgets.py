@@ -67,7 +67,7 @@ class CapWatch:
             before = mgr.stats().groups[group].live_bytes
             result = original(entries, group, plan, stream)
             self.batches += 1
-            if mgr.active:
+            if mgr.options.active:
                 after = mgr.stats().groups[group]
                 assert after.cap_bytes is not None  # active mode reports caps
                 if after.live_bytes > after.cap_bytes and after.live_bytes > before:
@@ -86,7 +86,7 @@ async def test_wait_policy_unchunkable_request_waits_for_release(unchunkable: bo
             holder, asker = Component("holder"), Component("asker")
             mgr.register(holder)
             mgr.register(asker)  # each: 2 MiB; the group: 4 MiB
-            held = mgr.allocate_all(holder, block(3, unchunkable=True))
+            held = mgr.allocate(holder, block(3, unchunkable=True))
             async with anyio.create_task_group() as tg:
                 results: list[object] = []
 
@@ -115,7 +115,7 @@ async def test_moving_a_member_moves_what_it_holds(drained) -> None:
             mgr.register(c, proportion=0.25, stream_group="g2")
             watch = CapWatch(mgr)
             held = await mgr.request(a, block(0.9))
-            mgr.change_stream_group(a, "g2")
+            mgr.groups.move(a, "g2")
             snap = mgr.stats()
             assert snap.groups["g1"].live_bytes == 0
             assert snap.groups["g2"].live_bytes == held.arrays["x"].nbytes
@@ -138,8 +138,8 @@ async def test_waiting_request_moves_with_its_member_and_uses_the_new_budget(dra
             mgr.register(h, proportion=0.5, stream_group="g1")
             mgr.register(c, proportion=0.2, stream_group="g2")
             watch = CapWatch(mgr)
-            full = mgr.allocate_all(h, block(1.9, unchunkable=True))  # g1: 3 MiB cap, 1.1 MiB left
-            some = mgr.allocate_all(c, block(0.3, unchunkable=True))
+            full = mgr.allocate(h, block(1.9, unchunkable=True))  # g1: 3 MiB cap, 1.1 MiB left
+            some = mgr.allocate(c, block(0.3, unchunkable=True))
             results: list[object] = []
 
             async def ask() -> None:
@@ -149,10 +149,10 @@ async def test_waiting_request_moves_with_its_member_and_uses_the_new_budget(dra
                 tg.start_soon(ask)
                 while not waiting(mgr):
                     await anyio.sleep(0.001)
-                mgr.change_stream_group(a, "g2")  # g2: a's 1 MiB + c's 0.8 MiB, 0.3 MiB held
+                mgr.groups.move(a, "g2")  # g2: a's 1 MiB + c's 0.8 MiB, 0.3 MiB held
             (response,) = results
             assert isinstance(response, ArrayResponse), response
-            assert response.stream is mgr.get_stream(c)  # served in g2, on g2's stream
+            assert response.stream is mgr.groups.stream(c)  # served in g2, on g2's stream
             assert within_caps(mgr) == {} and watch.violations == []
             for r in (full, some, response):
                 mgr.release(r)
@@ -166,7 +166,7 @@ async def test_group_over_its_shrunk_cap_starts_no_batch_until_back_under(policy
         async with MemoryManager(sim, mode="active", policy=policy, batch_window=0) as mgr:
             a = Component("a")
             mgr.register(a, stream_group="g1")  # the whole auto pool: 4 MiB
-            held = [mgr.allocate_all(a, block(1, unchunkable=True)) for _ in range(3)]
+            held = [mgr.allocate(a, block(1, unchunkable=True)) for _ in range(3)]
             newcomer = Component("new")
             mgr.register(newcomer, stream_group="g2")  # halves a's cap: 2 MiB, 3 held
             g1 = mgr.stats().groups["g1"]
@@ -240,16 +240,16 @@ async def test_random_moves_cap_and_policy_changes_keep_budgets(seed: int, drain
                         elif op < 0.6 and held:
                             mgr.release(held.pop(rng.randrange(len(held))))
                         elif op < 0.72:
-                            mgr.change_stream_group(m, rng.choice(groups))
+                            mgr.groups.move(m, rng.choice(groups))
                         elif op < 0.8:
                             if rng.random() < 0.5:
-                                mgr.set_manual_proportion(m, rng.choice([0.05, 0.1, 0.2]))
+                                mgr.budget.set_manual(m, rng.choice([0.05, 0.1, 0.2]))
                             elif not _is_auto(mgr, m):
-                                mgr.set_auto_limit_mode(m)
+                                mgr.budget.set_auto(m)
                         elif op < 0.86:
-                            mgr.set_policy(rng.choice(["chunk", "wait", "fail"]))
+                            mgr.budget.set_policy(rng.choice(["chunk", "wait", "fail"]))
                         elif op < 0.9:
-                            mgr.flush()
+                            mgr.groups.flush()
                     except AiocubieError:
                         pass  # a budget change that does not fit: refused, nothing changed
                     if rng.random() < 0.3:
@@ -259,7 +259,7 @@ async def test_random_moves_cap_and_policy_changes_keep_budgets(seed: int, drain
                             mgr.release(r)
                         held.clear()
                 # everything queued must end: free what is held and let waiters through
-                mgr.set_policy("chunk")
+                mgr.budget.set_policy("chunk")
                 while ended < started:
                     for r in held:
                         mgr.release(r)

@@ -160,21 +160,21 @@ async def test_copy_and_prefetch_faults_raise_backend_errors_and_recover(drained
 
                 sim.faults.inject("copy", after=1)
                 with pytest.raises(BackendError, match="copying"):
-                    await mgr.to_device(solver, hosts, devices)
-                await mgr.to_device(solver, hosts, devices)  # one failure only: it works again
-                back = [mgr.create_host_array(256, np.float64, "host") for _ in range(2)]
-                await mgr.from_device(solver, devices, back)
+                    await mgr.host.to_device(solver, hosts, devices)
+                await mgr.host.to_device(solver, hosts, devices)  # one failure only: it works again
+                back = [mgr.host.array(256, np.float64, "host") for _ in range(2)]
+                await mgr.host.from_device(solver, devices, back)
                 np.testing.assert_array_equal(back[1], hosts[1])
 
                 sim.faults.inject("prefetch")
                 with pytest.raises(BackendError, match="prefetching"):
-                    await mgr.prefetch(solver, response.arrays["m"])
-                await mgr.prefetch(solver, response.arrays["m"], device=None)
+                    await mgr.host.prefetch(solver, response.arrays["m"])
+                await mgr.host.prefetch(solver, response.arrays["m"], device=None)
 
                 sim.faults.inject("record_event")
                 with pytest.raises(BackendError, match="recording an event"):
-                    await mgr.sync_stream(solver)
-                await mgr.sync_stream(solver)
+                    await mgr.groups.sync(solver)
+                await mgr.groups.sync(solver)
             await drained(mgr, sim)
 
 
@@ -189,10 +189,10 @@ class Hooked(Component):
 
 def reset(mgr: MemoryManager, how: str) -> None:
     if how == "invalidate_all":
-        mgr.invalidate_all()
+        mgr.pool.invalidate_all()
     else:
         with pytest.warns(AiocubieWarning, match="resets the device context"):
-            mgr.set_allocator(how)
+            mgr.pool.set_allocator(how)
 
 
 @pytest.mark.parametrize("how", ["invalidate_all", "cupy"])
@@ -217,10 +217,10 @@ async def test_reset_while_requests_are_queued_serves_them_afterwards(how: str, 
                 reset(mgr, how)
                 assert [m.invalidated for m in members] == [1, 1, 1]
                 assert sim.used == mgr.stats().live_bytes == 0
-                mgr.flush()
+                mgr.groups.flush()
 
             assert all(isinstance(r, ArrayResponse) for r in results), results
-            assert all(r.stream is mgr.get_stream(members[0]) for r in results)  # type: ignore[attr-defined]
+            assert all(r.stream is mgr.groups.stream(members[0]) for r in results)  # type: ignore[attr-defined]
             assert sim.used == mgr.stats().live_bytes > 0
             release_all(mgr, held)  # already dropped by the reset: releasing again is harmless
             release_all(mgr, results)

@@ -143,8 +143,8 @@ def test_memory_kind_parse(value: Any) -> None:
 
 
 def budget_state(mgr: MemoryManager) -> tuple[object, ...]:
-    groups = {name: members for name, members in mgr.stream_groups.items() if members}  # groups stay once made
-    return (mgr.manual_pool_proportion, mgr.auto_pool_proportion, groups, len(mgr.statistics().members))
+    groups = {name: members for name, members in mgr.groups.members().items() if members}  # groups stay once made
+    return (mgr.budget.manual_pool, mgr.budget.auto_pool, groups, len(mgr.statistics().members))
 
 
 @pytest.fixture(scope="module")
@@ -187,10 +187,10 @@ def test_register_registers_wholly_or_not_at_all(
         return
     try:
         assert manager.is_registered(instance)
-        assert manager.get_stream_group(instance) == group
-        assert 0 < manager.proportion(instance) <= 1
+        assert manager.groups.group_of(instance) == group
+        assert 0 < manager.budget.proportion(instance) <= 1
         if proportion is not None:
-            assert manager.proportion(instance) == pytest.approx(float(proportion))
+            assert manager.budget.proportion(instance) == pytest.approx(float(proportion))
     finally:
         manager.unregister(instance)
     assert budget_state(manager) == before
@@ -202,16 +202,16 @@ def test_set_manual_proportion_changes_wholly_or_not_at_all(manager: MemoryManag
     instance = Component()
     manager.register(instance)
     try:
-        before = (budget_state(manager), manager.proportion(instance))
+        before = (budget_state(manager), manager.budget.proportion(instance))
         try:
-            manager.set_manual_proportion(instance, proportion)
+            manager.budget.set_manual(instance, proportion)
         except Exception as exc:
             assert isinstance(exc, BudgetError), f"{type(exc).__name__}: {exc}"
-            assert (budget_state(manager), manager.proportion(instance)) == before
+            assert (budget_state(manager), manager.budget.proportion(instance)) == before
             if "would sum to" not in str(exc):
                 check_error(exc, proportion)
         else:
-            assert manager.proportion(instance) == pytest.approx(float(proportion))
+            assert manager.budget.proportion(instance) == pytest.approx(float(proportion))
     finally:
         manager.unregister(instance)
 
@@ -223,9 +223,9 @@ def test_group_names_everywhere(manager: MemoryManager, name: Any) -> None:
     manager.register(instance, stream_group="default")
     try:
         for call in (
-            lambda: manager.flush(name),
-            lambda: manager.get_available_memory(name),
-            lambda: manager.change_stream_group(instance, name),
+            lambda: manager.groups.flush(name),
+            lambda: manager.budget.available(name),
+            lambda: manager.groups.move(instance, name),
         ):
             try:
                 call()
@@ -273,7 +273,7 @@ small_junk = junk.filter(lambda x: not isinstance(x, int) or abs(x) < 1000)  # n
 def test_create_host_array(manager: MemoryManager, shape: Any, dtype: Any, kind: Any, like: Any) -> None:
     args = {"shape": shape, "dtype": dtype, "kind": kind, "like": like}
     try:
-        array = manager.create_host_array(shape, dtype, kind, like=like)
+        array = manager.host.array(shape, dtype, kind, like=like)
     except Exception as exc:
         assert isinstance(exc, InvalidRequestError), f"{type(exc).__name__}: {exc}"
         named = any(names_value(exc, v) for v in args.values()) or f"like has shape {np.shape(like)}" in str(exc)
@@ -289,7 +289,7 @@ def test_create_host_array(manager: MemoryManager, shape: Any, dtype: Any, kind:
 @pytest.mark.parametrize("like", [["a", "b"], "", [object(), None], np.array(["x", "y"])])
 def test_create_host_array_rejects_a_like_it_cannot_copy(manager: MemoryManager, like: Any) -> None:
     with pytest.raises(InvalidRequestError) as info:
-        manager.create_host_array(np.shape(like), "float32", like=like)
+        manager.host.array(np.shape(like), "float32", like=like)
     assert names_value(info.value, like)
 
 

@@ -250,18 +250,14 @@ def test_registration_budgets_and_default_names(seed: int, sim: SimulatorBackend
             assert not mgr.is_registered(instance)
             continue
         kept.append(instance)
-        refused(lambda: mgr.set_manual_proportion(instance, junk(rng)), BudgetError)
-        refused(lambda: mgr.set_manual_limit_mode(instance, junk(rng)), BudgetError)
-        assert 0 < mgr.proportion(instance) <= 1
+        refused(lambda: mgr.budget.set_manual(instance, junk(rng)), BudgetError)
+        refused(lambda: mgr.budget.move_to_manual(instance, junk(rng)), BudgetError)
+        assert 0 < mgr.budget.proportion(instance) <= 1
         if rng.random() < 0.3:  # departures free names for explicit reuse, never for a default clash
             mgr.unregister(kept.pop(rng.randrange(len(kept))))
         stats = mgr.statistics()  # members by name: fewer names than members if two share one
         assert len(stats.members) == stats.tables["members"], f"two members share a name: {sorted(stats.members)}"
-    assert (
-        math.isclose(mgr.manual_pool_proportion + mgr.auto_pool_proportion, 1.0)
-        or not kept
-        or mgr.auto_pool_proportion == 0
-    )
+    assert math.isclose(mgr.budget.manual_pool + mgr.budget.auto_pool, 1.0) or not kept or mgr.budget.auto_pool == 0
 
 
 def test_an_explicit_default_like_name_is_never_given_again() -> None:
@@ -275,7 +271,7 @@ def test_an_explicit_default_like_name_is_never_given_again() -> None:
     mgr.register(z)
     taken = list(mgr.statistics().members)
     assert sorted(taken) == ["Component#1", "Component#2", "Component#3", "Component#4"]
-    assert mgr.allocate(x, ArrayRequest((1000,), "u1")) is not None
+    assert mgr.allocate(x, {"a": ArrayRequest((1000,), "u1")}) is not None
     assert mgr.stats().instances["Component#2"].live_bytes == 1000  # x's bytes stay its own
     mgr.free_all()
     sim.close()
@@ -297,7 +293,7 @@ def test_allocate_all_and_host_arrays(seed: int, sim: SimulatorBackend) -> None:
                 requests[label] = ArrayRequest((rng.choice([0, 4, 1000]),), "f4")
         before = sim.used
         response: list[ArrayResponse] = []
-        if refused(lambda: response.append(mgr.allocate_all(owner, requests))) is not None:
+        if refused(lambda: response.append(mgr.allocate(owner, requests))) is not None:
             assert sim.used == before and mgr.statistics().allocations == 0
         else:
             mgr.release(response[0])
@@ -305,17 +301,19 @@ def test_allocate_all_and_host_arrays(seed: int, sim: SimulatorBackend) -> None:
         host_shape = shape(rng) if rng.random() < 0.5 else (rng.randint(0, 3),)
         host_kind = rng.choice(["host", "pinned", kind(rng)])
         refused(
-            lambda: mgr.create_host_array(host_shape, dtype(rng), host_kind, like=like),
+            lambda: mgr.host.array(host_shape, dtype(rng), host_kind, like=like),
             InvalidRequestError,
             AllocationError,
         )
-        refused(lambda: mgr.set_allocator(junk(rng)), UnknownAllocatorError)
-        managed = mgr.allocate(owner, ArrayRequest((4,), "f4", kind="managed"))
-        refused(lambda: mgr.advise(managed, rng.choice(["read_mostly", junk(rng)]), rng.choice([0, None, junk(rng)])))
+        refused(lambda: mgr.pool.set_allocator(junk(rng)), UnknownAllocatorError)
+        managed = mgr.allocate(owner, {"m": ArrayRequest((4,), "f4", kind="managed")}).arrays["m"]
+        refused(
+            lambda: mgr.host.advise(managed, rng.choice(["read_mostly", junk(rng)]), rng.choice([0, None, junk(rng)]))
+        )
         mgr.free_all()
     assert sim.used == 0
     with pytest.raises(AllocationError):  # issue 11 item 15: never numpy's MemoryError
-        mgr.create_host_array((2**45,), "u1", "host")
+        mgr.host.array((2**45,), "u1", "host")
 
 
 # -- the async entry points, with good requests batched among bad ones -----------------------------
@@ -380,12 +378,14 @@ async def test_bad_input_never_takes_down_a_batch(seed: int, drained: Any) -> No
                 async with mgr.request(member, {"d": ArrayRequest((8,), "f4")}) as response:
                     device = response.arrays["d"]
                     for call in (
-                        lambda: mgr.to_device(member, junk(rng), [device]),
-                        lambda: mgr.to_device(member, [junk(rng)], [device]),
-                        lambda: mgr.from_device(member, [device], rng.choice([junk(rng), [junk(rng)], [np.zeros(3)]])),
+                        lambda: mgr.host.to_device(member, junk(rng), [device]),
+                        lambda: mgr.host.to_device(member, [junk(rng)], [device]),
+                        lambda: mgr.host.from_device(
+                            member, [device], rng.choice([junk(rng), [junk(rng)], [np.zeros(3)]])
+                        ),
                         lambda: first_chunk(response, inputs=junk(rng)),
                         lambda: first_chunk(response, outputs={"d": junk(rng)}),
-                        lambda: mgr.prefetch(member, device, junk(rng)),
+                        lambda: mgr.host.prefetch(member, device, junk(rng)),
                     ):
                         try:
                             await call()

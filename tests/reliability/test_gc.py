@@ -34,7 +34,7 @@ async def test_collected_instance_with_arrays_held_frees_them(drained) -> None:
             doomed = Component("doomed")
             mgr.register(doomed, proportion=0.3, stream_group="other")
             await mgr.request(doomed, arrays())  # the response is dropped: the ledger holds the arrays
-            mgr.allocate_all(doomed, {"y": ArrayRequest((1000,), "f8")})
+            mgr.allocate(doomed, {"y": ArrayRequest((1000,), "f8")})
             assert mgr.stats().instances["Component#2"].live_bytes > 0
             ref = weakref.ref(doomed)
             del doomed
@@ -44,8 +44,8 @@ async def test_collected_instance_with_arrays_held_frees_them(drained) -> None:
             snap = mgr.stats()  # the next manager call reaps it
             assert snap.instances["Component#2"].live_bytes == 0
             assert snap.live_bytes == sim.used == sum(a.nbytes for a in kept.arrays.values())
-            assert mgr.stream_groups == {"default": ["Component#1"]}  # the emptied group is forgotten
-            assert mgr.manual_pool_proportion == pytest.approx(0.2)
+            assert mgr.groups.members() == {"default": ["Component#1"]}  # the emptied group is forgotten
+            assert mgr.budget.manual_pool == pytest.approx(0.2)
             mgr.release(kept)
             await drained(mgr, sim)
 
@@ -72,7 +72,7 @@ async def test_collected_instance_does_not_hold_up_its_groups_open_batch(drained
                 gc.collect()
                 assert mgr.is_registered(asker)  # a manager call: reaps the collected member
             assert results == [{"x": (64, 1024), "p": (16,)}]
-            assert mgr.stream_groups == {"default": ["Component#1"]}
+            assert mgr.groups.members() == {"default": ["Component#1"]}
             await drained(mgr, sim)
 
 
@@ -85,7 +85,7 @@ async def test_instance_collected_after_its_queued_request_was_withdrawn(drained
             doomed = Component("doomed")
             mgr.register(doomed, proportion=0.5)
             ref = weakref.ref(doomed)
-            held = mgr.allocate_all(doomed, arrays())
+            held = mgr.allocate(doomed, arrays())
 
             async def ask(instance: Component) -> None:
                 await mgr.request(instance, arrays())
@@ -99,8 +99,8 @@ async def test_instance_collected_after_its_queued_request_was_withdrawn(drained
             del doomed, held
             gc.collect()
             assert ref() is None
-            assert mgr.stream_groups == {"default": ["Component#1"]}
-            assert mgr.manual_pool_proportion == 0
+            assert mgr.groups.members() == {"default": ["Component#1"]}
+            assert mgr.budget.manual_pool == 0
             await drained(mgr, sim)
 
 

@@ -45,7 +45,7 @@ async def test_gpu_cancellation_storm_leaks_nothing(drained) -> None:
             async with anyio.create_task_group() as tg:
                 for index in range(64):
                     tg.start_soon(worker, members[index % 4])
-            assert mgr.stats().groups["default"].peak_bytes <= sum(mgr.cap(m) for m in members)
+            assert mgr.stats().groups["default"].peak_bytes <= sum(mgr.budget.cap(m) for m in members)
             await drained(mgr)
 
 
@@ -69,9 +69,9 @@ async def test_gpu_reset_in_flight_and_queued(drained) -> None:
                     tg.start_soon(ask, member)
                 while pending(mgr) < 2:
                     await anyio.sleep(0.001)
-                mgr.invalidate_all()
+                mgr.pool.invalidate_all()
                 assert sorted(m.tag for m in calls) == [0, 1, 2]
-                mgr.flush()
+                mgr.groups.flush()
             assert all(isinstance(r, ArrayResponse) for r in results), results
             for response in results:
                 mgr.release(response)  # type: ignore[arg-type]

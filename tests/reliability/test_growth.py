@@ -133,7 +133,7 @@ async def test_random_churn_of_groups_and_members(seed: int, drained) -> None:
                     mgr.register(part, stream_group=f"g{rng.randrange(scale(50, 500))}")
                     live.append(part)
                 elif op < 0.45:
-                    mgr.change_stream_group(rng.choice(live), f"g{rng.randrange(scale(50, 500))}")
+                    mgr.groups.move(rng.choice(live), f"g{rng.randrange(scale(50, 500))}")
                 elif op < 0.7:
                     result = await outcome(mgr, rng.choice(live), block())
                     if isinstance(result, ArrayResponse) and rng.random() < 0.5:

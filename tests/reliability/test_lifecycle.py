@@ -56,7 +56,7 @@ async def test_leaving_async_with_through_cancellation_releases_everything() -> 
                 silent = Component("silent")
                 mgr.register(silent)  # b's batch stays open
                 held = await mgr.request(a, block())
-                mgr.allocate_all(b, block())
+                mgr.allocate(b, block())
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(outcome, mgr, b, block())
                     await anyio.sleep(30)
@@ -92,7 +92,7 @@ async def test_aclose_from_another_task_fails_pending_and_releases(drained) -> N
             mgr.register(a)
             silent = Component("silent")
             mgr.register(silent)
-            held = mgr.allocate_all(a, block())
+            held = mgr.allocate(a, block())
             results: list[object] = []
 
             async def ask() -> None:

@@ -47,7 +47,7 @@ async def test_many_tasks_stay_in_budget_in_order_and_all_finish(latency: float,
             for member in members:
                 group = member.tag[0]
                 mgr.register(member, proportion=0.04, stream_group=group, ready_hook=on_ready(group))
-            group_cap = {g: sum(mgr.cap(m) for m in members if m.tag[0] == g) for g in GROUPS}
+            group_cap = {g: sum(mgr.budget.cap(m) for m in members if m.tag[0] == g) for g in GROUPS}
             finished = 0
 
             async def worker(member: Component) -> None:

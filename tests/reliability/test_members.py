@@ -85,7 +85,7 @@ async def test_bound_method_hooks_do_not_keep_the_instance_alive(ready: str, inv
         mgr.register(comp, ready_hook=hook, invalidate_hook=getattr(comp, invalidate), stream_group="solo")
         await mgr.request(comp, block())  # dropped: the ledger holds the arrays
         await eventually(lambda c=comp: c.ready)
-        mgr.invalidate_all()
+        mgr.pool.invalidate_all()
         await eventually(lambda c=comp: c.invalidated == 1)
         await mgr.request(comp, block())
         await eventually(lambda c=comp: len(c.ready) == 2)  # a running hook task holds its method
@@ -95,7 +95,7 @@ async def test_bound_method_hooks_do_not_keep_the_instance_alive(ready: str, inv
         gc.collect()
         assert ref() is None
         await eventually(lambda: sim.used == 0)  # reaped and freed, without another manager call
-        assert mgr.stream_groups == {}
+        assert mgr.groups.members() == {}
         await drained(mgr, sim)
 
 
@@ -107,18 +107,18 @@ async def test_pool_proportions_right_after_a_collection() -> None:
         mgr.register(manual, proportion=0.3)
         mgr.register(auto)
         mgr.register(keeper, proportion=0.2)
-        assert mgr.manual_pool_proportion == pytest.approx(0.5)
+        assert mgr.budget.manual_pool == pytest.approx(0.5)
         del manual
-        assert mgr.manual_pool_proportion == pytest.approx(0.2)
-        assert mgr.auto_pool_proportion == pytest.approx(0.8)
+        assert mgr.budget.manual_pool == pytest.approx(0.2)
+        assert mgr.budget.auto_pool == pytest.approx(0.8)
         del auto
-        assert mgr.auto_pool_proportion == 0
+        assert mgr.budget.auto_pool == 0
     # and on a manager that is not running (reaped by the property itself)
     mgr = MemoryManager(sim)
     manual = Component()
     mgr.register(manual, proportion=0.4)
     del manual
-    assert mgr.manual_pool_proportion == 0
+    assert mgr.budget.manual_pool == 0
 
 
 # -- item 5: under policy wait, a collected holder's arrays are reclaimed at once -----------
@@ -130,7 +130,7 @@ async def test_collected_holder_frees_a_waiter_without_another_manager_call(wher
             holder, waiter = Component("holder"), Component("waiter")
             mgr.register(holder)
             mgr.register(waiter)
-            mgr.allocate_all(holder, {"x": ArrayRequest((3 * MiB,), "u1", unchunkable=True)})
+            mgr.allocate(holder, {"x": ArrayRequest((3 * MiB,), "u1", unchunkable=True)})
             results: list[object] = []
 
             async def ask() -> None:
@@ -192,7 +192,7 @@ async def test_async_invalidate_hook_and_async_callable_ready_hook_run(drained) 
         mgr.register(b, invalidate_hook=invalidate_obj, stream_group="other")
         response = await mgr.request(a, block())
         await eventually(lambda: ready.calls == 1)
-        mgr.invalidate_all()
+        mgr.pool.invalidate_all()
         await eventually(lambda: calls == ["invalidate"] and invalidate_obj.calls == 1)
         mgr.release(response)
         await drained(mgr, sim)
@@ -204,11 +204,11 @@ async def test_async_invalidate_hook_outside_async_with_warns_and_is_not_left_un
     comp = Hooked()
     mgr.register(comp, invalidate_hook=comp.on_invalidate_async)
     with pytest.warns(Warning, match="was not run"):
-        mgr.invalidate_all()
+        mgr.pool.invalidate_all()
     other = Component()
     mgr.register(other, invalidate_hook=lambda: comp.on_invalidate_async())  # returns a coroutine
     with pytest.warns(Warning, match="was not run"):
-        mgr.invalidate_all()
+        mgr.pool.invalidate_all()
     assert comp.invalidated == 0
 
 
@@ -258,13 +258,13 @@ async def test_random_members_with_hooks_come_and_go(seed: int, drained) -> None
                             tg.start_soon(ask, comp)
                     await anyio.sleep(rng.choice([0, 0.001, 0.003]))
                     if rng.random() < 0.2:
-                        mgr.invalidate_all()
+                        mgr.pool.invalidate_all()
                     if rng.random() < 0.3:
                         del comps[rng.randrange(len(comps))]  # collected while its requests may be queued
                     if rng.random() < 0.3:
                         tg.cancel_scope.cancel()
                     else:
-                        mgr.flush()
+                        mgr.groups.flush()
                 del comps, comp
                 gc.collect()
                 await anyio.sleep(0.001)
@@ -275,7 +275,7 @@ async def test_random_members_with_hooks_come_and_go(seed: int, drained) -> None
 
             await eventually(all_collected)  # once async hook tasks are done, no hook keeps one alive
             await eventually(lambda: sim.used == 0, timeout=scale(10, 60))  # all reaped, no manager call
-            assert mgr.stream_groups == {"g0": ["Hooked#1"]}
+            assert mgr.groups.members() == {"g0": ["Hooked#1"]}
             mgr.unregister(keeper)
             await settle(mgr)
             await drained(mgr, sim)

@@ -55,7 +55,7 @@ async def test_a_hook_that_unregisters_the_requester_leaks_nothing(drained) -> N
                 sim.occupy(4096)  # another process took memory since the plan's reading
                 return 0
 
-            mgr.add_reclaim_hook(hook)
+            mgr.pool.add_reclaim_hook(hook)
             sim.faults.inject("oom", times=3)  # the try, the retry after the cache, the retry after the hook
             result = await outcome(mgr, part, vec(100))
             assert isinstance(result, RegistrationError), result
@@ -77,20 +77,20 @@ async def test_a_hook_that_allocates_is_refused_and_the_counters_add_up(drained)
 
             def hook(nbytes: int) -> int:
                 try:
-                    mgr.allocate_all(spare, vec(10))  # re-entered recovery until RecursionError
+                    mgr.allocate(spare, vec(10))  # re-entered recovery until RecursionError
                 except Exception as exc:
                     refused.append(exc)
                     raise
                 return 0
 
-            mgr.add_reclaim_hook(hook)
+            mgr.pool.add_reclaim_hook(hook)
             sim.faults.inject("oom", times=50)  # every allocation is out of memory
             result = await outcome(mgr, part, vec(100))
             sim.faults.clear()
             assert isinstance(result, ManagerStateError), result
             assert [type(exc) for exc in refused] == [ManagerStateError]
             message = str(result)
-            assert "allocate_all() from a reclaim hook" in message and "group 'g'" in message
+            assert "allocate() from a reclaim hook" in message and "group 'g'" in message
             assert "800 B" in message and "mgr.release" in message
             recovery = mgr.stats().recovery
             assert (recovery.out_of_memory, recovery.hook_calls, recovery.failed) == (1, 1, 1)
@@ -110,17 +110,17 @@ async def test_an_allocating_and_an_invalidating_hook_never_hang_the_exit(draine
 
             def allocating(nbytes: int) -> int:
                 try:
-                    mgr.allocate_all(part, vec(10))
+                    mgr.allocate(part, vec(10))
                 except ManagerStateError:
                     pass  # a hook may catch the refusal and go on
                 return 0
 
             def invalidating(nbytes: int) -> int:
-                mgr.invalidate_all()
+                mgr.pool.invalidate_all()
                 return 0
 
-            mgr.add_reclaim_hook(allocating)
-            mgr.add_reclaim_hook(invalidating)
+            mgr.pool.add_reclaim_hook(allocating)
+            mgr.pool.add_reclaim_hook(invalidating)
             sim.faults.inject("oom", times=50)
             result = await outcome(mgr, part, vec(100))
             sim.faults.clear()
@@ -138,23 +138,23 @@ async def test_a_hook_that_resets_the_context_is_refused_naming_the_group(call: 
         async with MemoryManager(sim, batch_window=0) as mgr:
             part = Component("part")
             mgr.register(part, stream_group="solve")
-            stream = mgr.get_stream(part)
+            stream = mgr.groups.stream(part)
 
             def hook(nbytes: int) -> int:
                 if call == "set_allocator":
-                    mgr.set_allocator("cupy")
+                    mgr.pool.set_allocator("cupy")
                 else:
-                    mgr.reinit_streams()
+                    mgr.groups.reinit_streams()
                 return 0
 
-            mgr.add_reclaim_hook(hook)
+            mgr.pool.add_reclaim_hook(hook)
             sim.faults.inject("oom", times=3)  # the hook's retry would have succeeded
             result = await outcome(mgr, part, vec(100))
             assert isinstance(result, ManagerStateError), result
             message = str(result)
             assert f"{call}(" in message and "from a reclaim hook" in message and "group 'solve'" in message
             assert "1 request(s)" in message and "reinit_streams() after" not in message
-            assert mgr.allocator == "driver" and sim.resets == 0 and mgr.get_stream(part) is stream
+            assert mgr.pool.allocator == "driver" and sim.resets == 0 and mgr.groups.stream(part) is stream
             balanced(mgr)
             assert mgr.stats().recovery.failed == 1
             async with mgr.request(part, vec(100)) as response:  # served on the same stream

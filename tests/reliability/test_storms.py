@@ -83,7 +83,7 @@ async def test_cancel_while_waiting_for_memory_lets_the_next_batch_go(drained) -
             holder, waiter, later = Component("holder"), Component("waiter"), Component("later")
             for member in (holder, waiter, later):
                 mgr.register(member, proportion=0.1)  # group cap 3 x 6.4 MiB
-            cap = 3 * mgr.cap(holder)
+            cap = 3 * mgr.budget.cap(holder)
             held = await mgr.request(holder, block(cap // (4 * RUNS) - 256))  # all but 1 MiB of the cap
             async with anyio.create_task_group() as tg:
                 scope = anyio.CancelScope()
@@ -197,4 +197,4 @@ async def test_cancellation_storm(seed: int, drained) -> None:
             await no_extra_tasks(baseline)
             await drained(mgr, sim)
             for group in groups:
-                assert snap.groups[group].peak_bytes <= 4 * mgr.cap(members[0])
+                assert snap.groups[group].peak_bytes <= 4 * mgr.budget.cap(members[0])

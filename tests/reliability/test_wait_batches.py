@@ -46,7 +46,7 @@ async def test_a_batch_that_fits_only_in_part_shrinks_and_each_request_is_served
             askers = [Component(i) for i in range(4)]
             for asker in askers:
                 mgr.register(asker, proportion=0.05, stream_group="g")
-            held = mgr.allocate_all(holder, unchunkable(0.55 * total))
+            held = mgr.allocate(holder, unchunkable(0.55 * total))
             if policy == "chunk":  # it does not wait: room for two of the four from the start
                 mgr.release(held)
             results: list[object] = []
@@ -101,7 +101,7 @@ async def test_a_request_waiting_on_another_members_memory_is_not_warned_about(d
             holder, asker = Component("holder"), Component("asker")
             mgr.register(holder, proportion=0.5)
             mgr.register(asker, proportion=0.25)  # the group: 3 MiB
-            held = mgr.allocate_all(holder, unchunkable(2 * MiB))
+            held = mgr.allocate(holder, unchunkable(2 * MiB))
             result: list[object] = []
 
             async def ask() -> None:

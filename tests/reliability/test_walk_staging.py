@@ -109,7 +109,7 @@ async def test_a_reset_while_a_walk_waits_for_a_pack_ends_it_with_released_error
         async def reset_once_packing() -> None:
             await anyio.to_thread.run_sync(started.wait)
             with pytest.warns(Warning, match="resets the device context"):
-                mgr.set_allocator("cupy")
+                mgr.pool.set_allocator("cupy")
             gate.set()
 
         async with anyio.create_task_group() as tasks:
@@ -130,7 +130,7 @@ async def test_copies_queued_ahead_never_write_a_block_the_body_released() -> No
     async with MemoryManager(sim, headroom=0.0) as mgr:
         solver = object()
         mgr.register(solver)
-        x = mgr.create_host_array(shape, np.float32, "pinned")
+        x = mgr.host.array(shape, np.float32, "pinned")
         x[...] = 7
         response = await mgr.request(solver, walk_requests({"x": ArrayRequest(shape, np.float32, chunk_axis=0)}, 3))
         assert response.chunks == 6
@@ -168,7 +168,7 @@ async def test_set_allocator_during_an_overlapped_walk_leaves_no_copy_behind() -
                 async for chunk in walk_chunks(response, inputs={"x": x}, outputs={"y": y}, depth=2):
                     chunk.device["y"][...] = chunk.device["x"]
                     if chunk.index == 3:
-                        mgr.set_allocator("cupy")
+                        mgr.pool.set_allocator("cupy")
         returned = time.perf_counter()
         assert mgr.stats().pinned.in_use == 0
         await anyio.sleep(0.2)  # anything still queued would run now
@@ -192,7 +192,7 @@ def _host(rng: random.Random, mgr: MemoryManager, shape: tuple[int, ...], dtype:
     """A zeroed host array of ``shape`` laid out as ``layout``, over pinned or pageable memory."""
 
     def make(base: tuple[int, ...]) -> Any:
-        return mgr.create_host_array(base, dtype, "pinned") if pinned else np.zeros(base, dtype)
+        return mgr.host.array(base, dtype, "pinned") if pinned else np.zeros(base, dtype)
 
     if layout == "fortran":
         return make(shape[::-1]).T

@@ -192,7 +192,7 @@ class RmmResource(CudaResource):
             handlers.append(self._handler)
 
     def share_with(self, libraries: Sequence[str], limit: int | None = None) -> None:
-        """Route ``libraries``' own allocations to the device's RMM resource (see ``MemoryManager.share_pool``).
+        """Route ``libraries``' own allocations to the device's RMM resource (see ``PoolView.share``).
 
         ``limit``: RMM's ``LimitingResourceAdaptor`` between the other libraries and the pool (set once).
 
@@ -206,7 +206,7 @@ class RmmResource(CudaResource):
         for library in libraries:
             if library not in LIBRARIES:
                 raise ConfigurationError(
-                    f"cannot share the pool with {library!r}: share_pool knows {', '.join(map(repr, LIBRARIES))}"
+                    f"cannot share the pool with {library!r}: mgr.pool.share knows {', '.join(map(repr, LIBRARIES))}"
                 )
         with self._device.activate():
             if limit is not None:
@@ -319,7 +319,7 @@ def _share_torch(resource: RmmResource) -> None:
         torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
     except RuntimeError as exc:
         raise ConfigurationError(
-            f"torch cannot draw from the pool now ({exc}): share_pool('torch') must come before torch's first "
+            f"torch cannot draw from the pool now ({exc}): mgr.pool.share('torch') must come before torch's first "
             "CUDA allocation (torch swaps its allocator only before it has allocated)"
         ) from exc
 

@@ -29,14 +29,14 @@ __all__ = ["SimArrays", "SimCupyArray", "cuda_array_interface", "host_data", "in
 _IMPLICIT = (
     "Implicit conversion to a NumPy array is not allowed. Please use `.get()` to construct a NumPy array "
     "explicitly."  # CuPy's own message
-    " (or await mgr.from_device(instance, [device_array], [numpy_array]), or a walk's outputs)"
+    " (or await mgr.host.from_device(instance, [device_array], [numpy_array]), or a walk's outputs)"
 )
 
 
 #: What to do when numpy meets a device array (appended to CuPy's own messages).
 _TO_DEVICE = (
     ": a numpy array does not mix with a device array (on a GPU it is in host memory); copy it to the "
-    "device first: device_array.set(numpy_array), await mgr.to_device(instance, [numpy_array], "
+    "device first: device_array.set(numpy_array), await mgr.host.to_device(instance, [numpy_array], "
     "[device_array]), or a walk (walk_chunks)"
 )
 

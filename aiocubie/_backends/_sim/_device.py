@@ -253,7 +253,7 @@ class SimDevice(Device):
         """
         if not isinstance(stream, SimStream):
             raise InvalidRequestError(
-                f"launch needs a simulator stream (mgr.get_stream(instance), sim.device.create_stream()), "
+                f"launch needs a simulator stream (mgr.groups.stream(instance), sim.device.create_stream()), "
                 f"got {shown(stream)}"
             )
         if work is not None and not callable(work):
@@ -355,7 +355,7 @@ class SimDevice(Device):
             raise BackendError(
                 f"the simulated device is unusable: {self.sticky}. On a GPU that corrupts memory the pool had "
                 "handed on; release a response only once the work queued on its arrays (a walk's copies "
-                "included) is done. A context reset (mgr.invalidate_all()) clears it"
+                "included) is done. A context reset (mgr.pool.invalidate_all()) clears it"
             )
 
     def _stick(self, what: str) -> None:
@@ -442,7 +442,7 @@ class SimDevice(Device):
         self.resets += 1
         self.sticky = None
         self.state.clear()
-        self._close_streams("by a context reset: call mgr.reinit_streams()")
+        self._close_streams("by a context reset: call mgr.groups.reinit_streams()")
 
     def close(self) -> None:
         self._close_streams(

@@ -328,7 +328,7 @@ class SimShared(ResourceAdaptor):
         for library in libraries:
             if library not in ("cupy", "numba", "torch"):
                 raise ConfigurationError(
-                    f"cannot share the pool with {library!r}: share_pool knows 'cupy', 'numba', 'torch'"
+                    f"cannot share the pool with {library!r}: mgr.pool.share knows 'cupy', 'numba', 'torch'"
                 )
         if limit is not None:
             if self.limit is not None and self.limit != limit:
