@@ -7,126 +7,64 @@ allocated on the group's stream, and resolved when the device is done.
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+
 from ._backends import (
-    ALLOCATORS,
     Backend,
-    Engines,
     Event,
-    Faults,
-    MemoryInfo,
-    PoolFacts,
-    SimulatorBackend,
-    TimelineEntry,
     create_backend,
     current_cupy_stream,
     device_count,
     gpu_status,
     select_backend,
 )
-from ._budget import MIN_AUTO_POOL, LimitMode
+from ._budget import LimitMode
 from ._devices import DeviceSet
-from ._errors import (
-    AiocubieError,
-    AiocubieWarning,
-    AllocationError,
-    BackendError,
-    BudgetError,
-    ConfigurationError,
-    ContextResetError,
-    InsufficientMemoryError,
-    InvalidRequestError,
-    ManagerStateError,
-    OutOfMemoryError,
-    PlanningError,
-    RegistrationError,
-    ReleasedError,
-    RunLengthMismatchError,
-    UnchunkableTooLargeError,
-    UnknownAllocatorError,
-)
-from ._history import EventKind, History, HistoryEvent
+from ._grouping import GroupsView
+from ._limits import BudgetView
 from ._manager import MemoryManager, PendingRequest, default_manager
 from ._options import Options, Policy
-from ._planner import ChunkPlan, offered_bytes, plan_batch
-from ._plot import render as render_history
-from ._recorder import Recorder
+from ._pool import PoolView
 from ._requests import ArrayRequest, ArrayResponse, MemoryKind
-from ._stats import (
-    GroupStatistics,
-    ManagerStatistics,
-    MemberStatistics,
-    Percentiles,
-    PinnedStats,
-    RecoveryStats,
-    Snapshot,
-    UsageStats,
-)
-from ._walk import DEFAULT_DEPTH, Chunk, walk_batches, walk_chunks, walk_requests
+from ._transfers import HostView
+from ._walk import Chunk, walk_batches, walk_chunks, walk_requests
 
 __version__ = "0.2.0.dev0"
 
 __all__ = [
-    "ALLOCATORS",
-    "DEFAULT_DEPTH",
-    "MIN_AUTO_POOL",
-    "AiocubieError",
-    "AiocubieWarning",
-    "AllocationError",
     "ArrayRequest",
     "ArrayResponse",
     "Backend",
-    "BackendError",
-    "BudgetError",
+    "BudgetView",
     "Chunk",
-    "ChunkPlan",
-    "ConfigurationError",
-    "ContextResetError",
     "DeviceSet",
-    "Engines",
     "Event",
-    "EventKind",
-    "Faults",
-    "GroupStatistics",
-    "History",
-    "HistoryEvent",
-    "InsufficientMemoryError",
-    "InvalidRequestError",
+    "GroupsView",
+    "HostView",
     "LimitMode",
-    "ManagerStateError",
-    "ManagerStatistics",
-    "MemberStatistics",
-    "MemoryInfo",
     "MemoryKind",
     "MemoryManager",
     "Options",
-    "OutOfMemoryError",
     "PendingRequest",
-    "Percentiles",
-    "PinnedStats",
-    "PlanningError",
     "Policy",
-    "PoolFacts",
-    "Recorder",
-    "RecoveryStats",
-    "RegistrationError",
-    "ReleasedError",
-    "RunLengthMismatchError",
-    "SimulatorBackend",
-    "Snapshot",
-    "TimelineEntry",
-    "UnchunkableTooLargeError",
-    "UnknownAllocatorError",
-    "UsageStats",
+    "PoolView",
     "create_backend",
     "current_cupy_stream",
     "default_manager",
     "device_count",
     "gpu_status",
-    "offered_bytes",
-    "plan_batch",
-    "render_history",
     "select_backend",
     "walk_batches",
     "walk_chunks",
     "walk_requests",
 ]
+
+#: The sub-namespaces, imported on first use (``aiocubie.errors.BudgetError`` after ``import aiocubie``).
+_NAMESPACES = frozenset({"cubie", "dask", "errors", "mr", "planning", "simulator", "stats", "testing"})
+
+
+def __getattr__(name: str) -> ModuleType:
+    if name in _NAMESPACES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -42,7 +42,9 @@ class Recorder:
     Examples
     --------
     >>> import anyio
-    >>> from aiocubie import ArrayRequest, MemoryManager, Recorder, SimulatorBackend
+    >>> from aiocubie import ArrayRequest, MemoryManager
+    >>> from aiocubie.simulator import SimulatorBackend
+    >>> from aiocubie.stats import Recorder
     >>> async def main():
     ...     with SimulatorBackend(total=1 << 20) as sim:
     ...         async with MemoryManager(sim) as mgr, Recorder(mgr, interval=0.005) as recorder:

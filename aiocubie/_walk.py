@@ -172,7 +172,8 @@ async def walk_chunks(
 
     >>> import anyio
     >>> import numpy as np
-    >>> from aiocubie import ArrayRequest, MemoryManager, SimulatorBackend, walk_chunks, walk_requests
+    >>> from aiocubie import ArrayRequest, MemoryManager, walk_chunks, walk_requests
+    >>> from aiocubie.simulator import SimulatorBackend
     >>> x = np.arange(4096, dtype=np.float32).reshape(64, 64)
     >>> y = np.empty_like(x)
     >>> async def main():
@@ -314,7 +315,8 @@ async def walk_batches(
 
     >>> import anyio
     >>> import numpy as np
-    >>> from aiocubie import ArrayRequest, MemoryManager, SimulatorBackend, walk_batches
+    >>> from aiocubie import ArrayRequest, MemoryManager, walk_batches
+    >>> from aiocubie.simulator import SimulatorBackend
     >>> xs = [np.full((256,), b, np.float32) for b in range(8)]
     >>> ys = [np.empty_like(x) for x in xs]
     >>> async def main():

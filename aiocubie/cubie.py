@@ -29,8 +29,8 @@ import aiocubie
 
 __all__ = ["CUBIE_GRANULE", "CUBIE_HEADROOM", "CubieMemoryManager", "solve"]
 
-T = TypeVar("T")
-P = ParamSpec("P")
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
 
 #: cubie's CUDA simulator swaps module globals while a kernel runs: one simulated solve at a time.
 _SIMULATOR = threading.Lock()
@@ -40,7 +40,7 @@ CUBIE_HEADROOM = _cubie.CHUNK_HEADROOM_FRACTION
 #: cubie's allocation granule (``ALLOCATION_GRANULE_BYTES``), for a simulator that plans as cubie does.
 CUBIE_GRANULE = _cubie.ALLOCATION_GRANULE_BYTES
 #: Above this many times the free memory, a solve's batch draws a warning, as cubie's manager warns.
-OVERSUBSCRIPTION = 20
+_OVERSUBSCRIPTION = 20
 
 
 class _Loop:
@@ -80,7 +80,7 @@ class _Loop:
         loop._stop = functools.partial(_stop_thread, loop, started["stop"], thread)
         return loop
 
-    def call(self, fn: Callable[..., T], *args: Any) -> T:
+    def call(self, fn: Callable[..., _T], *args: Any) -> _T:
         """``fn(*args)`` on the loop thread (the aiocubie manager is not thread-safe)."""
         if threading.get_ident() == self.thread:
             return fn(*args)
@@ -89,7 +89,7 @@ class _Loop:
     def wait(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Await ``fn(*args)`` on the loop, from another thread."""
         if threading.get_ident() == self.thread:
-            raise aiocubie.ManagerStateError(
+            raise aiocubie.errors.ManagerStateError(
                 "a cubie solve on aiocubie's memory ran on the event loop's thread, which it would block: "
                 "await aiocubie.cubie.solve(solver, ...) (it runs the solve in a worker thread)"
             )
@@ -143,7 +143,7 @@ class CubieMemoryManager(_cubie.MemoryManager):  # type: ignore[misc]
 
     def __init__(self, manager: aiocubie.MemoryManager | None = None, **options: Any) -> None:
         if manager is not None and options:
-            raise aiocubie.ConfigurationError("pass a running manager or options for a new one, not both")
+            raise aiocubie.errors.ConfigurationError("pass a running manager or options for a new one, not both")
         self._loop: _Loop | None
         if manager is None:
             options.setdefault("headroom", CUBIE_HEADROOM)
@@ -151,7 +151,7 @@ class CubieMemoryManager(_cubie.MemoryManager):  # type: ignore[misc]
             manager = aiocubie.MemoryManager(**options)
             self._loop = _Loop.start(manager)
         elif not manager.running:
-            raise aiocubie.ManagerStateError(
+            raise aiocubie.errors.ManagerStateError(
                 "the aiocubie manager is not running: build the adapter inside `async with mgr:`"
             )
         else:
@@ -174,10 +174,10 @@ class CubieMemoryManager(_cubie.MemoryManager):  # type: ignore[misc]
         self._loop.close()
         self._loop = None
 
-    def _aio(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    def _aio(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """``fn(*args, **kwargs)`` (a method of ``self.aiocubie``, type-checked), on the manager's loop."""
         if self._loop is None:
-            raise aiocubie.ManagerStateError("this cubie memory manager is closed")
+            raise aiocubie.errors.ManagerStateError("this cubie memory manager is closed")
         return self._loop.call(functools.partial(fn, *args, **kwargs))
 
     def _instance(self, instance_id: int) -> Any:
@@ -312,7 +312,7 @@ class CubieMemoryManager(_cubie.MemoryManager):  # type: ignore[misc]
             if device:
                 batch[instance_id] = (self._instance(instance_id), _requests(device, partition))
         if self._loop is None:
-            raise aiocubie.ManagerStateError("this cubie memory manager is closed")
+            raise aiocubie.errors.ManagerStateError("this cubie memory manager is closed")
         responses, free = self._loop.wait(self._allocate, group, batch) if batch else ({}, 0)
         _warn_if_oversubscribed(batch, responses, free)
         if partition is not None:
@@ -355,7 +355,7 @@ class CubieMemoryManager(_cubie.MemoryManager):  # type: ignore[misc]
             task_status.started()  # the request is submitted before this task first waits
             try:
                 responses[instance_id] = await pending
-            except aiocubie.AiocubieError as exc:  # raised to the solver as it is, not in a group
+            except aiocubie.errors.AiocubieError as exc:  # raised to the solver as it is, not in a group
                 errors.append(exc)
 
         async with anyio.create_task_group() as tg:
@@ -415,12 +415,12 @@ def _warn_if_oversubscribed(
     """Warn, as cubie's manager does, when a planned batch asks for over 20x the memory that was free."""
     full = sum(request.nbytes for _, requests in batch.values() for request in requests.values())
     response = next(iter(responses.values()), None)
-    if response is not None and full > OVERSUBSCRIPTION * max(free, 1):
+    if response is not None and full > _OVERSUBSCRIPTION * max(free, 1):
         warnings.warn(
-            f"the solve's batch asks for {full} bytes, more than {OVERSUBSCRIPTION}x the {free} bytes free: "
+            f"the solve's batch asks for {full} bytes, more than {_OVERSUBSCRIPTION}x the {free} bytes free: "
             f"it is walked in {response.chunks} chunks of {response.chunk_length} runs (give the solver more "
             "memory, or solve fewer runs at a time)",
-            aiocubie.AiocubieWarning,
+            aiocubie.errors.AiocubieWarning,
             stacklevel=3,
         )
 
@@ -451,11 +451,11 @@ async def solve(solver: Any, *args: Any, **kwargs: Any) -> Any:
 
     Raises
     ------
-    aiocubie.ConfigurationError
+    aiocubie.errors.ConfigurationError
         If the solver's memory manager is not a CubieMemoryManager.
     """
     if not isinstance(getattr(solver, "memory_manager", None), CubieMemoryManager):
-        raise aiocubie.ConfigurationError(
+        raise aiocubie.errors.ConfigurationError(
             "the solver's memory manager is not aiocubie's: build it with "
             "memory_manager=aiocubie.cubie.CubieMemoryManager(mgr) inside `async with mgr:`"
         )
@@ -465,6 +465,6 @@ async def solve(solver: Any, *args: Any, **kwargs: Any) -> Any:
     return await anyio.to_thread.run_sync(run)
 
 
-def _one_at_a_time(run: Callable[[], T]) -> T:
+def _one_at_a_time(run: Callable[[], _T]) -> _T:
     with _SIMULATOR:
         return run()

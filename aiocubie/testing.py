@@ -10,9 +10,9 @@ Fixtures
 aiocubie_config
     The settings of this test: defaults, updated by ``@pytest.mark.aiocubie(...)``.
 aiocubie_simulator
-    A :class:`~aiocubie.SimulatorBackend` built from ``aiocubie_config``.
+    A :class:`~aiocubie.simulator.SimulatorBackend` built from ``aiocubie_config``.
 aiocubie_faults
-    Its :class:`~aiocubie.Faults`: ``aiocubie_faults.inject("allocate", after=1)``.
+    Its :class:`~aiocubie.simulator.Faults`: ``aiocubie_faults.inject("allocate", after=1)``.
 aiocubie_manager
     A running :class:`~aiocubie.MemoryManager` on ``aiocubie_simulator``, for tests run by
     anyio's plugin (``@pytest.mark.anyio``, asyncio or trio).

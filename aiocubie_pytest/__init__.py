@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from aiocubie import Faults, MemoryManager, SimulatorBackend
+    from aiocubie import MemoryManager
+    from aiocubie.simulator import Faults, SimulatorBackend
 
 __all__ = [
     "DEFAULTS",
@@ -61,7 +62,7 @@ def _split(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _simulator(options: dict[str, Any]) -> SimulatorBackend:
-    from aiocubie import SimulatorBackend  # here, not at import: see the module's docstring
+    from aiocubie.simulator import SimulatorBackend  # here, not at import: see the module's docstring
 
     return SimulatorBackend(**options)
 

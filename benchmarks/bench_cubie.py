@@ -33,7 +33,7 @@ def main() -> None:
     rng = np.random.default_rng(25)
     inits, params = rng.uniform(0.5, 2.0, (2, args.runs)), rng.uniform(1.0, 3.0, (1, args.runs))
     settings = {"duration": 1.0, "dt": 0.001 if BACKEND == "cuda" else 0.05, "save_every": 0.1}
-    mm = CubieMemoryManager(backend="cuda" if BACKEND == "cuda" else aiocubie.SimulatorBackend(total=1 << 30))
+    mm = CubieMemoryManager(backend="cuda" if BACKEND == "cuda" else aiocubie.simulator.SimulatorBackend(total=1 << 30))
     solvers = {
         "cubie": Solver(system, algorithm="euler"),
         "aiocubie": Solver(system, algorithm="euler", memory_manager=mm),

@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 
 import aiocubie
-from aiocubie import ArrayRequest, DeviceSet, Engines, MemoryManager, SimulatorBackend, walk_chunks, walk_requests
+from aiocubie import ArrayRequest, DeviceSet, MemoryManager, walk_chunks, walk_requests
+from aiocubie.simulator import Engines, SimulatorBackend
 
 MiB = 1 << 20
 

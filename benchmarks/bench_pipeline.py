@@ -90,7 +90,7 @@ class SimKit:
     scale = 32  # data 8 MiB instead of 256
 
     def manager(self, budget: int, **options: Any) -> MemoryManager:
-        from aiocubie import SimulatorBackend
+        from aiocubie.simulator import SimulatorBackend
 
         return MemoryManager(SimulatorBackend(1 << 30), mode="active", headroom=0.0, **options)
 

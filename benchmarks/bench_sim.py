@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 from bench_common import MIB, RawPath, Step, allocate
 
-from aiocubie import MemoryKind, SimulatorBackend
+from aiocubie import MemoryKind
 from aiocubie._backends import Backend
+from aiocubie.simulator import SimulatorBackend
 
 F32 = np.dtype(np.float32)
 SHAPE = (MIB // 4,)
@@ -95,7 +96,7 @@ class SimWalkKit:
     bandwidth = 400e6  # bytes/s per copy engine
 
     def __init__(self) -> None:
-        from aiocubie import Engines
+        from aiocubie.simulator import Engines
 
         self.backend = SimulatorBackend(
             1 << 30, engines=Engines(h2d_bandwidth=self.bandwidth, d2h_bandwidth=self.bandwidth)

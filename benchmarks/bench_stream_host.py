@@ -45,8 +45,8 @@ class _Owner:
 
 
 def _backend(device: str) -> Any:
-    from aiocubie import SimulatorBackend
     from aiocubie._bench import InstantBackend
+    from aiocubie.simulator import SimulatorBackend
 
     if device == "simulator":
         return SimulatorBackend(1 << 30)

@@ -15,7 +15,8 @@ import anyio
 import numpy as np
 
 import aiocubie
-from aiocubie import ArrayRequest, MemoryManager, SimulatorBackend, walk_chunks
+from aiocubie import ArrayRequest, MemoryManager, walk_chunks
+from aiocubie.simulator import SimulatorBackend
 
 RUNS = 20_000
 

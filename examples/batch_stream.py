@@ -20,7 +20,8 @@ BACKEND, WHY = aiocubie.select_backend()
 import anyio  # noqa: E402
 import numpy as np  # noqa: E402
 
-from aiocubie import ArrayRequest, MemoryManager, SimulatorBackend, current_cupy_stream, walk_batches  # noqa: E402
+from aiocubie import ArrayRequest, MemoryManager, current_cupy_stream, walk_batches  # noqa: E402
+from aiocubie.simulator import SimulatorBackend  # noqa: E402
 
 K, BATCHES, SHAPE = 3, 24, (512, 256)  # batches in flight, batches, one batch's shape (512 KiB)
 

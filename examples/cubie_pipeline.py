@@ -23,8 +23,9 @@ except ImportError:
 import anyio  # noqa: E402
 import numpy as np  # noqa: E402
 
-from aiocubie import ArrayRequest, MemoryManager, SimulatorBackend  # noqa: E402
+from aiocubie import ArrayRequest, MemoryManager  # noqa: E402
 from aiocubie.cubie import CUBIE_HEADROOM, CubieMemoryManager, solve  # noqa: E402
+from aiocubie.simulator import SimulatorBackend  # noqa: E402
 
 RUNS = 120
 SETTINGS = {"duration": 0.1, "dt": 0.01, "save_every": 0.01}

@@ -19,7 +19,8 @@ import anyio.abc  # noqa: E402
 import numpy as np  # noqa: E402
 from numba import cuda  # noqa: E402
 
-from aiocubie import ArrayRequest, MemoryManager, SimulatorBackend, walk_chunks  # noqa: E402
+from aiocubie import ArrayRequest, MemoryManager, walk_chunks  # noqa: E402
+from aiocubie.simulator import SimulatorBackend  # noqa: E402
 
 BATCHES, RUNS, WIDTH = 4, 2_000, 3
 

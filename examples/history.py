@@ -19,7 +19,9 @@ from pathlib import Path
 import anyio
 import numpy as np
 
-from aiocubie import ArrayRequest, ArrayResponse, History, MemoryManager, SimulatorBackend, render_history, walk_chunks
+from aiocubie import ArrayRequest, ArrayResponse, MemoryManager, walk_chunks
+from aiocubie.simulator import SimulatorBackend
+from aiocubie.stats import History, render_history
 
 MiB = 1 << 20
 

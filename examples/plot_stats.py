@@ -13,7 +13,9 @@ import sys
 import anyio
 import numpy as np
 
-from aiocubie import ArrayRequest, MemoryManager, Recorder, SimulatorBackend, walk_chunks
+from aiocubie import ArrayRequest, MemoryManager, walk_chunks
+from aiocubie.simulator import SimulatorBackend
+from aiocubie.stats import Recorder
 
 
 class Stage:

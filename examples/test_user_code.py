@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aiocubie import AllocationError, ArrayRequest, MemoryManager, walk_chunks
+from aiocubie import ArrayRequest, MemoryManager, walk_chunks
+from aiocubie.errors import AllocationError
 
 
 class Smoother:

@@ -93,7 +93,9 @@ async def main() -> int:
         if args.backend == "cuda":
             backend: Any = aiocubie.create_backend("cuda", allocator=allocator)
         else:
-            backend = aiocubie.SimulatorBackend(1 << 30, allocator=None if allocator == "default" else allocator)
+            backend = aiocubie.simulator.SimulatorBackend(
+                1 << 30, allocator=None if allocator == "default" else allocator
+            )
         try:
             for groups, tasks in shapes:
                 for variant in variants:

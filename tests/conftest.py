@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from simkit import TOTAL
 
-from aiocubie import SimulatorBackend
+from aiocubie.simulator import SimulatorBackend
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -15,8 +15,10 @@ import anyio
 import numpy as np
 import pytest
 
-from aiocubie import AiocubieWarning, ArrayRequest, MemoryKind, MemoryManager, SimulatorBackend
+from aiocubie import ArrayRequest, MemoryKind, MemoryManager
 from aiocubie._backends import Backend, Block, MemoryResource
+from aiocubie.errors import AiocubieWarning
+from aiocubie.simulator import SimulatorBackend
 
 TOTAL = 1_000_000  # bytes of the simulated device
 
@@ -52,7 +54,7 @@ LOOPS = [
 WAITS_ON_ITSELF = "waits for memory its own requester"
 #: For a test that provokes that warning on purpose (the member's memory held by another of its
 #: tasks, released later) and checks something else: AiocubieWarnings are errors in the tests.
-ignore_waits_on_itself = pytest.mark.filterwarnings(f"ignore:.*{WAITS_ON_ITSELF}:aiocubie.AiocubieWarning")
+ignore_waits_on_itself = pytest.mark.filterwarnings(f"ignore:.*{WAITS_ON_ITSELF}:aiocubie.errors.AiocubieWarning")
 
 
 def warns_waits_on_itself() -> pytest.WarningsRecorder:

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from aiocubie import ArrayRequest, ArrayResponse, MemoryManager, SimulatorBackend
+from aiocubie import ArrayRequest, ArrayResponse, MemoryManager
+from aiocubie.simulator import SimulatorBackend
 
 TOTAL = 1_000_000
 HANG_GUARD = 10

@@ -7,8 +7,10 @@ import warnings
 
 import pytest
 
-from aiocubie import AiocubieWarning, SimulatorBackend, create_backend
+from aiocubie import create_backend
 from aiocubie._backends import _select
+from aiocubie.errors import AiocubieWarning
+from aiocubie.simulator import SimulatorBackend
 
 
 def test_auto_without_a_gpu_warns_once_and_explicit_simulator_never(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -31,7 +33,7 @@ def test_auto_without_a_gpu_warns_once_and_explicit_simulator_never(monkeypatch:
 def test_numba_arrays_without_numba_say_which_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
 
-    from aiocubie import ConfigurationError
+    from aiocubie.errors import ConfigurationError
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "numba" else real(name, *a))

@@ -12,14 +12,15 @@ import pytest
 from simkit import Part
 
 import aiocubie as ac
-from aiocubie import ArrayRequest, ConfigurationError, InvalidRequestError, MemoryManager, walk_requests
+from aiocubie import ArrayRequest, MemoryManager, walk_requests
+from aiocubie.errors import ConfigurationError, InvalidRequestError
 
 REQUEST = {"x": ArrayRequest((4, 3), np.float32)}
 
 
 def test_render_history_refuses_what_is_not_a_history(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match=r"render_history draws a History, got 5: pass mgr.history\(\)"):
-        ac.render_history(5, tmp_path / "h.html")  # type: ignore[arg-type]
+        ac.stats.render_history(5, tmp_path / "h.html")  # type: ignore[arg-type]
     assert not (tmp_path / "h.html").exists()
 
 
@@ -29,23 +30,23 @@ def test_history_load_names_the_file_the_event_and_the_value(tmp_path: Path) -> 
     path = tmp_path / "history.json"
     path.write_text(json.dumps(data))
     with pytest.raises(ConfigurationError) as caught:
-        ac.History.load(path)
+        ac.stats.History.load(path)
     message = str(caught.value)
     assert repr(str(path)) in message and "event 1 ('plan')" in message and "time='soon'" in message
 
 
 def test_history_load_refuses_non_paths_and_ill_typed_events(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="pass its path"):
-        ac.History.load(5)  # type: ignore[arg-type]
+        ac.stats.History.load(5)  # type: ignore[arg-type]
     good = {"kind": "plan", "time": 1.0, "group": "g", "nbytes": 8}
     data = {"format": 1, "wall_base": 0.0, "max_entries": 10, "dropped": 0, "events": [good]}
     path = tmp_path / "h.json"
     path.write_text(json.dumps(data))
-    assert ac.History.load(path).events[0].time == 1.0
+    assert ac.stats.History.load(path).events[0].time == 1.0
     for field, value in (("time", "soon"), ("time", float("nan")), ("nbytes", "8"), ("group", 3), ("chunks", 1.5)):
         path.write_text(json.dumps({**data, "events": [{**good, field: value}]}))
         with pytest.raises(ConfigurationError, match=field):
-            ac.History.load(path)
+            ac.stats.History.load(path)
 
 
 @pytest.mark.parametrize(
@@ -79,7 +80,7 @@ def test_walk_requests_refuses_labels_that_are_not_labels(labels: Any) -> None:
 
 @pytest.mark.parametrize("device", [1.0, True, "1"])
 def test_device_set_manager_takes_device_numbers_only(device: Any) -> None:
-    devices = ac.DeviceSet([0, 1], backend=lambda d: ac.SimulatorBackend(device=d, devices=2))
+    devices = ac.DeviceSet([0, 1], backend=lambda d: ac.simulator.SimulatorBackend(device=d, devices=2))
     try:
         with pytest.raises(ConfigurationError, match=f"device must be a device number .*got {device!r}"):
             devices.manager(device)

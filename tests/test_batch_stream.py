@@ -23,22 +23,13 @@ import anyio
 import numpy as np
 import pytest
 
-from aiocubie import (
-    ArrayRequest,
-    BackendError,
-    Engines,
-    InvalidRequestError,
-    MemoryManager,
-    ReleasedError,
-    SimulatorBackend,
-    walk_batches,
-    walk_chunks,
-    walk_requests,
-)
+from aiocubie import ArrayRequest, MemoryManager, walk_batches, walk_chunks, walk_requests
 from aiocubie._backends._sim import host_data
 from aiocubie._backends._sim._streams import SimEvent
 from aiocubie._bench import InstantBackend
 from aiocubie._completion import Loop
+from aiocubie.errors import BackendError, InvalidRequestError, ReleasedError
+from aiocubie.simulator import Engines, SimulatorBackend
 
 SHAPE = (8, 16)
 

@@ -120,9 +120,11 @@ def test_cuda_without_a_gpu_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "0")
     # private, on purpose: the driver probe is faked to play a machine without a GPU (none is public)
     monkeypatch.setattr(_select, "_driver_devices", lambda: (0, "no GPU in this test"))
-    with pytest.raises(aiocubie.ConfigurationError, match="backend 'cuda' is not usable here: no GPU in this test"):
+    with pytest.raises(
+        aiocubie.errors.ConfigurationError, match="backend 'cuda' is not usable here: no GPU in this test"
+    ):
         aiocubie.select_backend("cuda")
-    with pytest.raises(aiocubie.ConfigurationError, match="unknown backend 'gpu'"):
+    with pytest.raises(aiocubie.errors.ConfigurationError, match="unknown backend 'gpu'"):
         aiocubie.select_backend("gpu")
 
 

@@ -12,9 +12,11 @@ from collections.abc import Iterator
 import anyio
 import pytest
 
-from aiocubie import BackendError, Event, SimulatorBackend
+from aiocubie import Event
 from aiocubie._backends._sim import SimEvent
 from aiocubie._completion import running_loop, thread_safe_caller, wait_event
+from aiocubie.errors import BackendError
+from aiocubie.simulator import SimulatorBackend
 
 HANG_GUARD = 10  # seconds: only a hung test takes this long
 

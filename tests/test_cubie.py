@@ -75,7 +75,7 @@ def _solve(system: Any, manager: Any) -> tuple[tuple[int, int], dict[str, np.nda
 
 def _whole_bytes(system: Any) -> int:
     """What the batch asks aiocubie for, whole (read from a solve on a roomy device)."""
-    mm = CubieMemoryManager(backend=aiocubie.SimulatorBackend(total=10**8, granule=GRANULE))
+    mm = CubieMemoryManager(backend=aiocubie.simulator.SimulatorBackend(total=10**8, granule=GRANULE))
     try:
         _solve(system, mm)
         return mm.aiocubie.stats().groups["solver"].peak_bytes
@@ -91,7 +91,7 @@ def test_plans_and_results_match_cubies_own_manager(system: Any) -> None:
     plans = []
     for free in sizes:
         own_plan, own = _solve(system, _CubieWithFree(free))
-        mm = CubieMemoryManager(backend=aiocubie.SimulatorBackend(total=free, granule=GRANULE))
+        mm = CubieMemoryManager(backend=aiocubie.simulator.SimulatorBackend(total=free, granule=GRANULE))
         try:
             plan, ours = _solve(system, mm)
         finally:
@@ -112,7 +112,7 @@ def test_arrays_asked_for_again_keep_the_partition_their_peers_are_cut_to(system
     runs = []
     for manager in (
         _CubieWithFree(free),
-        CubieMemoryManager(backend=aiocubie.SimulatorBackend(total=free, granule=GRANULE)),
+        CubieMemoryManager(backend=aiocubie.simulator.SimulatorBackend(total=free, granule=GRANULE)),
     ):
         solver = Solver(system, algorithm="euler", memory_manager=manager)
         inits, params = _inputs()
@@ -130,7 +130,7 @@ def test_arrays_asked_for_again_keep_the_partition_their_peers_are_cut_to(system
 
 
 def test_a_solve_on_its_own_loop_thread_shares_stats_and_frees_everything(system: Any) -> None:
-    mm = CubieMemoryManager(backend=aiocubie.SimulatorBackend(total=10**8))
+    mm = CubieMemoryManager(backend=aiocubie.simulator.SimulatorBackend(total=10**8))
     assert mm.aiocubie.options.headroom == CUBIE_HEADROOM
     try:
         solver = Solver(system, algorithm="euler", memory_manager=mm, mem_proportion=0.4)
@@ -163,12 +163,12 @@ def test_a_solve_on_its_own_loop_thread_shares_stats_and_frees_everything(system
 def test_a_batch_that_cannot_fit_raises_aiocubies_error(system: Any) -> None:
     """Not even one run fits: the solve raises aiocubie's planning error itself (not in a group),
     with no oversubscription warning before it."""
-    mm = CubieMemoryManager(backend=aiocubie.SimulatorBackend(total=48))  # one run needs more
+    mm = CubieMemoryManager(backend=aiocubie.simulator.SimulatorBackend(total=48))  # one run needs more
     try:
         solver = Solver(system, algorithm="euler", memory_manager=mm)
         with warnings.catch_warnings():
-            warnings.simplefilter("error", aiocubie.AiocubieWarning)
-            with pytest.raises(aiocubie.PlanningError, match="offered"):
+            warnings.simplefilter("error", aiocubie.errors.AiocubieWarning)
+            with pytest.raises(aiocubie.errors.PlanningError, match="offered"):
                 solver.solve(*_inputs(), **SOLVE)
         assert mm.aiocubie.stats().groups["solver"].live_bytes == 0
         solver.close()
@@ -179,11 +179,11 @@ def test_a_batch_that_cannot_fit_raises_aiocubies_error(system: Any) -> None:
 def test_a_solve_over_20x_the_free_memory_is_warned_about_with_its_plan(system: Any) -> None:
     """As cubie's manager warns: a solve's batch planned in chunks over 20x the free memory says so."""
     whole = _whole_bytes(system)
-    mm = CubieMemoryManager(backend=aiocubie.SimulatorBackend(total=whole // 22, granule=0))
+    mm = CubieMemoryManager(backend=aiocubie.simulator.SimulatorBackend(total=whole // 22, granule=0))
     try:
         solver = Solver(system, algorithm="euler", memory_manager=mm)
         with pytest.warns(
-            aiocubie.AiocubieWarning, match=r"more than 20x the \d+ bytes free: it is walked in \d+ chunks"
+            aiocubie.errors.AiocubieWarning, match=r"more than 20x the \d+ bytes free: it is walked in \d+ chunks"
         ):
             solver.solve(*_inputs(), **SOLVE)
         assert solver.kernel.run_params.num_chunks > 20
@@ -199,7 +199,7 @@ async def test_an_awaited_solve_is_planned_against_what_a_loader_holds(system: A
     serving the loader while the solve runs in a worker thread."""
     whole = _whole_bytes(system)
     loader = object.__new__(type("Loader", (), {}))
-    async with aiocubie.MemoryManager(aiocubie.SimulatorBackend(total=whole * 4, granule=GRANULE)) as mgr:
+    async with aiocubie.MemoryManager(aiocubie.simulator.SimulatorBackend(total=whole * 4, granule=GRANULE)) as mgr:
         mgr.register(loader, stream_group="load")
         mm = CubieMemoryManager(mgr)
         solver = Solver(system, algorithm="euler", memory_manager=mm)
@@ -230,8 +230,8 @@ async def test_an_awaited_solve_is_planned_against_what_a_loader_holds(system: A
         after = await solve(solver, inits, params, **SOLVE)
         assert np.array_equal(after.state, alone.state) and mgr.stats().groups["solver"].live_bytes > 0
         solver.close()
-        with pytest.raises(aiocubie.ManagerStateError, match="worker thread"):
+        with pytest.raises(aiocubie.errors.ManagerStateError, match="worker thread"):
             solver2 = Solver(system, algorithm="euler", memory_manager=mm)
             solver2.solve(inits, params, **SOLVE)  # on the loop's thread: refused, not a deadlock
-        with pytest.raises(aiocubie.ConfigurationError, match="not aiocubie's"):
+        with pytest.raises(aiocubie.errors.ConfigurationError, match="not aiocubie's"):
             await solve(Solver(system, algorithm="euler"), inits, params, **SOLVE)

@@ -15,17 +15,16 @@ import numpy as np
 import pytest
 from simkit import HANG_GUARD
 
-from aiocubie import (
-    ArrayRequest,
+from aiocubie import ArrayRequest, MemoryManager
+from aiocubie.errors import (
     BudgetError,
     ConfigurationError,
     InsufficientMemoryError,
     InvalidRequestError,
-    MemoryManager,
     RegistrationError,
-    SimulatorBackend,
     UnchunkableTooLargeError,
 )
+from aiocubie.simulator import SimulatorBackend
 
 
 class Part:

@@ -18,8 +18,10 @@ pytest.importorskip("distributed")
 import anyio
 from distributed import Client, LocalCluster, Worker
 
-from aiocubie import AllocationError, ArrayRequest, ArrayResponse, ManagerStateError, MemoryManager, SimulatorBackend
+from aiocubie import ArrayRequest, ArrayResponse, MemoryManager
 from aiocubie.dask import PLUGIN_NAME, ManagerPlugin, get_manager
+from aiocubie.errors import AllocationError, ManagerStateError
+from aiocubie.simulator import SimulatorBackend
 
 MiB = 1 << 20
 #: What tasks keep between calls on one worker, keyed by the worker's address.
@@ -137,7 +139,7 @@ def get_worker_address() -> str:
 
 
 # the waiting task's component holds the first task's memory (in the worker's thread: no pytest.warns)
-@pytest.mark.filterwarnings("ignore:.*waits for memory its own requester:aiocubie.AiocubieWarning")
+@pytest.mark.filterwarnings("ignore:.*waits for memory its own requester:aiocubie.errors.AiocubieWarning")
 def test_a_task_cancelled_by_dask_withdraws_its_request() -> None:
     async def main() -> None:
         async with cluster(1, ManagerPlugin(backend="simulator", mode="active", policy="wait", batch_window=0)) as (

@@ -20,8 +20,10 @@ import pytest
 pytest.importorskip("distributed")
 from distributed import Client, LocalCluster, Worker
 
-from aiocubie import ArrayRequest, ConfigurationError, MemoryManager, SimulatorBackend
+from aiocubie import ArrayRequest, MemoryManager
 from aiocubie.dask import BUDGETS, PLUGIN_NAME, ManagerPlugin, get_manager
+from aiocubie.errors import ConfigurationError
+from aiocubie.simulator import SimulatorBackend
 
 MiB = 1 << 20
 

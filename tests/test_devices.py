@@ -11,19 +11,9 @@ import pytest
 from simkit import ByHand, ignore_waits_on_itself
 
 import aiocubie as ac
-from aiocubie import (
-    ArrayRequest,
-    BackendError,
-    ConfigurationError,
-    DeviceSet,
-    ManagerStateError,
-    MemoryKind,
-    MemoryManager,
-    RegistrationError,
-    SimulatorBackend,
-    create_backend,
-    device_count,
-)
+from aiocubie import ArrayRequest, DeviceSet, MemoryKind, MemoryManager, create_backend, device_count
+from aiocubie.errors import BackendError, ConfigurationError, ManagerStateError, RegistrationError
+from aiocubie.simulator import SimulatorBackend
 
 MiB = 1 << 20
 
@@ -227,7 +217,7 @@ def test_device_set_refuses_bad_arguments(call: Any, words: str) -> None:
 
 @pytest.mark.anyio
 async def test_device_set_register_refuses_unknown_options_and_float_devices() -> None:
-    async with ac.DeviceSet([0, 1], backend=lambda d: ac.SimulatorBackend(device=d, devices=2)) as devices:
+    async with ac.DeviceSet([0, 1], backend=lambda d: ac.simulator.SimulatorBackend(device=d, devices=2)) as devices:
         with pytest.raises(ConfigurationError, match="unknown option"):
             devices.register(Component(), colour="red")
         with pytest.raises(ConfigurationError, match="device must be a device number"):

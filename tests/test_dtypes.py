@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aiocubie import ArrayRequest, InvalidRequestError, MemoryManager
+from aiocubie import ArrayRequest, MemoryManager
+from aiocubie.errors import InvalidRequestError
 
 
 @pytest.mark.parametrize(

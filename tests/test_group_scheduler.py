@@ -15,13 +15,6 @@ import anyio
 import pytest
 from simkit import HANG_GUARD, Part, hold_stream, vec, wait_until, warns_waits_on_itself
 
-from aiocubie import (
-    ContextResetError,
-    InsufficientMemoryError,
-    ManagerStateError,
-    SimulatorBackend,
-    UnchunkableTooLargeError,
-)
 from aiocubie._accounting import DeviceAccount
 from aiocubie._completion import Loop
 from aiocubie._options import Options
@@ -31,6 +24,8 @@ from aiocubie._scheduler import GroupScheduler
 from aiocubie._stats import Telemetry
 from aiocubie._tickets import State, Ticket
 from aiocubie._waiting import WaitingLine
+from aiocubie.errors import ContextResetError, InsufficientMemoryError, ManagerStateError, UnchunkableTooLargeError
+from aiocubie.simulator import SimulatorBackend
 
 pytestmark = pytest.mark.anyio
 

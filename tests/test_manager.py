@@ -28,11 +28,11 @@ from simkit import (
 )
 
 import aiocubie as ac
-from aiocubie import (
+from aiocubie import ArrayRequest, ArrayResponse, MemoryManager
+from aiocubie._backends._sim import host_data
+from aiocubie.errors import (
     AiocubieWarning,
     AllocationError,
-    ArrayRequest,
-    ArrayResponse,
     BackendError,
     BudgetError,
     ConfigurationError,
@@ -40,13 +40,11 @@ from aiocubie import (
     InsufficientMemoryError,
     InvalidRequestError,
     ManagerStateError,
-    MemoryManager,
     RegistrationError,
     ReleasedError,
-    SimulatorBackend,
     UnknownAllocatorError,
 )
-from aiocubie._backends._sim import host_data
+from aiocubie.simulator import SimulatorBackend
 
 MiB = 1 << 20
 
@@ -237,7 +235,7 @@ async def test_an_auto_pool_left_short_with_no_member_says_what_it_means() -> No
     async with ac.MemoryManager("simulator") as mgr:
         first, second = Part(), Part()  # held: a collected component leaves its share
         mgr.register(first, proportion=0.5)
-        with pytest.warns(ac.AiocubieWarning, match="allowed while no member is in the auto pool"):
+        with pytest.warns(ac.errors.AiocubieWarning, match="allowed while no member is in the auto pool"):
             mgr.register(second, proportion=0.5)
 
 

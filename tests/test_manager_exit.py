@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from simkit import Part
 
-from aiocubie import ArrayRequest, BackendError, ManagerStateError, MemoryManager, ReleasedError
+from aiocubie import ArrayRequest, MemoryManager
+from aiocubie.errors import BackendError, ManagerStateError, ReleasedError
 
 
 @pytest.mark.anyio

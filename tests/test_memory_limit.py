@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aiocubie import ArrayRequest, MemoryManager, PlanningError, SimulatorBackend
+from aiocubie import ArrayRequest, MemoryManager
+from aiocubie.errors import PlanningError
+from aiocubie.simulator import SimulatorBackend
 
 KiB, MiB = 1 << 10, 1 << 20
 

@@ -15,23 +15,15 @@ import pytest
 from simkit import TOTAL, ByHand, Part, vec
 
 import aiocubie as ac
-from aiocubie import (
-    AiocubieWarning,
-    ArrayRequest,
-    ConfigurationError,
-    EventKind,
-    History,
-    LimitMode,
-    MemoryKind,
-    MemoryManager,
-    SimulatorBackend,
-    UnknownAllocatorError,
-)
+from aiocubie import ArrayRequest, LimitMode, MemoryKind, MemoryManager
 from aiocubie._cli import main as cli
 from aiocubie._history import HistoryRecorder
 from aiocubie._ledger import Allocation, Ledger
 from aiocubie._planner import ChunkPlan
 from aiocubie._plot import render, to_html
+from aiocubie.errors import AiocubieWarning, ConfigurationError, UnknownAllocatorError
+from aiocubie.simulator import SimulatorBackend
+from aiocubie.stats import EventKind, History
 
 pytestmark = pytest.mark.anyio
 
@@ -413,7 +405,7 @@ def test_recorder_works_out_live_bytes_across_moves_resets_and_reused_keys() -> 
 async def test_statistics_is_a_frozen_view_of_requests_members_and_arrays() -> None:
     import attrs
 
-    from aiocubie import GroupStatistics, MemberStatistics
+    from aiocubie.stats import GroupStatistics, MemberStatistics
 
     sim = SimulatorBackend(total=TOTAL)
     mgr = MemoryManager(sim, batch_window=60)  # a batch waits for every member of its group

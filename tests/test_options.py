@@ -7,7 +7,9 @@ import math
 import pytest
 from simkit import needs_numba
 
-from aiocubie import ConfigurationError, LimitMode, MemoryManager, Options, Policy, SimulatorBackend
+from aiocubie import LimitMode, MemoryManager, Options, Policy
+from aiocubie.errors import ConfigurationError
+from aiocubie.simulator import SimulatorBackend
 
 
 def test_defaults() -> None:

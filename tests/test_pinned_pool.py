@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from simkit import LOOPS, xy_requests
 
-from aiocubie import MemoryManager, SimulatorBackend, walk_chunks
+from aiocubie import MemoryManager, walk_chunks
 from aiocubie._backends import PinnedPool
+from aiocubie.simulator import SimulatorBackend
 
 MiB = 1 << 20
 

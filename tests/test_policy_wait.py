@@ -15,8 +15,10 @@ import anyio.abc
 import pytest
 from simkit import HANG_GUARD, TOTAL, Part, assert_all_released, vec, wait_until
 
-from aiocubie import ArrayResponse, MemoryManager, SimulatorBackend, UnchunkableTooLargeError
+from aiocubie import ArrayResponse, MemoryManager
 from aiocubie._waiting import WaitingLine
+from aiocubie.errors import UnchunkableTooLargeError
+from aiocubie.simulator import SimulatorBackend
 
 KB = 1000
 
@@ -226,7 +228,7 @@ def test_a_warning_from_a_batch_the_group_task_closed_points_at_the_programs_lin
         "import anyio, numpy as np\n"
         "import aiocubie as ac\n"
         "async def main():\n"
-        "    async with ac.MemoryManager(ac.SimulatorBackend(1 << 20), batch_window=0.01, policy='wait') as mgr:\n"
+        "    async with ac.MemoryManager(ac.simulator.SimulatorBackend(1 << 20), batch_window=0.01, policy='wait') as mgr:\n"
         "        a, b = type('A', (), {})(), type('B', (), {})()\n"
         "        mgr.register(a); mgr.register(b)\n"
         "        held = await mgr.request(a, {'x': ac.ArrayRequest((700_000,), np.uint8, unchunkable=True)})\n"
@@ -240,7 +242,7 @@ def test_a_warning_from_a_batch_the_group_task_closed_points_at_the_programs_lin
         "with warnings.catch_warnings(record=True) as caught:\n"
         "    warnings.simplefilter('always')\n"
         "    anyio.run(main)  # line 18\n"
-        "print(*{(w.filename, w.lineno) for w in caught if issubclass(w.category, ac.AiocubieWarning)})\n"
+        "print(*{(w.filename, w.lineno) for w in caught if issubclass(w.category, ac.errors.AiocubieWarning)})\n"
     )
     import subprocess
     import sys

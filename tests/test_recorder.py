@@ -6,7 +6,10 @@ import anyio
 import numpy as np
 import pytest
 
-from aiocubie import ArrayRequest, ConfigurationError, MemoryManager, Recorder, SimulatorBackend
+from aiocubie import ArrayRequest, MemoryManager
+from aiocubie.errors import ConfigurationError
+from aiocubie.simulator import SimulatorBackend
+from aiocubie.stats import Recorder
 
 
 @pytest.mark.anyio

@@ -16,16 +16,10 @@ import numpy as np
 import pytest
 from simkit import TOTAL, Part, vec
 
-from aiocubie import (
-    ArrayResponse,
-    ConfigurationError,
-    EventKind,
-    History,
-    MemoryManager,
-    OutOfMemoryError,
-    RegistrationError,
-    SimulatorBackend,
-)
+from aiocubie import ArrayResponse, MemoryManager
+from aiocubie.errors import ConfigurationError, OutOfMemoryError, RegistrationError
+from aiocubie.simulator import SimulatorBackend
+from aiocubie.stats import EventKind, History
 
 pytestmark = pytest.mark.anyio
 

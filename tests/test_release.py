@@ -12,15 +12,9 @@ import numpy as np
 import pytest
 from simkit import LOOPS, Part, needs_numba, xy_requests
 
-from aiocubie import (
-    ArrayRequest,
-    InvalidRequestError,
-    MemoryManager,
-    ReleasedError,
-    SimulatorBackend,
-    walk_batches,
-    walk_chunks,
-)
+from aiocubie import ArrayRequest, MemoryManager, walk_batches, walk_chunks
+from aiocubie.errors import InvalidRequestError, ReleasedError
+from aiocubie.simulator import SimulatorBackend
 
 MiB = 1 << 20
 

@@ -17,19 +17,17 @@ import anyio
 import numpy as np
 import pytest
 
-from aiocubie import (
+from aiocubie import ArrayRequest, MemoryKind, MemoryManager
+from aiocubie.errors import (
     AiocubieWarning,
-    ArrayRequest,
     ConfigurationError,
     InsufficientMemoryError,
     ManagerStateError,
-    MemoryKind,
-    MemoryManager,
     OutOfMemoryError,
     RegistrationError,
-    SimulatorBackend,
     UnknownAllocatorError,
 )
+from aiocubie.simulator import SimulatorBackend
 
 pytestmark = pytest.mark.anyio
 

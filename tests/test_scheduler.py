@@ -13,17 +13,15 @@ import anyio
 import pytest
 from simkit import HANG_GUARD, TOTAL, Part, assert_all_released, hold_stream, vec, wait_until, warns_waits_on_itself
 
-from aiocubie import (
+from aiocubie import ArrayRequest, ArrayResponse, MemoryManager
+from aiocubie.errors import (
     AllocationError,
-    ArrayRequest,
-    ArrayResponse,
     BackendError,
     InsufficientMemoryError,
-    MemoryManager,
     RunLengthMismatchError,
-    SimulatorBackend,
     UnchunkableTooLargeError,
 )
+from aiocubie.simulator import SimulatorBackend
 
 HEADROOM = 0.05  # the manager's default
 LONG_WINDOW = 10.0  # a batch window no passing test waits out

@@ -18,18 +18,17 @@ import numpy as np
 import pytest
 from simkit import LOOPS, ByHand
 
-from aiocubie import (
+from aiocubie import MemoryKind
+from aiocubie._backends._sim import host_data
+from aiocubie.errors import (
     AllocationError,
     BackendError,
     ConfigurationError,
-    Engines,
     InvalidRequestError,
-    MemoryKind,
     ReleasedError,
-    SimulatorBackend,
     UnknownAllocatorError,
 )
-from aiocubie._backends._sim import host_data
+from aiocubie.simulator import Engines, SimulatorBackend
 
 F8 = np.dtype("float64")
 TOTAL = 1 << 20

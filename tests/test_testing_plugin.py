@@ -38,7 +38,8 @@ def test_anyio_manager_fixture_on_asyncio_and_trio(pytester: pytest.Pytester) ->
         """
 import numpy as np
 import pytest
-from aiocubie import ArrayRequest, MemoryManager, SimulatorBackend
+from aiocubie import ArrayRequest, MemoryManager
+from aiocubie.simulator import SimulatorBackend
 
 
 @pytest.mark.anyio
@@ -76,7 +77,8 @@ def test_faults_fixture_reaches_the_manager(pytester: pytest.Pytester) -> None:
         """
 import numpy as np
 import pytest
-from aiocubie import AllocationError, ArrayRequest
+from aiocubie import ArrayRequest
+from aiocubie.errors import AllocationError
 
 
 @pytest.mark.anyio
@@ -103,7 +105,8 @@ def test_factory_under_pytest_asyncio_and_anyio(pytester: pytest.Pytester) -> No
         """
 import numpy as np
 import pytest
-from aiocubie import ArrayRequest, InsufficientMemoryError
+from aiocubie import ArrayRequest
+from aiocubie.errors import InsufficientMemoryError
 
 
 @pytest.mark.asyncio
@@ -283,7 +286,8 @@ def test_a_hand_written_pytest_asyncio_fixture_works_as_the_docstring_says(pytes
 import numpy as np
 import pytest
 import pytest_asyncio
-from aiocubie import ArrayRequest, MemoryManager, SimulatorBackend
+from aiocubie import ArrayRequest, MemoryManager
+from aiocubie.simulator import SimulatorBackend
 
 SIM = SimulatorBackend(1 << 20)
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from aiocubie import AllocationError, ArrayResponse
+from aiocubie import ArrayResponse
 from aiocubie._requests import RequestSet
 from aiocubie._stats import Counters
 from aiocubie._tickets import State, Ticket
+from aiocubie.errors import AllocationError
 
 
 def ticket() -> Ticket:

@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 from simkit import TOTAL, Part, vec
 
-from aiocubie import InvalidRequestError, ManagerStateError, MemoryManager, SimulatorBackend
+from aiocubie import MemoryManager
 from aiocubie._backends._sim import SimCupyArray
+from aiocubie.errors import InvalidRequestError, ManagerStateError
+from aiocubie.simulator import SimulatorBackend
 
 
 def test_a_plain_with_says_to_write_async_with(sim: SimulatorBackend) -> None:

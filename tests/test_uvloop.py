@@ -10,7 +10,8 @@ import anyio
 import numpy as np
 import pytest
 
-from aiocubie import ArrayRequest, MemoryManager, SimulatorBackend
+from aiocubie import ArrayRequest, MemoryManager
+from aiocubie.simulator import SimulatorBackend
 
 pytest.importorskip("uvloop")
 pytestmark = pytest.mark.anyio

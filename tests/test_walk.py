@@ -15,7 +15,9 @@ import attrs
 import numpy as np
 import pytest
 
-from aiocubie import ArrayRequest, Chunk, InvalidRequestError, MemoryManager, SimulatorBackend, walk_chunks
+from aiocubie import ArrayRequest, Chunk, MemoryManager, walk_chunks
+from aiocubie.errors import InvalidRequestError
+from aiocubie.simulator import SimulatorBackend
 
 RUNS = 7
 SHAPES = {0: (RUNS, 3), 1: (2, RUNS, 3), -1: (2, 3, RUNS)}

@@ -19,20 +19,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from simkit import needs_numba
 
-from aiocubie import (
-    AiocubieError,
-    ArrayRequest,
-    BackendError,
-    Engines,
-    InvalidRequestError,
-    MemoryManager,
-    SimulatorBackend,
-    plan_batch,
-    walk_chunks,
-    walk_requests,
-)
+from aiocubie import ArrayRequest, MemoryManager, walk_chunks, walk_requests
 from aiocubie._backends._sim import host_data
 from aiocubie._planner import plan_chunks
+from aiocubie.errors import AiocubieError, BackendError, InvalidRequestError
+from aiocubie.planning import plan_batch
+from aiocubie.simulator import Engines, SimulatorBackend
 
 RUNS = 11
 SHAPES = {0: (RUNS, 3), 1: (2, RUNS, 3), -1: (2, 3, RUNS)}

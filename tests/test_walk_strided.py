@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aiocubie import ArrayRequest, MemoryManager, SimulatorBackend, walk_chunks, walk_requests
+from aiocubie import ArrayRequest, MemoryManager, walk_chunks, walk_requests
+from aiocubie.simulator import SimulatorBackend
 
 RUNS = 11
 MAX_CHUNK = 3

@@ -14,7 +14,8 @@ import pytest
 from contractkit import CASES, GPU, Contract
 
 import aiocubie
-from aiocubie import ConfigurationError, UnknownAllocatorError, create_backend
+from aiocubie import create_backend
+from aiocubie.errors import ConfigurationError, UnknownAllocatorError
 
 if not GPU and "numba.cuda" not in sys.modules:
     aiocubie.select_backend("simulator")  # NUMBA_ENABLE_CUDASIM=1 for the user-code suite's numba kernels
@@ -26,7 +27,7 @@ def contract(request: pytest.FixtureRequest) -> Iterator[Contract]:
     kwargs = {"total": 256 << 20} if name == "simulator" else {}
     try:
         if name == "simulator":
-            backend = aiocubie.SimulatorBackend(allocator=resource, array_type=array_type, **kwargs)  # type: ignore[arg-type]
+            backend = aiocubie.simulator.SimulatorBackend(allocator=resource, array_type=array_type, **kwargs)  # type: ignore[arg-type]
         else:
             backend = create_backend(name, allocator=resource, array_type=array_type)
     except (ConfigurationError, UnknownAllocatorError) as exc:

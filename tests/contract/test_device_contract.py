@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 from contractkit import DEVICE_SIDE, HOST_SIDE, RESOURCES, Contract, to_numpy
 
-from aiocubie import ALLOCATORS, BackendError, InvalidRequestError, MemoryKind, UnknownAllocatorError
+from aiocubie import MemoryKind
 from aiocubie._backends import Device, StreamLike
+from aiocubie._options import ALLOCATORS
+from aiocubie.errors import BackendError, InvalidRequestError, UnknownAllocatorError
 
 rng = np.random.default_rng()
 

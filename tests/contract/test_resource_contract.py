@@ -12,17 +12,10 @@ import numpy as np
 import pytest
 from contractkit import HOST_SIDE, Contract, to_numpy
 
-from aiocubie import (
-    AllocationError,
-    BackendError,
-    ConfigurationError,
-    MemoryKind,
-    OutOfMemoryError,
-    ReleasedError,
-    create_backend,
-)
+from aiocubie import MemoryKind, create_backend
 from aiocubie._backends import ArrayMaker, Block, MemoryResource, parse_array_type
 from aiocubie._backends._sim import SimDevice
+from aiocubie.errors import AllocationError, BackendError, ConfigurationError, OutOfMemoryError, ReleasedError
 
 
 def test_the_bundle(contract: Contract) -> None:

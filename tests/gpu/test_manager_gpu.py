@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from gpukit import RESOURCES, require, to_host
 
-from aiocubie import ArrayRequest, MemoryManager, UnknownAllocatorError, walk_chunks
+from aiocubie import ArrayRequest, MemoryManager, walk_chunks
+from aiocubie.errors import UnknownAllocatorError
 
 pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
 

@@ -14,15 +14,8 @@ import numpy as np
 import pytest
 from gpukit import require
 
-from aiocubie import (
-    ArrayRequest,
-    ConfigurationError,
-    DeviceSet,
-    MemoryKind,
-    MemoryManager,
-    current_cupy_stream,
-    walk_chunks,
-)
+from aiocubie import ArrayRequest, DeviceSet, MemoryKind, MemoryManager, current_cupy_stream, walk_chunks
+from aiocubie.errors import ConfigurationError
 
 pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
 

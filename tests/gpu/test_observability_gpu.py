@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aiocubie import ArrayRequest, EventKind, History, MemoryManager, render_history
+from aiocubie import ArrayRequest, MemoryManager
+from aiocubie.stats import EventKind, History, render_history
 
 pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
 

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aiocubie import ArrayRequest, MemoryKind, MemoryManager, OutOfMemoryError
+from aiocubie import ArrayRequest, MemoryKind, MemoryManager
+from aiocubie.errors import OutOfMemoryError
 
 pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
 

@@ -12,7 +12,9 @@ import threading
 import anyio
 from simkit import LOOPS as LOOPS  # the loops every adversarial suite runs on (tests in tests/ use them too)
 
-from aiocubie import AiocubieError, ArrayRequest, MemoryManager, SimulatorBackend
+from aiocubie import ArrayRequest, MemoryManager
+from aiocubie.errors import AiocubieError
+from aiocubie.simulator import SimulatorBackend
 
 #: Full-size load and storms (``AIOCUBIE_SOAK=1``); CI runs a scaled-down version.
 SOAK = os.environ.get("AIOCUBIE_SOAK", "") not in ("", "0")

@@ -12,7 +12,8 @@ import _reliability
 import pytest
 from _reliability import assert_empty, settle
 
-from aiocubie import MemoryManager, SimulatorBackend
+from aiocubie import MemoryManager
+from aiocubie.simulator import SimulatorBackend
 
 Drained = Callable[..., Awaitable[None]]
 
@@ -23,9 +24,9 @@ Drained = Callable[..., Awaitable[None]]
 #: are errors elsewhere; tests/test_scheduler.py, test_wait_batches.py, test_planner.py and
 #: test_budget.py check these warnings themselves (pytest.warns).
 _ADVICE = (
-    "ignore:.*waits for memory its own requester:aiocubie.AiocubieWarning",
-    "ignore:.*more than 20x the .* free:aiocubie.AiocubieWarning",
-    "ignore:manual proportions would sum to:aiocubie.AiocubieWarning",
+    "ignore:.*waits for memory its own requester:aiocubie.errors.AiocubieWarning",
+    "ignore:.*more than 20x the .* free:aiocubie.errors.AiocubieWarning",
+    "ignore:manual proportions would sum to:aiocubie.errors.AiocubieWarning",
 )
 
 

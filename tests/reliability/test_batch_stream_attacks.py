@@ -19,21 +19,12 @@ import numpy as np
 import pytest
 from _reliability import LOOPS, SEEDS
 
-from aiocubie import (
-    AiocubieError,
-    ArrayRequest,
-    ContextResetError,
-    Engines,
-    MemoryManager,
-    PlanningError,
-    ReleasedError,
-    SimulatorBackend,
-    walk_chunks,
-    walk_requests,
-)
+from aiocubie import ArrayRequest, MemoryManager, walk_chunks, walk_requests
 from aiocubie._backends._sim import host_data
+from aiocubie.errors import AiocubieError, ContextResetError, PlanningError, ReleasedError
+from aiocubie.simulator import Engines, SimulatorBackend
 
-pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::aiocubie.AiocubieWarning")]
+pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::aiocubie.errors.AiocubieWarning")]
 
 ROW = 64  # float32 values a run
 

@@ -14,14 +14,9 @@ import anyio
 import pytest
 from _reliability import LOOPS, SEEDS, Component, outcome, pending, scale, settle
 
-from aiocubie import (
-    AiocubieError,
-    ArrayRequest,
-    ArrayResponse,
-    InsufficientMemoryError,
-    MemoryManager,
-    SimulatorBackend,
-)
+from aiocubie import ArrayRequest, ArrayResponse, MemoryManager
+from aiocubie.errors import AiocubieError, InsufficientMemoryError
+from aiocubie.simulator import SimulatorBackend
 
 pytestmark = pytest.mark.anyio
 

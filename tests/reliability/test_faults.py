@@ -14,16 +14,9 @@ import numpy as np
 import pytest
 from _reliability import Component, outcome, pending
 
-from aiocubie import (
-    AiocubieWarning,
-    AllocationError,
-    ArrayRequest,
-    ArrayResponse,
-    BackendError,
-    ContextResetError,
-    MemoryManager,
-    SimulatorBackend,
-)
+from aiocubie import ArrayRequest, ArrayResponse, MemoryManager
+from aiocubie.errors import AiocubieWarning, AllocationError, BackendError, ContextResetError
+from aiocubie.simulator import SimulatorBackend
 
 pytestmark = pytest.mark.anyio
 

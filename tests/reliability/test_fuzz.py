@@ -19,20 +19,12 @@ from _reliability import Component
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from aiocubie import (
-    AiocubieError,
-    ArrayRequest,
-    BudgetError,
-    ConfigurationError,
-    InvalidRequestError,
-    MemoryKind,
-    MemoryManager,
-    RegistrationError,
-    SimulatorBackend,
-)
+from aiocubie import ArrayRequest, MemoryKind, MemoryManager
 from aiocubie._errors import shown
+from aiocubie.errors import AiocubieError, BudgetError, ConfigurationError, InvalidRequestError, RegistrationError
+from aiocubie.simulator import SimulatorBackend
 
-pytestmark = pytest.mark.filterwarnings("ignore::aiocubie.AiocubieWarning")  # budgets near full warn
+pytestmark = pytest.mark.filterwarnings("ignore::aiocubie.errors.AiocubieWarning")  # budgets near full warn
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -22,26 +22,21 @@ import pytest
 from _reliability import SOAK, Component
 from simkit import ByHand
 
-from aiocubie import (
+from aiocubie import ArrayRequest, ArrayResponse, MemoryKind, MemoryManager, Options, walk_chunks
+from aiocubie._requests import check_requests
+from aiocubie.errors import (
     AiocubieError,
     AllocationError,
-    ArrayRequest,
-    ArrayResponse,
     BudgetError,
     ConfigurationError,
     InvalidRequestError,
-    MemoryKind,
-    MemoryManager,
-    Options,
     RegistrationError,
-    SimulatorBackend,
     UnknownAllocatorError,
-    walk_chunks,
 )
-from aiocubie._requests import check_requests
+from aiocubie.simulator import SimulatorBackend
 
 pytestmark = [
-    pytest.mark.filterwarnings("ignore::aiocubie.AiocubieWarning"),  # budgets near full warn
+    pytest.mark.filterwarnings("ignore::aiocubie.errors.AiocubieWarning"),  # budgets near full warn
     pytest.mark.filterwarnings("ignore:Data type alias:DeprecationWarning"),  # numpy's, for junk dtype text
 ]
 

@@ -13,7 +13,8 @@ import anyio
 import pytest
 from _reliability import Component, pending
 
-from aiocubie import ArrayRequest, MemoryManager, SimulatorBackend
+from aiocubie import ArrayRequest, MemoryManager
+from aiocubie.simulator import SimulatorBackend
 
 pytestmark = pytest.mark.anyio
 

@@ -12,7 +12,8 @@ import anyio
 import pytest
 from _reliability import Component, pending
 
-from aiocubie import ArrayRequest, ArrayResponse, ContextResetError, MemoryManager, gpu_status
+from aiocubie import ArrayRequest, ArrayResponse, MemoryManager, gpu_status
+from aiocubie.errors import ContextResetError
 
 USABLE, WHY = gpu_status()
 pytestmark = [pytest.mark.gpu, pytest.mark.anyio, pytest.mark.skipif(not USABLE, reason=f"no GPU: {WHY}")]

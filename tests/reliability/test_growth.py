@@ -16,8 +16,9 @@ import anyio
 import pytest
 from _reliability import LOOPS, SEEDS, Component, outcome, scale, sim_stream_threads
 
-from aiocubie import ArrayRequest, ArrayResponse, MemoryManager, SimulatorBackend
+from aiocubie import ArrayRequest, ArrayResponse, MemoryManager
 from aiocubie._stats import DEPARTED
+from aiocubie.simulator import SimulatorBackend
 
 pytestmark = pytest.mark.anyio
 

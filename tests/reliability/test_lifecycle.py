@@ -16,7 +16,9 @@ import pytest
 import trio
 from _reliability import LOOPS, SEEDS, Component, MiB, block, outcome, scale, sim_stream_threads
 
-from aiocubie import AiocubieError, ArrayResponse, ManagerStateError, MemoryManager, SimulatorBackend
+from aiocubie import ArrayResponse, MemoryManager
+from aiocubie.errors import AiocubieError, ManagerStateError
+from aiocubie.simulator import SimulatorBackend
 
 pytestmark = pytest.mark.anyio
 

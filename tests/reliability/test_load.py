@@ -14,7 +14,8 @@ import anyio
 import pytest
 from _reliability import SOAK, Component
 
-from aiocubie import ArrayRequest, ArrayResponse, MemoryManager, SimulatorBackend
+from aiocubie import ArrayRequest, ArrayResponse, MemoryManager
+from aiocubie.simulator import SimulatorBackend
 
 pytestmark = pytest.mark.anyio
 

@@ -17,7 +17,8 @@ import anyio
 import pytest
 from _reliability import LOOPS, SEEDS, Component, MiB, block, outcome, pending, scale, settle
 
-from aiocubie import ArrayRequest, ArrayResponse, MemoryManager, SimulatorBackend
+from aiocubie import ArrayRequest, ArrayResponse, MemoryManager
+from aiocubie.simulator import SimulatorBackend
 
 pytestmark = pytest.mark.anyio
 

@@ -13,14 +13,9 @@ import anyio
 import pytest
 from _reliability import LOOPS, Component, outcome
 
-from aiocubie import (
-    ArrayRequest,
-    ArrayResponse,
-    ManagerStateError,
-    MemoryManager,
-    RegistrationError,
-    SimulatorBackend,
-)
+from aiocubie import ArrayRequest, ArrayResponse, MemoryManager
+from aiocubie.errors import ManagerStateError, RegistrationError
+from aiocubie.simulator import SimulatorBackend
 
 pytestmark = pytest.mark.anyio
 

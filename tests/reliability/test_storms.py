@@ -14,7 +14,10 @@ import anyio
 import pytest
 from _reliability import SOAK, Component, pending, settle
 
-from aiocubie import AiocubieError, ArrayRequest, GroupStatistics, MemoryManager, SimulatorBackend
+from aiocubie import ArrayRequest, MemoryManager
+from aiocubie.errors import AiocubieError
+from aiocubie.simulator import SimulatorBackend
+from aiocubie.stats import GroupStatistics
 
 pytestmark = pytest.mark.anyio
 

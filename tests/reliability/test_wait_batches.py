@@ -12,7 +12,9 @@ import anyio
 import pytest
 from _reliability import LOOPS, Component, outcome
 
-from aiocubie import AiocubieWarning, ArrayRequest, ArrayResponse, MemoryManager, SimulatorBackend
+from aiocubie import ArrayRequest, ArrayResponse, MemoryManager
+from aiocubie.errors import AiocubieWarning
+from aiocubie.simulator import SimulatorBackend
 
 pytestmark = pytest.mark.anyio
 

@@ -25,16 +25,9 @@ from _reliability import LOOPS, SEEDS
 from simkit import xy_requests
 
 import aiocubie._backends._staging as staging
-from aiocubie import (
-    AiocubieError,
-    ArrayRequest,
-    Engines,
-    MemoryManager,
-    ReleasedError,
-    SimulatorBackend,
-    walk_chunks,
-    walk_requests,
-)
+from aiocubie import ArrayRequest, MemoryManager, walk_chunks, walk_requests
+from aiocubie.errors import AiocubieError, ReleasedError
+from aiocubie.simulator import Engines, SimulatorBackend
 
 MiB = 1 << 20
 

@@ -123,7 +123,7 @@ class SimulatorBackend(Backend):
             )
         engines = Engines() if engines is None else engines
         if not isinstance(engines, Engines):
-            raise ConfigurationError(f"engines must be an aiocubie.Engines, got {shown(engines)}")
+            raise ConfigurationError(f"engines must be an aiocubie.simulator.Engines, got {shown(engines)}")
         if not count(total, 1) or total > MAX_NBYTES:
             raise ConfigurationError(
                 f"total must be the device's memory in bytes, an int from 1 to 2**63 - 1 (e.g. 8 << 30), "

@@ -102,7 +102,7 @@ _POOLED = {"driver": False, "cupy": True, "cupy_async": True, "numba": False, "r
 
 
 class SimDevice(Device):
-    """A CPU model of one CUDA device (see :class:`~aiocubie.SimulatorBackend` for the parameters).
+    """A CPU model of one CUDA device (see :class:`~aiocubie.simulator.SimulatorBackend` for the parameters).
 
     Attributes
     ----------

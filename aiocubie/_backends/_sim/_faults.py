@@ -26,7 +26,7 @@ class Faults:
 
     Examples
     --------
-    >>> from aiocubie import SimulatorBackend
+    >>> from aiocubie.simulator import SimulatorBackend
     >>> sim = SimulatorBackend(total=1 << 20)
     >>> sim.faults.inject("allocate", after=2)      # the 3rd allocation from now fails once
     >>> sim.faults.inject("oom", times=2)           # the next 2 allocations find no room

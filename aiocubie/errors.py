@@ -1,0 +1,45 @@
+"""aiocubie's errors and its warning: one hierarchy, rooted in :class:`AiocubieError`.
+
+Every error says what was asked, what was available and what to do. Errors of cuda.core, CuPy,
+numba, RMM and the driver are mapped to these once, where the backend meets them.
+"""
+
+from ._errors import (
+    AiocubieError,
+    AiocubieWarning,
+    AllocationError,
+    BackendError,
+    BudgetError,
+    ConfigurationError,
+    ContextResetError,
+    InsufficientMemoryError,
+    InvalidRequestError,
+    ManagerStateError,
+    OutOfMemoryError,
+    PlanningError,
+    RegistrationError,
+    ReleasedError,
+    RunLengthMismatchError,
+    UnchunkableTooLargeError,
+    UnknownAllocatorError,
+)
+
+__all__ = [
+    "AiocubieError",
+    "AiocubieWarning",
+    "AllocationError",
+    "BackendError",
+    "BudgetError",
+    "ConfigurationError",
+    "ContextResetError",
+    "InsufficientMemoryError",
+    "InvalidRequestError",
+    "ManagerStateError",
+    "OutOfMemoryError",
+    "PlanningError",
+    "RegistrationError",
+    "ReleasedError",
+    "RunLengthMismatchError",
+    "UnchunkableTooLargeError",
+    "UnknownAllocatorError",
+]

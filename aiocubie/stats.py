@@ -1,0 +1,38 @@
+"""What a manager reports: statistics, snapshots over time, and the allocation history.
+
+``mgr.stats()`` returns a :class:`Snapshot`, ``mgr.statistics()`` a :class:`ManagerStatistics`,
+``mgr.pool.memory_info()`` a :class:`MemoryInfo` and ``mgr.history()`` a :class:`History`;
+:class:`Recorder` takes snapshots at an interval and :func:`render_history` draws a history.
+"""
+
+from ._backends import MemoryInfo
+from ._history import EventKind, History, HistoryEvent
+from ._plot import render as render_history
+from ._recorder import Recorder
+from ._stats import (
+    GroupStatistics,
+    ManagerStatistics,
+    MemberStatistics,
+    Percentiles,
+    PinnedStats,
+    RecoveryStats,
+    Snapshot,
+    UsageStats,
+)
+
+__all__ = [
+    "EventKind",
+    "GroupStatistics",
+    "History",
+    "HistoryEvent",
+    "ManagerStatistics",
+    "MemberStatistics",
+    "MemoryInfo",
+    "Percentiles",
+    "PinnedStats",
+    "Recorder",
+    "RecoveryStats",
+    "Snapshot",
+    "UsageStats",
+    "render_history",
+]

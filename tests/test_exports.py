@@ -1,0 +1,65 @@
+"""The public names: each exported from exactly one place, the top level and the manager kept small.
+
+As trio's ``test_exports.py`` does: every name a public module lists in ``__all__`` exists, every
+public name a module holds is listed, and no name is listed by two modules.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import types
+
+import pytest
+
+import aiocubie
+
+#: The public modules whose names are aiocubie's API (cubie and dask: behind their extras).
+NAMESPACES = ["aiocubie", "aiocubie.errors", "aiocubie.mr", "aiocubie.planning", "aiocubie.simulator", "aiocubie.stats"]
+EXTRAS = {"aiocubie.cubie": "cubie", "aiocubie.dask": "distributed"}
+
+
+def public_modules() -> list[types.ModuleType]:
+    names = [*NAMESPACES, *(name for name, needs in EXTRAS.items() if importlib.util.find_spec(needs))]
+    return [importlib.import_module(name) for name in names]
+
+
+@pytest.mark.parametrize("module", public_modules(), ids=lambda module: module.__name__)
+def test_every_listed_name_exists_and_every_public_name_is_listed(module: types.ModuleType) -> None:
+    listed = set(module.__all__)
+    assert len(listed) == len(module.__all__), f"{module.__name__}.__all__ lists a name twice"
+    missing = sorted(name for name in listed if not hasattr(module, name))
+    assert not missing, f"{module.__name__}.__all__ lists names it does not have: {missing}"
+    held = {
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_")
+        and not inspect.ismodule(value)
+        and name not in {"annotations", "TYPE_CHECKING"}
+        and getattr(value, "__module__", module.__name__).startswith("aiocubie")
+    }
+    assert held <= listed, f"{module.__name__} holds public names it does not list: {sorted(held - listed)}"
+
+
+def test_each_name_is_exported_from_exactly_one_place() -> None:
+    seen: dict[str, str] = {}
+    for module in public_modules():
+        for name in module.__all__:
+            assert name not in seen, f"{name} is exported from both {seen[name]} and {module.__name__}"
+            seen[name] = module.__name__
+
+
+def test_the_top_level_and_the_manager_stay_small() -> None:
+    assert len(aiocubie.__all__) <= 30
+    manager = aiocubie.MemoryManager(backend="simulator")
+    members = [name for name in dir(manager) if not name.startswith("_")]
+    assert len(members) <= 25, members
+    manager.close()
+
+
+@pytest.mark.parametrize("namespace", sorted(aiocubie._NAMESPACES - set(EXTRAS) - {"testing"}))
+def test_a_namespace_is_reached_from_the_package(namespace: str) -> None:
+    assert getattr(aiocubie, namespace) is importlib.import_module(f"aiocubie.{namespace}")
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        aiocubie.nothing  # noqa: B018
