@@ -1,6 +1,6 @@
 """The request entry: a request checked when it is made, submitted when it is awaited, or allocated now.
 
-Handed the registration, the device account, the stream groups, the release, the serving loop
+Handed the registration, the device account, the stream groups, a way to free the labels a request replaces, the serving loop
 and what to raise when the manager does not serve, it checks what a user asks for and hands it
 to the groups. It queues, plans and allocates nothing itself, and never reaches the manager.
 """
@@ -17,9 +17,7 @@ from ._accounting import DeviceAccount
 from ._completion import Loop
 from ._errors import InvalidRequestError, ManagerStateError, shown
 from ._groups import PendingRequest, StreamGroups
-from ._registration import Registration
-from ._registry import Member
-from ._release import Release
+from ._registry import Member, Members
 from ._requests import ArrayRequest, ArrayResponse, RequestSet, check_requests
 from ._serving import Serving
 
@@ -34,13 +32,13 @@ class RequestEntry:
 
     Parameters
     ----------
-    registration : Registration
+    registration : Members
         Finds the member of an instance.
     account : DeviceAccount
         Refuses an allocation from inside a reclaim hook.
     groups : StreamGroups
         Serves a request, or allocates it now.
-    release : Release
+    replace : callable
         Frees the arrays a replacing request replaces; a response's arrays.
     serving : Serving
         The loop a request is awaited in.
@@ -54,10 +52,10 @@ class RequestEntry:
 
     def __init__(
         self,
-        registration: Registration,
+        registration: Members,
         account: DeviceAccount,
         groups: StreamGroups,
-        release: Release,
+        replace: Callable[[Member, RequestSet], None],
         serving: Serving,
         refusal: Callable[[Loop | None], ManagerStateError],
         check_streams: Callable[[], None],
@@ -65,7 +63,7 @@ class RequestEntry:
         self._registration = registration
         self._account = account
         self._groups = groups
-        self._release = release
+        self._replace = replace
         self._serving = serving
         self._refusal = refusal
         self._check_streams = check_streams
@@ -127,7 +125,7 @@ class RequestEntry:
             raise self._refusal(loop)
         member = self._registration.current(instance, member)  # unregistered since request()?
         if replace:
-            self._release.replace(member, requests)
+            self._replace(member, requests)
         return self._groups.serve(member, requests, loop, ordered, holder)
 
     def allocate_all(self, instance: object, requests: Mapping[str, ArrayRequest], replace: bool) -> ArrayResponse:
@@ -137,7 +135,7 @@ class RequestEntry:
         checked = self._checked(requests)
         member = self._registration.member(instance)
         if _flag("replace", replace):
-            self._release.replace(member, checked)
+            self._replace(member, checked)
         return self._groups.allocate_now(member, checked)
 
 

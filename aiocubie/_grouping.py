@@ -13,8 +13,7 @@ from collections.abc import Awaitable, Callable
 from ._accounting import DeviceAccount
 from ._backends import StreamLike
 from ._groups import StreamGroups
-from ._registration import Registration
-from ._registry import Registry
+from ._registry import Members, Registry
 
 __all__ = ["GroupsView"]
 
@@ -28,7 +27,7 @@ class GroupsView:
     def __init__(
         self,
         registry: Registry,
-        registration: Registration,
+        registration: Members,
         groups: StreamGroups,
         account: DeviceAccount,
         running_stream_of: Callable[[object], StreamLike],

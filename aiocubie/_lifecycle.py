@@ -1,12 +1,13 @@
 """The lifecycle of a manager: entering ``async with``, closing when it ends, and closing for good.
 
 Handed the backend (closed here only if the manager made it), the serving holder, the registry,
-the registration, the stream groups and the release, it starts and stops serving in order and
+the registration, the stream groups and a way to free every array, it starts and stops serving in order and
 says why a request cannot be served now. It serves nothing itself and never reaches the manager.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -14,9 +15,7 @@ from ._backends import Backend
 from ._completion import Loop
 from ._errors import ManagerStateError
 from ._groups import StreamGroups
-from ._registration import Registration
-from ._registry import Registry
-from ._release import Release
+from ._registry import Members, Registry
 from ._serving import Serving
 
 __all__ = ["Lifecycle"]
@@ -37,11 +36,11 @@ class Lifecycle:
         The loop and task group; entered and exited here.
     registry : Registry
         Told whom to call when an instance is collected; its streams renewed to serve again.
-    registration : Registration
+    registration : Members
         Reaps collected instances.
     groups : StreamGroups
         Started on entering; closed on leaving.
-    release : Release
+    free_all : callable
         Frees every array on leaving.
     """
 
@@ -51,9 +50,9 @@ class Lifecycle:
         owns_backend: bool,
         serving: Serving,
         registry: Registry,
-        registration: Registration,
+        registration: Members,
         groups: StreamGroups,
-        release: Release,
+        free_all: Callable[[], None],
     ) -> None:
         self._backend = backend
         self._owns_backend = owns_backend
@@ -61,7 +60,7 @@ class Lifecycle:
         self._registry = registry
         self._registration = registration
         self._groups = groups
-        self._release = release
+        self._free_all = free_all
         self._closed = False  # close() was called: never runs again
         self._backend_closed = False  # our own backend was closed when the last `async with` ended
         self._exited = False  # served, and its `async with` ended
@@ -117,7 +116,7 @@ class Lifecycle:
                 "the request was served"
             )
         )
-        self._release.free_all()
+        self._free_all()
         if self._owns_backend:
             self._backend.close()
             self._backend_closed = True
@@ -133,7 +132,7 @@ class Lifecycle:
         if self._serving.task_group is not None:
             raise ManagerStateError("close() on a running manager: leave its `async with` first")
         self._closed = True
-        self._release.free_all()
+        self._free_all()
         if self._owns_backend:
             self._backend.close()
 

@@ -16,8 +16,7 @@ from ._budget import LimitMode
 from ._errors import ConfigurationError, RegistrationError
 from ._groups import StreamGroups
 from ._options import Policy
-from ._registration import Registration
-from ._registry import Registry
+from ._registry import Members, Registry
 
 __all__ = ["BudgetView"]
 
@@ -33,9 +32,7 @@ class BudgetView:
     memory; a batch is planned against its group's caps (see :class:`~aiocubie.Options`).
     """
 
-    def __init__(
-        self, registry: Registry, registration: Registration, account: DeviceAccount, groups: StreamGroups
-    ) -> None:
+    def __init__(self, registry: Registry, registration: Members, account: DeviceAccount, groups: StreamGroups) -> None:
         self._registry = registry
         self._registration = registration
         self._account = account

@@ -139,14 +139,16 @@ class MemoryManager:
         self._groups = groups = StreamGroups(registry, account, serving, observer.group_left)
         self._registration = registration = Registration(registry, account, groups, observer.member_left)
         self._release = release = Release(registration, account, groups)
-        self._lifecycle = lifecycle = Lifecycle(given, owns_backend, serving, registry, registration, groups, release)
+        self._lifecycle = lifecycle = Lifecycle(
+            given, owns_backend, serving, registry, registration, groups, release.free_all
+        )
         self._entry = RequestEntry(
-            registration, account, groups, release, serving, lifecycle.refusal, lifecycle.check_streams
+            registration, account, groups, release.replace, serving, lifecycle.refusal, lifecycle.check_streams
         )
         self._host = host = HostView(given.device, serving, lifecycle.stream_of)
         self._budget = BudgetView(registry, registration, account, groups)
         self._grouping = GroupsView(registry, registration, groups, account, lifecycle.stream_of, host.wait_for)
-        self._pool = PoolView(registry, account, groups, hooks, release, LibraryScopes(account, registry))
+        self._pool = PoolView(registry, account, groups, hooks, release.free_all, LibraryScopes(account, registry))
         if setup.history:
             self.record_history(dump_on_oom=setup.history if isinstance(setup.history, str) else None)
 

@@ -1,12 +1,14 @@
 """The memory pool as the user drives it (``mgr.pool``): the allocator, the context resets it
 takes, pool sharing with other libraries, and the reclaim hooks for out-of-memory.
 
-Handed the registry, the device account, the stream groups, the hooks, the release and the
-library scopes. A reset (``set_allocator``, ``invalidate_all``) may not run inside a reclaim
+Handed the registry, the device account, the stream groups, the hooks, a way to free every
+array and the library scopes. A reset (``set_allocator``, ``invalidate_all``) may not run inside a reclaim
 hook. It keeps no state of its own and never reaches the manager.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from ._accounting import DeviceAccount, ReclaimHook
 from ._backends import MemoryInfo
@@ -16,7 +18,6 @@ from ._hooks import Hooks
 from ._libraries import LibraryScopes, TorchAllocations
 from ._options import parse_allocator
 from ._registry import Registry
-from ._release import Release
 
 __all__ = ["PoolView"]
 
@@ -30,14 +31,14 @@ class PoolView:
         account: DeviceAccount,
         groups: StreamGroups,
         hooks: Hooks,
-        release: Release,
+        free_all: Callable[[], None],
         libraries: LibraryScopes,
     ) -> None:
         self._registry = registry
         self._account = account
         self._groups = groups
         self._hooks = hooks
-        self._release = release
+        self._free_all = free_all
         self._libraries = libraries
 
     @property
@@ -74,7 +75,7 @@ class PoolView:
         """
         self._account.refuse_in_reclaim("invalidate_all()")
         self._fail_in_flight("invalidate_all")
-        self._release.free_all()
+        self._free_all()
         self._hooks.invalidate()
 
     def _fail_in_flight(self, cause: str) -> None:

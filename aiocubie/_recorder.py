@@ -7,7 +7,7 @@ at millisecond intervals is cheap. It never changes the manager's state.
 from __future__ import annotations
 
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import anyio
 import anyio.abc
@@ -15,10 +15,14 @@ import anyio.abc
 from ._errors import ConfigurationError
 from ._stats import Snapshot
 
-if TYPE_CHECKING:
-    from ._manager import MemoryManager
-
 __all__ = ["Recorder"]
+
+
+class Observed(Protocol):
+    """What a recorder observes: a :class:`~aiocubie.MemoryManager`, or anything with its ``stats()``."""
+
+    def stats(self) -> Snapshot:
+        """The manager's statistics now."""
 
 
 class Recorder:
@@ -30,7 +34,7 @@ class Recorder:
     Parameters
     ----------
     mgr : MemoryManager
-        The manager to observe.
+        The manager to observe (anything with its ``stats()``).
     interval : float
         Seconds between snapshots (> 0).
 
@@ -58,7 +62,7 @@ class Recorder:
     4096
     """
 
-    def __init__(self, mgr: MemoryManager, interval: float = 0.01) -> None:
+    def __init__(self, mgr: Observed, interval: float = 0.01) -> None:
         if not (isinstance(interval, (int, float)) and interval > 0):
             raise ConfigurationError(f"interval must be a positive number of seconds, got {interval!r}")
         self.mgr = mgr

@@ -16,7 +16,7 @@ import logging
 import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
@@ -24,7 +24,17 @@ from ._errors import RegistrationError
 from ._requests import ArrayResponse
 from ._stats import Counters, Telemetry
 
-__all__ = ["Group", "InvalidateHook", "Member", "ReadyHook", "Registry", "await_hook", "call_hook", "is_async_callable"]
+__all__ = [
+    "Group",
+    "InvalidateHook",
+    "Member",
+    "Members",
+    "ReadyHook",
+    "Registry",
+    "await_hook",
+    "call_hook",
+    "is_async_callable",
+]
 
 log = logging.getLogger("aiocubie")
 
@@ -117,6 +127,29 @@ class Group:
     counters: Counters
     members: set[int] = attrs.field(factory=set)
     hooks: int = 0  # members with a ready hook: resolution skips the hooks when there are none
+
+
+class Members(Protocol):
+    """Finds the member of an instance, unregistering collected instances first.
+
+    The registration is one; the manager's parts are handed it as this, so none of them stands
+    on it.
+    """
+
+    def member(self, instance: object) -> Member:
+        """The member record of ``instance`` (RegistrationError if it is not registered)."""
+
+    def current(self, instance: object, member: Member) -> Member:
+        """``member``, or ``instance``'s record if it was unregistered (and registered again) since."""
+
+    def stream_of(self, instance: object) -> Any:
+        """The stream of ``instance``'s group."""
+
+    def reap(self) -> None:
+        """Unregister the members whose instance was garbage-collected."""
+
+    def reap_collected(self) -> None:
+        """:meth:`reap`, as a loop callback: never raises."""
 
 
 class Registry:

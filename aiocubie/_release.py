@@ -10,8 +10,7 @@ from __future__ import annotations
 from ._accounting import DeviceAccount
 from ._errors import InvalidRequestError, shown
 from ._groups import PendingRequest, StreamGroups
-from ._registration import Registration
-from ._registry import Member
+from ._registry import Member, Members
 from ._requests import ArrayResponse, RequestSet
 
 __all__ = ["Release"]
@@ -22,7 +21,7 @@ class Release:
 
     Parameters
     ----------
-    registration : Registration
+    registration : Members
         Finds the member of an instance.
     account : DeviceAccount
         Releases a response's arrays.
@@ -30,7 +29,7 @@ class Release:
         Frees arrays by a predicate and fails the requests in flight that held them.
     """
 
-    def __init__(self, registration: Registration, account: DeviceAccount, groups: StreamGroups) -> None:
+    def __init__(self, registration: Members, account: DeviceAccount, groups: StreamGroups) -> None:
         self._registration = registration
         self._account = account
         self._groups = groups

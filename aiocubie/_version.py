@@ -1,0 +1,3 @@
+"""The version of aiocubie (the package's metadata says the same)."""
+
+__version__ = "0.2.0.dev0"
