@@ -61,7 +61,7 @@ from ._stats import (
     Snapshot,
     UsageStats,
 )
-from ._walk import DEFAULT_DEPTH, Chunk, walk_batches, walk_chunks, walk_requests
+from ._walks import DEFAULT_DEPTH, Chunk, walk_batches, walk_chunks, walk_requests
 
 __version__ = "0.2.0.dev0"
 

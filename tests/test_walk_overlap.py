@@ -328,7 +328,7 @@ async def test_cancelled_mid_walk_waits_for_its_copies_and_leaks_nothing(at: int
 @pytest.mark.parametrize("at", [0, 2, 4])
 @pytest.mark.parametrize("closing", [True, False])
 # unclosed (closing=False) on purpose: trio says so when it collects the walk
-@pytest.mark.filterwarnings("ignore:Async generator 'aiocubie._walk.walk_chunks' was garbage collected:ResourceWarning")
+@pytest.mark.filterwarnings("ignore:Async generator 'aiocubie._walks._chunks.walk_chunks' was garbage collected:ResourceWarning")
 async def test_an_exception_in_the_body_leaks_nothing(at: int, closing: bool) -> None:
     seen: list[Any] = []
     with pytest.raises(KeyError, match="body failed"):
@@ -508,15 +508,15 @@ class _CountingDevice:
 
 
 def test_the_copy_streams_of_a_stream_that_cannot_be_weakly_referenced_are_made_once_and_the_last_few_kept() -> None:
-    from aiocubie import _walk
+    from aiocubie._walks import _streams as _walk
 
     device = _CountingDevice()
     streams = [_UnreferencedStream() for _ in range(_walk._MAX_HELD + 4)]
     _walk._held_copy_streams.clear()
-    first = _walk._copy_streams_of(device, streams[0])  # type: ignore[arg-type]
-    assert _walk._copy_streams_of(device, streams[0]) is first and device.made == 2  # each walk of it: the same two
+    first = _walk.copy_streams_of(device, streams[0])  # type: ignore[arg-type]
+    assert _walk.copy_streams_of(device, streams[0]) is first and device.made == 2  # each walk of it: the same two
     for stream in streams[1:]:
-        _walk._copy_streams_of(device, stream)  # type: ignore[arg-type]
+        _walk.copy_streams_of(device, stream)  # type: ignore[arg-type]
     assert device.made == 2 * len(streams) and len(_walk._held_copy_streams) <= _walk._MAX_HELD
     assert all(held is stream for stream, (held, _) in zip(streams[-4:], list(_walk._held_copy_streams.values())[-4:]))
-    assert _walk._copy_streams_of(device, streams[-1]) is not first and device.made == 2 * len(streams)
+    assert _walk.copy_streams_of(device, streams[-1]) is not first and device.made == 2 * len(streams)

@@ -1,0 +1,134 @@
+"""The copies of one walk over one response, bound once: the one copy path every walk takes.
+
+A :class:`Transfer` knows the response's device, stream and event loop, binds a
+:class:`~aiocubie._backends.Copier` per array the first time a walk copies it, and routes each
+set of host arrays: straight (every copy queued on the group's stream, in order with the body's
+work) or through the copy-stream rotation (:mod:`._rotation`: chunk buffers, copy streams,
+staging). :func:`walk_chunks` and :func:`walk_batches` both copy through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import numpy as np
+
+from .._backends import Copier, Device
+from .._completion import Loop, running_loop
+from .._errors import AiocubieError
+from .._requests import ArrayResponse
+from ._checks import check_hosts, straight
+from ._chunk import Chunk
+from ._streams import copy_streams_of
+
+__all__ = ["Copies", "Hosts", "Transfer"]
+
+#: Label -> host array.
+Hosts = dict[str, np.ndarray[Any, Any]]
+#: (label, queue the copy, what it takes) for each array of a set that goes straight.
+Copies = list[tuple[str, Callable[[Any, object], None], Any]]
+
+
+class Transfer:
+    """The copies of one walk over ``response``.
+
+    Parameters
+    ----------
+    response : ArrayResponse
+        A served response (it has a device), checked live by the caller.
+    """
+
+    __slots__ = ("copiers_in", "copiers_out", "device", "loop", "response", "stream")
+
+    def __init__(self, response: ArrayResponse) -> None:
+        self.response = response
+        self.device: Device = response.device
+        self.stream = response.stream
+        self.loop: Loop = running_loop()
+        # bound on first use: a walk copies in its inputs and out its outputs only
+        self.copiers_in: dict[str, Copier] = {}
+        self.copiers_out: dict[str, Copier] = {}
+
+    def route(self, ins: Any, outs: Any) -> tuple[Hosts, Hosts, Copies | None, Copies | None]:
+        """``ins`` and ``outs`` checked, and their straight copies (None, None: the rotation walks them).
+
+        Host arrays that go straight as one block are recognized in a few comparisons; anything
+        else is checked in full (every bad one refused before anything is copied), then goes
+        straight if the copy engines follow its rows.
+        """
+        copies_in = self._straight(ins, self.copiers_in, True)
+        copies_out = None if copies_in is None else self._straight(outs, self.copiers_out, False)
+        if copies_in is not None and copies_out is not None:
+            return ins, outs, copies_in, copies_out
+        response = self.response
+        ins, outs = check_hosts(response, ins, "inputs"), check_hosts(response, outs, "outputs")
+        if response.chunks != 1 or not straight(response, ins, outs):  # staged or repacked
+            return ins, outs, None, None
+        # straight in rows the copy engines follow (the copier's copy_strided works them out)
+        copies_in = [(label, self._copier(self.copiers_in, label, True).__call__, host) for label, host in ins.items()]
+        copies_out = [(label, self._copier(self.copiers_out, label, False).__call__, host) for label, host in outs.items()]
+        return ins, outs, copies_in, copies_out
+
+    def _copier(self, copiers: dict[str, Copier], label: str, to_device: bool) -> Copier:
+        copier = copiers.get(label)
+        if copier is None:
+            copier = copiers[label] = self.device.copier(self.response.arrays[label], self.stream, to_device=to_device)
+        return copier
+
+    def _straight(self, hosts: Any, copiers: dict[str, Copier], to_device: bool) -> Copies | None:
+        """(label, queue, ready) for each host array of ``hosts``, if every one goes straight as one
+        block (see :meth:`Copier.straight`); None if any does not, or ``hosts`` is not a dict of known labels."""
+        if type(hosts) is not dict:
+            return None
+        copies = []
+        for label, host in hosts.items():
+            copier = copiers.get(label)
+            if copier is None:
+                if label not in self.response.arrays:
+                    return None
+                copier = self._copier(copiers, label, to_device)
+            ready = copier.straight(host)
+            if ready is None:
+                return None
+            copies.append((label, copier.queue, ready))
+        return copies
+
+    @staticmethod
+    def queue(copies: Copies, index: int, role: str) -> None:
+        """Queue ``copies`` (of batch or chunk ``index``; ``role``: "in" or "out") on the group's stream."""
+        for label, copy, ready in copies:
+            copy(ready, (role, index, label))
+
+    def chunk(self, index: int, ins: Mapping[str, Any], outs: Mapping[str, Any]) -> Chunk:
+        """The one chunk of a walk that fits whole: every array, the whole host arrays."""
+        response = self.response
+        return Chunk(index, 0, response.runs, response._device_view(), MappingProxyType({**ins, **outs}), self.stream)
+
+    def copy_streams(self) -> tuple[Any, Any]:
+        """The (in, out) copy streams of the group's stream: a walk of one chunk copies on the stream itself."""
+        if self.response.chunks == 1:
+            return self.stream, self.stream
+        return copy_streams_of(self.device, self.stream)
+
+    async def done(self) -> None:
+        """Wait until what is queued on the group's stream so far is done."""
+        await self.loop.wait(self.device.record_event(self.stream))
+
+    async def idle(self, stream: Any = None) -> None:
+        """Wait, shielded from cancellation, until ``stream`` (default: the group's) has done what the walk queued on it."""
+        stream = self.stream if stream is None else stream
+        with anyio.CancelScope(shield=True):
+            try:
+                event = self.device.record_event(stream)
+            except AiocubieError:  # cannot record (a closed stream): wait for it on a thread
+                # the staging buffers go back to the pool after this: copies queued
+                # before the error still read and write them (issue 22, item 3)
+                synchronize = getattr(stream, "synchronize", None) or getattr(stream, "sync", None)
+                if synchronize is not None:
+                    await anyio.to_thread.run_sync(synchronize)
+                return
+            await self.loop.wait(event)
