@@ -50,8 +50,8 @@ class BatchSource:
             )
         #: Whether :meth:`take` reads the next batch (else :meth:`take_async`).
         self.sync = isinstance(batches, Iterable)
-        self.items: Iterator[Batch] = iter(batches) if self.sync else iter(())
-        self.pending: AsyncIterator[Batch] | None = None if self.sync else batches.__aiter__()
+        self.items: Iterator[Batch] = iter(batches) if isinstance(batches, Iterable) else iter(())
+        self.pending: AsyncIterator[Batch] | None = None if isinstance(batches, Iterable) else batches.__aiter__()
 
     def take(self) -> Any:
         """The next batch of an iterable, or :data:`END`."""

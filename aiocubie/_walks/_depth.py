@@ -122,4 +122,3 @@ def depth_of(
             "or walk at a smaller depth"
         )
     return depth
-

@@ -23,7 +23,6 @@ from .._errors import AiocubieError
 from .._requests import ArrayResponse
 from ._checks import check_hosts, straight
 from ._chunk import Chunk
-from ._streams import copy_streams_of
 
 __all__ = ["Copies", "Hosts", "Transfer"]
 
@@ -70,7 +69,9 @@ class Transfer:
             return ins, outs, None, None
         # straight in rows the copy engines follow (the copier's copy_strided works them out)
         copies_in = [(label, self._copier(self.copiers_in, label, True).__call__, host) for label, host in ins.items()]
-        copies_out = [(label, self._copier(self.copiers_out, label, False).__call__, host) for label, host in outs.items()]
+        copies_out = [
+            (label, self._copier(self.copiers_out, label, False).__call__, host) for label, host in outs.items()
+        ]
         return ins, outs, copies_in, copies_out
 
     def _copier(self, copiers: dict[str, Copier], label: str, to_device: bool) -> Copier:
@@ -84,7 +85,7 @@ class Transfer:
         block (see :meth:`Copier.straight`); None if any does not, or ``hosts`` is not a dict of known labels."""
         if type(hosts) is not dict:
             return None
-        copies = []
+        copies: Copies = []
         for label, host in hosts.items():
             copier = copiers.get(label)
             if copier is None:
@@ -109,10 +110,15 @@ class Transfer:
         return Chunk(index, 0, response.runs, response._device_view(), MappingProxyType({**ins, **outs}), self.stream)
 
     def copy_streams(self) -> tuple[Any, Any]:
-        """The (in, out) copy streams of the group's stream: a walk of one chunk copies on the stream itself."""
-        if self.response.chunks == 1:
+        """The (in, out) copy streams of the group's stream, which its group made and keeps (a walk of
+        one chunk copies on the stream itself)."""
+        response = self.response
+        if response.chunks == 1:
             return self.stream, self.stream
-        return copy_streams_of(self.device, self.stream)
+        group_made = response._copy_streams
+        if group_made is None:  # a response no group served (a ready hook's plan): streams of the walk's own
+            return self.device.create_stream(), self.device.create_stream()
+        return group_made()
 
     async def done(self) -> None:
         """Wait until what is queued on the group's stream so far is done."""
