@@ -8,8 +8,6 @@ from typing import Any
 import numpy as np
 
 from .._errors import InvalidRequestError, shown
-from .._requests import ArrayResponse
-from ._checks import check_served
 
 __all__ = ["END", "Batch", "BatchSource", "pair_of"]
 
@@ -24,23 +22,15 @@ class BatchSource:
 
     Parameters
     ----------
-    response : object
-        The response walked: refused unless it is a served ArrayResponse that fits whole.
     batches : object
         An iterable or async iterable of (inputs, outputs) pairs; refused otherwise.
     in_flight : object
         The batches kept in flight: refused unless a positive integer.
     """
 
-    __slots__ = ("items", "pending", "response", "sync")
+    __slots__ = ("items", "pending", "sync")
 
-    def __init__(self, response: Any, batches: Any, in_flight: Any) -> None:
-        self.response: ArrayResponse = check_served(response, "walk_batches")
-        if response.chunks != 1:
-            raise InvalidRequestError(
-                f"walk_batches walks batches that fit whole, but this response is planned in {response.chunks} "
-                "chunks: walk each batch with walk_chunks, or ask for a smaller batch"
-            )
+    def __init__(self, batches: Any, in_flight: Any) -> None:
         if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
             raise InvalidRequestError(f"in_flight must be a positive integer, got {shown(in_flight)}")
         if isinstance(batches, (str, bytes, Mapping)) or not isinstance(batches, (Iterable, AsyncIterable)):

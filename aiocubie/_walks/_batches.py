@@ -14,7 +14,7 @@ import attrs
 
 from .._requests import ArrayResponse
 from ._batch_source import END, Batch, BatchSource, pair_of
-from ._checks import check_live
+from ._checks import check_served
 from ._chunk import Chunk
 from ._in_flight import InFlight
 from ._rotation import Rotation
@@ -116,9 +116,10 @@ async def walk_batches(
     >>> [float(y[0]) for y in ys]
     [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
     """
-    source = BatchSource(response, batches, in_flight)
-    check_live(response, "walk_batches")  # before the copiers read its arrays: a released one holds none
-    transfer = Transfer(response)
+    served = check_served(response, "walk_batches", whole=True)
+    transfer = Transfer(served, "walk_batches")
+    source = BatchSource(batches, in_flight)
+    transfer.live()  # before the copiers read its arrays: a released one holds none
     flight = InFlight(transfer, in_flight)
     finished = False
     try:
@@ -129,7 +130,7 @@ async def walk_batches(
                 break
             index += 1
             ins, outs = pair_of(batch, index)
-            check_live(response, "walk_batches")  # released while the batches before it were walked
+            transfer.live()  # released while the batches before it were walked
             ins, outs, copies_in, copies_out = transfer.route(ins, outs)
             if copies_in is None or copies_out is None:  # staged or repacked: alone, once the others landed
                 await flight.drain()
@@ -139,7 +140,7 @@ async def walk_batches(
                 continue
             transfer.queue(copies_in, index, "in")
             yield transfer.chunk(index, ins, outs)
-            check_live(response, "walk_batches")
+            transfer.live()
             transfer.queue(copies_out, index, "out")
             if flight.queued((*ins.values(), *outs.values())):
                 await flight.wait()

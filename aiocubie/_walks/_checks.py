@@ -1,4 +1,4 @@
-"""What a walk checks before it copies: the response is live, and the host arrays match it.
+"""What a walk checks before it copies: the response is one a manager served, and the host arrays match it.
 
 Every bad host array is refused here, before anything is copied; and here is decided whether
 a one-chunk walk's host arrays all go straight to their device arrays (no staging, no repacking).
@@ -12,14 +12,15 @@ from typing import Any
 import numpy as np
 
 from .._backends import geometry
-from .._errors import InvalidRequestError, ReleasedError, shown
+from .._errors import InvalidRequestError, shown
 from .._requests import ArrayResponse
 
-__all__ = ["check_hosts", "check_live", "check_served", "straight"]
+__all__ = ["check_hosts", "check_served", "straight"]
 
 
-def check_served(response: Any, walk: str) -> ArrayResponse:
-    """``response`` if it is an ArrayResponse a manager served (it has a device to copy with)."""
+def check_served(response: Any, walk: str, *, whole: bool = False) -> ArrayResponse:
+    """``response`` if it is an ArrayResponse a manager served (it has a device to copy with), and
+    (``whole``) fits whole."""
     if not isinstance(response, ArrayResponse):
         raise InvalidRequestError(
             f"{walk} walks an ArrayResponse (what `await mgr.request(...)` returns), got {shown(response)}"
@@ -29,17 +30,12 @@ def check_served(response: Any, walk: str) -> ArrayResponse:
             f"{walk} walks a response a manager served (it copies with that manager's device); "
             "this one was built by hand"
         )
-    return response
-
-
-def check_live(response: ArrayResponse, walk: str = "walk_chunks") -> None:
-    if response._released:  # the set itself: a walk checks it at every chunk
-        released = response.released
-        raise ReleasedError(
-            f"{walk}: the response's arrays {sorted(released)} were released (mgr.release, free, "
-            "free_all, the end of its `async with`, its manager's exit, or a context reset): walk inside "
-            "the `async with mgr.request(...)` block, or before releasing the response"
+    if whole and response.chunks != 1:
+        raise InvalidRequestError(
+            f"{walk} walks batches that fit whole, but this response is planned in {response.chunks} "
+            "chunks: walk each batch with walk_chunks, or ask for a smaller batch"
         )
+    return response
 
 
 def check_hosts(response: ArrayResponse, arrays: Any, role: str) -> dict[str, np.ndarray[Any, Any]]:

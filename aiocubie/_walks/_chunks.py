@@ -15,7 +15,7 @@ import numpy as np
 
 from .._errors import InvalidRequestError, shown, warn
 from .._requests import ArrayResponse
-from ._checks import check_hosts, check_live, check_served
+from ._checks import check_served
 from ._chunk import Chunk
 from ._depth import depth_of
 from ._rotation import Rotation
@@ -135,35 +135,32 @@ async def walk_chunks(
     >>> anyio.run(main), bool((y == 2 * x).all())
     (True, True)
     """
-    response = check_served(_response(response, legacy), "walk_chunks")
-    check_live(response)  # before the checks read its arrays: a released one holds none
-    ins: Any = {} if inputs is None else inputs
-    outs: Any = {} if outputs is None else outputs
-    if response.chunks != 1:  # checked in full before the depth: it counts the chunked ones' buffers
-        ins, outs = check_hosts(response, ins, "inputs"), check_hosts(response, outs, "outputs")
-    rotation = depth_of(response, ins, outs, depth)
+    walked = _response(response, legacy)
+    served = check_served(walked, "walk_chunks")
+    transfer = Transfer(served, "walk_chunks")
+    transfer.live()  # before the checks read its arrays: a released one holds none
+    routed = transfer.route({} if inputs is None else inputs, {} if outputs is None else outputs)
+    ins, outs, copies_in, copies_out = routed
+    rotation = depth_of(served, ins, outs, depth)
     if overlap is None:
         overlap = rotation > 1
     elif not isinstance(overlap, bool):
         raise InvalidRequestError(f"overlap must be True, False or None (by depth), got {shown(overlap)}")
-    transfer = Transfer(response)
-    if response.chunks == 1:
-        ins, outs, copies_in, copies_out = transfer.route(ins, outs)
-        if copies_in is not None and copies_out is not None:  # a batch stream's walk: straight, on the stream
-            finished = False
-            try:
-                transfer.queue(copies_in, 0, "in")
-                if not overlap:  # serial: the data is on the device when the body runs
-                    await transfer.done()
-                yield transfer.chunk(0, ins, outs)
-                check_live(response)
-                transfer.queue(copies_out, 0, "out")
+    if copies_in is not None and copies_out is not None:  # fits whole, straight: on the group's stream
+        finished = False
+        try:
+            transfer.queue(copies_in, 0, "in")
+            if not overlap:  # serial: the data is on the device when the body runs
                 await transfer.done()
-                finished = True
-            finally:
-                if not finished:
-                    await transfer.idle()
-            return
+            yield transfer.chunk(0, ins, outs)
+            transfer.live()
+            transfer.queue(copies_out, 0, "out")
+            await transfer.done()
+            finished = True
+        finally:
+            if not finished:
+                await transfer.idle()
+        return
     # closed with this generator, so that its cleanup runs when this one is closed
     async with contextlib.aclosing(Rotation(transfer, ins, outs, rotation, overlap).walk()) as chunks:
         async for chunk in chunks:

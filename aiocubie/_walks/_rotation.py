@@ -17,7 +17,6 @@ import anyio
 import numpy as np
 
 from .._backends import Event, Staging, geometry, stage
-from ._checks import check_live
 from ._chunk import Chunk, runs_in, trim, view
 from ._transfer import Hosts, Transfer
 
@@ -71,7 +70,7 @@ class Rotation:
             await self._start()
             issued = 0
             for index in range(response.chunks):
-                check_live(response)
+                self.transfer.live()
                 while issued < min(response.chunks, index + self.depth):
                     await self._copy_in(issued)
                     issued += 1
@@ -94,7 +93,7 @@ class Rotation:
     async def _start(self) -> None:
         """Order the copy-in stream after the allocation, and copy the unchunked inputs in."""
         response = self.response
-        check_live(response)
+        self.transfer.live()
         ready = response.ready  # the allocation: a copy stream waits for it (an ordered request)
         if ready is not None and self.cin is not self.stream and not ready.query():
             self.device.wait_event(self.cin, ready)
@@ -123,7 +122,7 @@ class Rotation:
 
     async def _after_body(self, index: int) -> None:
         """Copy chunk ``index``'s outputs out after the body's work, and forget the events no one waits for."""
-        check_live(self.response)
+        self.transfer.live()
         if self.cout is not self.stream:
             self.body_done[index] = self.device.record_event(self.stream)
         await self._copy_out(index)
@@ -182,7 +181,7 @@ class Rotation:
             await self.loop.wait(packed)
             del self.packs[index]  # only now: cancelled while it packs, _quiesce waits for it
             packed.result()
-            check_live(self.response)  # a reset or release while it packed
+            self.transfer.live()  # a reset or release while it packed
         length = runs_in(response, index)
         for label in self.chunked_in:
             target, host, direct = self._ends(self.ins, label, index, length)

@@ -19,7 +19,7 @@ import numpy as np
 
 from .._backends import Copier, Device
 from .._completion import Loop, running_loop
-from .._errors import AiocubieError
+from .._errors import AiocubieError, ReleasedError
 from .._requests import ArrayResponse
 from ._checks import check_hosts, straight
 from ._chunk import Chunk
@@ -38,13 +38,15 @@ class Transfer:
     Parameters
     ----------
     response : ArrayResponse
-        A served response (it has a device), checked live by the caller.
+        A served response (it has a device).
+    walk : str
+        The walk's name, for its errors.
     """
 
-    __slots__ = ("copiers_in", "copiers_out", "device", "loop", "response", "stream")
+    __slots__ = ("copiers_in", "copiers_out", "device", "loop", "response", "stream", "walk")
 
-    def __init__(self, response: ArrayResponse) -> None:
-        self.response = response
+    def __init__(self, response: ArrayResponse, walk: str) -> None:
+        self.response, self.walk = response, walk
         self.device: Device = response.device
         self.stream = response.stream
         self.loop: Loop = running_loop()
@@ -52,18 +54,29 @@ class Transfer:
         self.copiers_in: dict[str, Copier] = {}
         self.copiers_out: dict[str, Copier] = {}
 
+    def live(self) -> None:
+        """Refuse to go on with a response whose arrays were released (checked at every chunk and batch)."""
+        response = self.response
+        if response._released:  # the set itself: a walk checks it at every chunk
+            raise ReleasedError(
+                f"{self.walk}: the response's arrays {sorted(response.released)} were released (mgr.release, free, "
+                "free_all, the end of its `async with`, its manager's exit, or a context reset): walk inside "
+                "the `async with mgr.request(...)` block, or before releasing the response"
+            )
+
     def route(self, ins: Any, outs: Any) -> tuple[Hosts, Hosts, Copies | None, Copies | None]:
         """``ins`` and ``outs`` checked, and their straight copies (None, None: the rotation walks them).
 
-        Host arrays that go straight as one block are recognized in a few comparisons; anything
-        else is checked in full (every bad one refused before anything is copied), then goes
-        straight if the copy engines follow its rows.
+        Host arrays of a walk that fits whole and go straight as one block are recognized in a few
+        comparisons; anything else is checked in full (every bad one refused before anything is
+        copied), then goes straight if the walk fits whole and the copy engines follow its rows.
         """
-        copies_in = self._straight(ins, self.copiers_in, True)
-        copies_out = None if copies_in is None else self._straight(outs, self.copiers_out, False)
-        if copies_in is not None and copies_out is not None:
-            return ins, outs, copies_in, copies_out
         response = self.response
+        if response.chunks == 1:  # (a chunk's host arrays are slices of the full ones)
+            copies_in = self._straight(ins, self.copiers_in, True)
+            copies_out = None if copies_in is None else self._straight(outs, self.copiers_out, False)
+            if copies_in is not None and copies_out is not None:
+                return ins, outs, copies_in, copies_out
         ins, outs = check_hosts(response, ins, "inputs"), check_hosts(response, outs, "outputs")
         if response.chunks != 1 or not straight(response, ins, outs):  # staged or repacked
             return ins, outs, None, None
