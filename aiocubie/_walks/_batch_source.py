@@ -9,7 +9,7 @@ import numpy as np
 
 from .._errors import InvalidRequestError, shown
 
-__all__ = ["END", "Batch", "BatchSource", "pair_of"]
+__all__ = ["END", "Batch", "BatchSource", "not_a_pair"]
 
 #: One batch of :func:`walk_batches`: its inputs and outputs, label -> host array.
 Batch = tuple[Mapping[str, np.ndarray[Any, Any]], Mapping[str, np.ndarray[Any, Any]]]
@@ -18,7 +18,8 @@ END: Any = object()
 
 
 class BatchSource:
-    """The batches of one :func:`walk_batches`, read lazily: ``next()`` of an iterator, or awaited from an async one.
+    """The batches of one :func:`walk_batches`, read lazily: ``next(items, END)`` of an iterable's
+    iterator (``sync``), or :meth:`take_async` from an async one.
 
     Parameters
     ----------
@@ -38,14 +39,10 @@ class BatchSource:
                 "batches is an iterable of (inputs, outputs) pairs of mappings (or an async iterable of them), "
                 f"got {shown(batches)}"
             )
-        #: Whether :meth:`take` reads the next batch (else :meth:`take_async`).
+        #: Whether the batches are read with ``next(items, END)`` (else :meth:`take_async`).
         self.sync = isinstance(batches, Iterable)
         self.items: Iterator[Batch] = iter(batches) if isinstance(batches, Iterable) else iter(())
         self.pending: AsyncIterator[Batch] | None = None if isinstance(batches, Iterable) else batches.__aiter__()
-
-    def take(self) -> Any:
-        """The next batch of an iterable, or :data:`END`."""
-        return next(self.items, END)
 
     async def take_async(self) -> Any:
         """The next batch of an async iterable (awaited), or :data:`END`."""
@@ -56,10 +53,8 @@ class BatchSource:
             return END
 
 
-def pair_of(batch: Any, index: int) -> Batch:
-    """Batch ``index`` as its (inputs, outputs) pair, refused if it is not a pair."""
-    if not (isinstance(batch, tuple) and len(batch) == 2):
-        raise InvalidRequestError(
-            f"batch {index} of walk_batches is {shown(batch)}, not an (inputs, outputs) pair of mappings"
-        )
-    return batch
+def not_a_pair(batch: Any, index: int) -> InvalidRequestError:
+    """The error for batch ``index`` that is not an (inputs, outputs) pair."""
+    return InvalidRequestError(
+        f"batch {index} of walk_batches is {shown(batch)}, not an (inputs, outputs) pair of mappings"
+    )

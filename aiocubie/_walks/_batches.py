@@ -13,7 +13,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable
 import attrs
 
 from .._requests import ArrayResponse
-from ._batch_source import END, Batch, BatchSource, pair_of
+from ._batch_source import END, Batch, BatchSource, not_a_pair
 from ._checks import check_served
 from ._chunk import Chunk
 from ._in_flight import InFlight
@@ -121,15 +121,18 @@ async def walk_batches(
     source = BatchSource(batches, in_flight)
     transfer.live()  # before the copiers read its arrays: a released one holds none
     flight = InFlight(transfer, in_flight)
+    items, sync = source.items, source.sync
     finished = False
     try:
         index = -1
         while True:
-            batch = source.take() if source.sync else await source.take_async()
+            batch = next(items, END) if sync else await source.take_async()
             if batch is END:
                 break
             index += 1
-            ins, outs = pair_of(batch, index)
+            if not (isinstance(batch, tuple) and len(batch) == 2):
+                raise not_a_pair(batch, index)
+            ins, outs = batch
             transfer.live()  # released while the batches before it were walked
             ins, outs, copies_in, copies_out = transfer.route(ins, outs)
             if copies_in is None or copies_out is None:  # staged or repacked: alone, once the others landed
@@ -138,10 +141,12 @@ async def walk_batches(
                     async for chunk in one:
                         yield attrs.evolve(chunk, index=index)
                 continue
-            transfer.queue(copies_in, index, "in")
+            for label, copy, ready in copies_in:
+                copy(ready, ("in", index, label))
             yield transfer.chunk(index, ins, outs)
             transfer.live()
-            transfer.queue(copies_out, index, "out")
+            for label, copy, ready in copies_out:
+                copy(ready, ("out", index, label))
             if flight.queued((*ins.values(), *outs.values())):
                 await flight.wait()
         await flight.drain()

@@ -149,12 +149,14 @@ async def walk_chunks(
     if copies_in is not None and copies_out is not None:  # fits whole, straight: on the group's stream
         finished = False
         try:
-            transfer.queue(copies_in, 0, "in")
+            for label, copy, ready in copies_in:
+                copy(ready, ("in", 0, label))
             if not overlap:  # serial: the data is on the device when the body runs
                 await transfer.done()
             yield transfer.chunk(0, ins, outs)
             transfer.live()
-            transfer.queue(copies_out, 0, "out")
+            for label, copy, ready in copies_out:
+                copy(ready, ("out", 0, label))
             await transfer.done()
             finished = True
         finally:

@@ -43,16 +43,18 @@ class Transfer:
         The walk's name, for its errors.
     """
 
-    __slots__ = ("copiers_in", "copiers_out", "device", "loop", "response", "stream", "walk")
+    __slots__ = ("copiers", "device", "loop", "response", "stream", "view", "walk")
 
     def __init__(self, response: ArrayResponse, walk: str) -> None:
         self.response, self.walk = response, walk
         self.device: Device = response.device
         self.stream = response.stream
         self.loop: Loop = running_loop()
-        # bound on first use: a walk copies in its inputs and out its outputs only
-        self.copiers_in: dict[str, Copier] = {}
-        self.copiers_out: dict[str, Copier] = {}
+        #: (label, into the device?) -> its copier, bound once a response (on first use: a walk copies
+        #: its inputs in and its outputs out only), kept with the response's other views of its arrays
+        self.copiers: dict[tuple[str, bool], Copier] = response._cache().setdefault("copiers", {})
+        #: The arrays as a walk that fits whole yields them (a live response's: :meth:`live` first)
+        self.view = response._device_view()
 
     def live(self) -> None:
         """Refuse to go on with a response whose arrays were released (checked at every chunk and batch)."""
@@ -68,59 +70,54 @@ class Transfer:
         """``ins`` and ``outs`` checked, and their straight copies (None, None: the rotation walks them).
 
         Host arrays of a walk that fits whole and go straight as one block are recognized in a few
-        comparisons; anything else is checked in full (every bad one refused before anything is
-        copied), then goes straight if the walk fits whole and the copy engines follow its rows.
+        comparisons (a batch stream's every batch); anything else is checked in full (every bad one
+        refused before anything is copied), then goes straight if the walk fits whole and the copy
+        engines follow its rows. Queue a copy with ``copy(ready, tag)`` for each ``(label, copy,
+        ready)`` of the copies.
         """
         response = self.response
-        if response.chunks == 1:  # (a chunk's host arrays are slices of the full ones)
-            copies_in = self._straight(ins, self.copiers_in, True)
-            copies_out = None if copies_in is None else self._straight(outs, self.copiers_out, False)
-            if copies_in is not None and copies_out is not None:
-                return ins, outs, copies_in, copies_out
+        if response.chunks == 1 and type(ins) is dict and type(outs) is dict:
+            found = self._straight(ins, outs)
+            if found is not None:
+                return ins, outs, found[0], found[1]
         ins, outs = check_hosts(response, ins, "inputs"), check_hosts(response, outs, "outputs")
         if response.chunks != 1 or not straight(response, ins, outs):  # staged or repacked
             return ins, outs, None, None
         # straight in rows the copy engines follow (the copier's copy_strided works them out)
-        copies_in = [(label, self._copier(self.copiers_in, label, True).__call__, host) for label, host in ins.items()]
-        copies_out = [
-            (label, self._copier(self.copiers_out, label, False).__call__, host) for label, host in outs.items()
-        ]
+        copies_in: Copies = [(label, self._copier(label, True).__call__, host) for label, host in ins.items()]
+        copies_out: Copies = [(label, self._copier(label, False).__call__, host) for label, host in outs.items()]
         return ins, outs, copies_in, copies_out
 
-    def _copier(self, copiers: dict[str, Copier], label: str, to_device: bool) -> Copier:
-        copier = copiers.get(label)
-        if copier is None:
-            copier = copiers[label] = self.device.copier(self.response.arrays[label], self.stream, to_device=to_device)
-        return copier
-
-    def _straight(self, hosts: Any, copiers: dict[str, Copier], to_device: bool) -> Copies | None:
-        """(label, queue, ready) for each host array of ``hosts``, if every one goes straight as one
-        block (see :meth:`Copier.straight`); None if any does not, or ``hosts`` is not a dict of known labels."""
-        if type(hosts) is not dict:
-            return None
-        copies: Copies = []
-        for label, host in hosts.items():
-            copier = copiers.get(label)
-            if copier is None:
-                if label not in self.response.arrays:
+    def _straight(self, ins: Hosts, outs: Hosts) -> tuple[Copies, Copies] | None:
+        """The copies in and out, if every host array goes straight as one block (see
+        :meth:`Copier.straight`); None if any does not, or a label is not known."""
+        copiers, arrays = self.copiers, self.response.arrays
+        copies_in: Copies = []
+        copies_out: Copies = []
+        for hosts, copies, to_device in ((ins, copies_in, True), (outs, copies_out, False)):
+            for label, host in hosts.items():
+                copier = copiers.get((label, to_device))
+                if copier is None:
+                    if label not in arrays:
+                        return None
+                    copier = self._copier(label, to_device)
+                ready = copier.straight(host)
+                if ready is None:
                     return None
-                copier = self._copier(copiers, label, to_device)
-            ready = copier.straight(host)
-            if ready is None:
-                return None
-            copies.append((label, copier.queue, ready))
-        return copies
+                copies.append((label, copier.queue, ready))
+        return copies_in, copies_out
 
-    @staticmethod
-    def queue(copies: Copies, index: int, role: str) -> None:
-        """Queue ``copies`` (of batch or chunk ``index``; ``role``: "in" or "out") on the group's stream."""
-        for label, copy, ready in copies:
-            copy(ready, (role, index, label))
+    def _copier(self, label: str, to_device: bool) -> Copier:
+        """The copier of ``label`` into (``to_device``) or out of its array, bound on first use."""
+        copier = self.copiers.get((label, to_device))
+        if copier is None:
+            array = self.response.arrays[label]
+            copier = self.copiers[label, to_device] = self.device.copier(array, self.stream, to_device=to_device)
+        return copier
 
     def chunk(self, index: int, ins: Mapping[str, Any], outs: Mapping[str, Any]) -> Chunk:
         """The one chunk of a walk that fits whole: every array, the whole host arrays."""
-        response = self.response
-        return Chunk(index, 0, response.runs, response._device_view(), MappingProxyType({**ins, **outs}), self.stream)
+        return Chunk(index, 0, self.response.runs, self.view, MappingProxyType({**ins, **outs}), self.stream)
 
     def copy_streams(self) -> tuple[Any, Any]:
         """The (in, out) copy streams of the group's stream, which its group made and keeps (a walk of
