@@ -16,8 +16,8 @@ from ._options import Options, Policy
 from ._pool import PoolView
 from ._requests import ArrayRequest, ArrayResponse, MemoryKind
 from ._transfers import HostView
-from ._version import __version__
-from ._walk import Chunk, walk_batches, walk_chunks, walk_requests
+from ._version import __version__ as __version__
+from ._walks import Chunk, walk_batches, walk_chunks, walk_requests
 
 # fmt: off
 __all__ = [

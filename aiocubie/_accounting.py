@@ -382,6 +382,7 @@ class DeviceAccount:
         group: str,
         plan: ChunkPlan,
         stream: Any,
+        copy_streams: Callable[[], tuple[Any, Any]] | None = None,
     ) -> tuple[list[ArrayResponse], Event]:
         """Allocate every array of a batch with ``plan``'s shapes, then record an event.
 
@@ -389,7 +390,8 @@ class DeviceAccount:
         propagates. Out of memory, it frees the pool's cached blocks and tries again, then
         calls the reclaim hooks and tries again, then raises :class:`OutOfMemoryError` saying
         what each group holds. Returns one response per entry (entered in the ledger) and the
-        event recorded after the last allocation and zero fill. Refused (ManagerStateError) while
+        event recorded after the last allocation and zero fill; each response hands its walks the
+        group's ``copy_streams``. Refused (ManagerStateError) while
         reclaim hooks run: a hook that allocates would enter the recovery again.
         """
         if self._reclaiming is not None:
@@ -413,10 +415,10 @@ class DeviceAccount:
         except OutOfMemoryError as exc:
             batch, totals, event = self._recover(entries, group, plan, stream, exc)
         if len(entries) == 1:  # a batch of one request: a stream's every batch
-            responses = [self.respond(entries[0][1], batch[0], plan, stream, totals[0], event)]
+            responses = [self.respond(entries[0][1], batch[0], plan, stream, totals[0], event, copy_streams)]
         else:
             responses = [
-                self.respond(requests, allocs, plan, stream, vram, event)
+                self.respond(requests, allocs, plan, stream, vram, event, copy_streams)
                 for (_, requests), allocs, vram in zip(entries, batch, totals)
             ]
         if history is not None:
@@ -580,9 +582,10 @@ class DeviceAccount:
         stream: Any,
         vram: int = 0,
         ready: Event | None = None,
+        copy_streams: Callable[[], tuple[Any, Any]] | None = None,
     ) -> ArrayResponse:
         """The response for ``allocations`` (``vram`` bytes together, usable once the device
-        reaches ``ready``), entered in the ledger."""
+        reaches ``ready``; its walks overlap on the group's ``copy_streams``), entered in the ledger."""
         arrays: dict[str, Any] = {}
         buffers: dict[str, tuple[Any, ...]] = {}
         for a in allocations:
@@ -604,6 +607,7 @@ class DeviceAccount:
             buffers,
             self.device,
             ready,
+            copy_streams,
         )
         if allocations:
             self.ledger.add(response, allocations, vram)

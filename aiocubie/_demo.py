@@ -32,7 +32,7 @@ from ._planner import offered_bytes, plan_batch
 from ._recorder import Recorder
 from ._requests import ArrayRequest
 from ._stats import Percentiles, Snapshot
-from ._walk import DEFAULT_DEPTH, walk_chunks, walk_requests
+from ._walks import DEFAULT_DEPTH, walk_chunks, walk_requests
 
 __all__ = ["run_demo"]
 

@@ -242,7 +242,9 @@ class StreamGroups:
                 f"allocate() needs {plan.full_bytes} bytes whole but group {member.group!r} is "
                 f"offered {plan.offered}: use await mgr.request() to have it chunked"
             )
-        (response,), _ = account.allocate([(member.key, requests)], member.group, plan, group.stream)
+        (response,), _ = account.allocate(
+            [(member.key, requests)], member.group, plan, group.stream, group.copy_streams
+        )
         return response
 
     def free_where(self, predicate: Callable[[Allocation], bool], cause: str) -> None:

@@ -25,6 +25,7 @@ from ._requests import ArrayResponse
 from ._stats import Counters, Telemetry
 
 __all__ = [
+    "CopyStreams",
     "Group",
     "InvalidateHook",
     "Member",
@@ -118,13 +119,41 @@ def is_async_callable(hook: object) -> bool:
     )
 
 
+class CopyStreams:
+    """The two copy streams (in, out) of one group stream, made on first use.
+
+    A walk of several chunks overlaps its copies with the body's work on them (see
+    ``aiocubie._walks``); the group owns them beside its stream, and every response allocated
+    on that stream hands them to its walks.
+
+    Parameters
+    ----------
+    create_stream : callable
+        Makes a stream on the group's device.
+    """
+
+    __slots__ = ("_create_stream", "_streams")
+
+    def __init__(self, create_stream: Callable[[], Any]) -> None:
+        self._create_stream = create_stream
+        self._streams: tuple[Any, Any] | None = None
+
+    def __call__(self) -> tuple[Any, Any]:
+        """The (in, out) copy streams, made the first time they are asked for."""
+        streams = self._streams
+        if streams is None:
+            streams = self._streams = (self._create_stream(), self._create_stream())
+        return streams
+
+
 @attrs.define(eq=False)
 class Group:
-    """A stream group: its stream, its members' keys and its counters."""
+    """A stream group: its stream and that stream's copy streams, its members' keys and its counters."""
 
     name: str
     stream: Any
     counters: Counters
+    copy_streams: CopyStreams
     members: set[int] = attrs.field(factory=set)
     hooks: int = 0  # members with a ready hook: resolution skips the hooks when there are none
 
@@ -343,13 +372,15 @@ class Registry:
         """The group called ``name``, made (with a new stream) if it does not exist."""
         group = self.groups.get(name)
         if group is None:
-            group = self.groups[name] = Group(name, self._create_stream(), self._telemetry.group(name))
+            create = self._create_stream
+            group = self.groups[name] = Group(name, create(), self._telemetry.group(name), CopyStreams(create))
         return group
 
     def renew_streams(self) -> None:
         """Give every group a new stream (after a context reset)."""
         for group in self.groups.values():
             group.stream = self._create_stream()
+            group.copy_streams = CopyStreams(self._create_stream)
 
     def reap(self) -> list[int]:
         """Keys of members whose instance was collected since the last call, still registered."""

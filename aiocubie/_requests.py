@@ -603,6 +603,9 @@ class ArrayResponse:
     buffers: dict[str, tuple[Any, ...]] = attrs.field(factory=dict)
     device: Any = attrs.field(default=None, repr=False)
     ready: Any = attrs.field(default=None, repr=False, eq=False)
+    # the (in, out) copy streams of ``stream``, made by its group on first use: what a walk of
+    # several chunks overlaps its copies on (None: a response built by hand, the walk makes its own)
+    _copy_streams: Callable[[], tuple[Any, Any]] | None = attrs.field(default=None, repr=False, eq=False)
     _released: set[str] = attrs.field(factory=set, init=False, repr=False)  # labels freed; the ledger writes it
     # [walks under way, then what waits for them to end] (None: no walk yet): the walks write it
     _walks: list[Any] | None = attrs.field(default=None, init=False, repr=False)

@@ -569,7 +569,7 @@ class GroupScheduler:
         hook_calls = account.recovery.hook_calls
         entries = [(batch[0].key, batch[0].requests)] if len(batch) == 1 else [(t.key, t.requests) for t in batch]
         try:
-            responses, event = account.allocate(entries, self.name, plan, stream)
+            responses, event = account.allocate(entries, self.name, plan, stream, self.group.copy_streams)
         except AllocationError:
             # planned on a cached reading while another process took memory: plan again, once
             # (nothing is allocated now, so the cached reading is what the plan saw)

@@ -320,7 +320,9 @@ async def test_cancelled_mid_walk_waits_for_its_copies_and_leaks_nothing(at: int
 @pytest.mark.parametrize("at", [0, 2, 4])
 @pytest.mark.parametrize("closing", [True, False])
 # unclosed (closing=False) on purpose: trio says so when it collects the walk
-@pytest.mark.filterwarnings("ignore:Async generator 'aiocubie._walk.walk_chunks' was garbage collected:ResourceWarning")
+@pytest.mark.filterwarnings(
+    "ignore:Async generator 'aiocubie._walks._chunks.walk_chunks' was garbage collected:ResourceWarning"
+)
 async def test_an_exception_in_the_body_leaks_nothing(at: int, closing: bool) -> None:
     seen: list[Any] = []
     with pytest.raises(KeyError, match="body failed"):
@@ -484,31 +486,33 @@ def test_create_host_array_draws_from_the_pool() -> None:
     mgr.close()
 
 
-class _UnreferencedStream:
-    """A stream no weak reference can name (as cuda.core's are)."""
-
-    __slots__ = ()
-
-
-class _CountingDevice:
-    def __init__(self) -> None:
-        self.made = 0
-
-    def create_stream(self) -> object:
-        self.made += 1
-        return object()
-
-
-def test_the_copy_streams_of_a_stream_that_cannot_be_weakly_referenced_are_made_once_and_the_last_few_kept() -> None:
-    from aiocubie import _walk
-
-    device = _CountingDevice()
-    streams = [_UnreferencedStream() for _ in range(_walk._MAX_HELD + 4)]
-    _walk._held_copy_streams.clear()
-    first = _walk._copy_streams_of(device, streams[0])  # type: ignore[arg-type]
-    assert _walk._copy_streams_of(device, streams[0]) is first and device.made == 2  # each walk of it: the same two
-    for stream in streams[1:]:
-        _walk._copy_streams_of(device, stream)  # type: ignore[arg-type]
-    assert device.made == 2 * len(streams) and len(_walk._held_copy_streams) <= _walk._MAX_HELD
-    assert all(held is stream for stream, (held, _) in zip(streams[-4:], list(_walk._held_copy_streams.values())[-4:]))
-    assert _walk._copy_streams_of(device, streams[-1]) is not first and device.made == 2 * len(streams)
+@pytest.mark.anyio
+async def test_a_groups_copy_streams_are_made_once_by_the_group_and_handed_to_every_response_on_its_stream() -> None:
+    sim = SimulatorBackend(total=1 << 15)  # 32 KiB: the 64 KiB walk is chunked
+    async with MemoryManager(sim, headroom=0.0) as mgr:
+        a, b, c = object(), object(), object()
+        mgr.register(a, stream_group="one")
+        mgr.register(b, stream_group="one")
+        mgr.register(c, stream_group="two")
+        requests = walk_requests({"x": ArrayRequest((4, 1 << 12), np.float32, chunk_axis=1)})
+        x = np.arange(4 << 12, dtype=np.float32).reshape(4, 1 << 12)
+        y = np.empty_like(x)
+        first = await mgr.request(a, requests)
+        assert first.chunks > 1 and first._copy_streams is not None
+        pair = first._copy_streams()
+        for _ in range(2):  # every walk of the group's stream: the same two
+            async for _chunk in walk_chunks(first, inputs={"x": x}, outputs={"x": y}):
+                pass
+        assert first._copy_streams() is pair and first.stream not in pair and pair[0] is not pair[1]
+        assert np.array_equal(x, y)
+        mgr.release(first)
+        second = await mgr.request(b, requests)
+        assert second._copy_streams is first._copy_streams  # one group, one pair
+        mgr.release(second)
+        other = await mgr.request(c, requests)
+        assert other._copy_streams is not None and other._copy_streams() != pair
+        mgr.release(other)
+        mgr.groups.reinit_streams()  # a new stream: new copy streams with it
+        third = await mgr.request(a, requests)
+        assert third._copy_streams is not None and third._copy_streams() != pair
+        mgr.release(third)

@@ -90,7 +90,10 @@ class Copier:
 
     def queue(self, ready: Any, tag: object = None) -> None:
         """Queue the copy with a host array :meth:`straight` made ready (``tag`` as for :meth:`__call__`)."""
-        self(ready, tag)
+        if self.to_device:  # as __call__ does, one call less: a batch stream queues two a batch
+            self.device.copy_strided(ready, self.array, self.stream, tag=tag)
+        else:
+            self.device.copy_strided(self.array, ready, self.stream, tag=tag)
 
 
 class Event(abc.ABC):

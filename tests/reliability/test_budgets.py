@@ -58,9 +58,9 @@ class CapWatch:
         account = mgr._account
         original = account.allocate
 
-        def allocate(entries: Any, group: str, plan: Any, stream: Any) -> Any:
+        def allocate(entries: Any, group: str, plan: Any, stream: Any, *rest: Any) -> Any:
             before = mgr.stats().groups[group].live_bytes
-            result = original(entries, group, plan, stream)
+            result = original(entries, group, plan, stream, *rest)
             self.batches += 1
             if mgr.options.active:
                 after = mgr.stats().groups[group]
