@@ -1,8 +1,8 @@
 """Limits: the limit mode and policy, each member's proportion and cap, the pools, and settings by name.
 
 Handed the registry, the registration, the device account and the stream groups, it turns a
-user's change of a limit into the account's change (the account is the budget's only writer)
-and has the schedulers check their waiting batches again. It never reaches the manager.
+user's change of a limit into one call of the account (the budget's only writer, which announces
+the change to the schedulers itself). It never reaches the manager.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ class Limits:
     registration : Registration
         Finds the member of an instance.
     account : DeviceAccount
-        Holds the options and the budget, and changes them.
+        Holds the options and the budget, changes them and announces the changes.
     groups : StreamGroups
-        Told of every change (a batch waiting for memory checks again); moves a member.
+        Moves a member to another group.
     """
 
     def __init__(
@@ -48,7 +48,6 @@ class Limits:
     def configure(self, **changes: Any) -> None:
         """Change the mode or the policy (:class:`ConfigurationError` for a name neither knows)."""
         self._account.configure(**changes)
-        self._groups.changed()  # a batch waiting for memory is checked again under the new options
 
     def proportion(self, instance: object) -> float:
         """Share of VRAM ``instance`` may use."""
@@ -71,18 +70,15 @@ class Limits:
     def set_manual(self, instance: object, proportion: float) -> None:
         """Give ``instance`` a manual ``proportion``."""
         self._account.set_manual(self._registration.member(instance).key, proportion)
-        self._groups.changed()
 
     def move_to_manual(self, instance: object, proportion: float) -> None:
         """Move ``instance`` from the auto pool to the manual pool (:class:`BudgetError` if it is manual)."""
         member = self._registration.member(instance)
         self._account.move_to_manual(member.key, proportion, member.name)
-        self._groups.changed()
 
     def set_auto(self, instance: object) -> None:
         """Move ``instance`` to the auto pool."""
         self._account.set_auto(self._registration.member(instance).key)
-        self._groups.changed()
 
     def available(self, group: str) -> int:
         """Bytes ``group`` may use now (warns above 95% use in active mode)."""

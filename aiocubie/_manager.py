@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from ._accounting import DeviceAccount, ReclaimHook
+from ._accounting import DeviceAccount
 from ._backends import Advice, Backend, MemoryInfo, create_backend
 from ._budget import LimitMode
 from ._entry import RequestEntry
@@ -29,6 +29,7 @@ from ._lifecycle import Lifecycle
 from ._limits import Limits
 from ._observe import Observer
 from ._options import Options, Policy, Setup
+from ._recovery import ReclaimHook
 from ._registration import Registration
 from ._registry import InvalidateHook, ReadyHook, Registry
 from ._release import Release
@@ -132,7 +133,6 @@ class MemoryManager:
         self._account = account = DeviceAccount(
             given,
             setup.options,
-            lambda: groups.changed(),  # released memory: a batch waiting for it checks again
             hooks.reclaim,
             allocator=None if owns_backend else setup.allocator,  # a given backend: a resource beside its own
         )
@@ -543,7 +543,7 @@ class MemoryManager:
         (``allocator="rmm"``; process-wide, through RMM's hooks; torch only before its first CUDA allocation):
         their bytes show in :meth:`stats` (``other_bytes``), their out-of-memory failures run the reclaim hooks;
         ``limit``: a hard cap inside the allocator on what they hold together (set once)."""
-        self._account.share_pool(libraries, limit)
+        self._libraries.share(libraries, limit)
 
     def torch_allocations(self, instance: object) -> TorchAllocations:
         """``with mgr.torch_allocations(instance):`` torch's tensors made in the block count against ``instance``

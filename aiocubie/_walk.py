@@ -23,7 +23,7 @@ import anyio.to_thread
 import attrs
 import numpy as np
 
-from ._backends import Copier, Device, Event, Staging, geometry, stage
+from ._backends import Copier, Device, Event, Staging, StreamLike, geometry, stage
 from ._completion import Loop, running_loop
 from ._errors import AiocubieError, InvalidRequestError, ReleasedError, shown, warn
 from ._requests import ArrayRequest, ArrayResponse
@@ -594,7 +594,7 @@ _held_copy_streams: dict[int, tuple[Any, tuple[Any, Any]]] = {}
 _MAX_HELD = 16
 
 
-def _copy_streams_of(device: Device, stream: Any) -> tuple[Any, Any]:
+def _copy_streams_of(device: Device, stream: StreamLike) -> tuple[StreamLike, StreamLike]:
     try:
         found = _copy_streams.get(stream)
     except TypeError:  # no weak reference to it: by identity, the stream held
@@ -674,7 +674,7 @@ class _Walk:
         axes = response.chunk_axes
         whole_in = [label for label in self.ins if axes[label] is None]
         finished = False
-        response._walk_started()  # a release while it walks frees the blocks once it has ended
+        response.lease.walk_started()  # a release while it walks frees the blocks once it has ended
         try:
             _check_live(self.response)
             ready = response.ready  # the allocation: a copy stream waits for it (an ordered request)
@@ -728,7 +728,7 @@ class _Walk:
                     self.pool.release(buffer)
                 self.staging.clear()
             finally:
-                response._walk_ended()
+                response.lease.walk_ended()
 
     async def _copy_whole(self, sources: list[Any], targets: list[Any]) -> None:
         """Copy the unchunked arrays on the group's stream and wait until they are done."""
@@ -852,7 +852,7 @@ class _Walk:
 
 
 def _check_live(response: ArrayResponse, walk: str = "walk_chunks") -> None:
-    if response._released:  # the set itself: a walk checks it at every chunk
+    if response.lease.released:  # the set itself: a walk checks it at every chunk
         released = response.released
         raise ReleasedError(
             f"{walk}: the response's arrays {sorted(released)} were released (mgr.release, free, "
