@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Collection, Hashable, Sequence
 from typing import Any
 
-from ._backends import ArrayMaker, Backend, Device, Event, MemoryInfo, MemoryResource
+from ._backends import ArrayMaker, Backend, Device, Event, MemoryInfo, MemoryResource, StreamLike
 from ._budget import Budget, group_available
 from ._errors import BudgetError, OutOfMemoryError
 from ._history import HistoryRecorder
@@ -312,7 +312,7 @@ class DeviceAccount:
         entries: Sequence[tuple[Hashable, RequestSet]],
         group: str,
         plan: ChunkPlan,
-        stream: Any,
+        stream: StreamLike,
     ) -> tuple[list[ArrayResponse], Event]:
         """Allocate every array of a batch with ``plan``'s shapes, then record an event.
 
@@ -366,7 +366,7 @@ class DeviceAccount:
         return responses, event
 
     def _allocate(
-        self, entries: Sequence[tuple[Hashable, RequestSet]], group: str, plan: ChunkPlan, stream: Any
+        self, entries: Sequence[tuple[Hashable, RequestSet]], group: str, plan: ChunkPlan, stream: StreamLike
     ) -> tuple[list[list[Allocation]], list[int], Event]:
         """One try at the batch: its allocations per entry, their VRAM bytes, the event; all or nothing."""
         device, resource, make = self.device, self.resource, self.arrays.make
@@ -423,7 +423,7 @@ class DeviceAccount:
         requests: RequestSet,
         allocations: list[Allocation],
         plan: ChunkPlan,
-        stream: Any,
+        stream: StreamLike,
         vram: int = 0,
         ready: Event | None = None,
     ) -> ArrayResponse:
