@@ -64,8 +64,9 @@ class Lease:
         every use (an array keeps its memory alive on a GPU: a response kept after its release must not)."""
         labels = list(labels)
         if self.released is None:
-            self.released = set()
-        self.released.update(labels)
+            self.released = {*labels}  # a display, not set(): this runs on every release
+        else:
+            self.released.update(labels)
         arrays, buffers = self._arrays, self._buffers
         for label in labels:
             if label in arrays:
