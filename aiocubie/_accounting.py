@@ -1,49 +1,36 @@
 """The device account: the resource stack, the budget, the ledger and the free-memory reading, together.
 
 It alone allocates and frees (through its memory resource, arrays made by the backend's array
-maker) for the manager and the schedulers, owns and swaps the resource (``set_resource``), keeps
-the ledger in step with the device, says how many bytes a group is offered, and recovers from
-out-of-memory (cached blocks, then reclaim hooks). It is the only writer of the resource stack,
-the ledger and the budget: members join, leave, move and change pools through it. It knows nothing
-of tickets, tasks, the event loop or the manager: hooks and the history recorder are handed to it.
+maker), keeps the ledger in step with the device, says how many bytes a group is offered, hands
+each response its lease, and announces what may let a waiting batch through to its listeners. It
+is the only writer of the resource stack, the ledger and the budget. Out-of-memory recovery is
+:class:`~aiocubie._recovery.Recovery`'s; it knows nothing of tickets, tasks, the loop or the manager.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 import math
-import numbers
-import threading
 import time
 from collections.abc import Callable, Collection, Hashable, Sequence
 from typing import Any
 
-import attrs
-
-from ._backends import ArrayMaker, Backend, Device, Event, MemoryInfo, MemoryResource
+from ._backends import ArrayMaker, Backend, Device, Event, MemoryInfo, MemoryResource, StreamLike
 from ._budget import Budget, group_available
-from ._errors import BudgetError, ConfigurationError, ManagerStateError, OutOfMemoryError
+from ._errors import BudgetError, OutOfMemoryError
 from ._history import HistoryRecorder
+from ._lease import Lease
 from ._ledger import Allocation, Ledger
 from ._options import Options
 from ._planner import ChunkPlan, offered_bytes
+from ._recovery import ReclaimHook, Recovery
 from ._requests import ArrayResponse, MemoryKind, RequestSet
-from ._stats import RecoveryStats, format_bytes
+from ._stats import format_bytes
 
-__all__ = ["DeviceAccount", "ReclaimHook"]
+__all__ = ["DeviceAccount"]
 
 log = logging.getLogger("aiocubie")
-
-#: A reclaim hook: called with the bytes an allocation needs, it frees what it can (releases
-#: arrays, spills) and returns the bytes it freed, or None if it cannot say. It may release
-#: (``release``, ``free``, ``free_all``, ``unregister``, ``groups.move``); it may not
-#: allocate or reset the context (see :meth:`DeviceAccount.refuse_in_reclaim`).
-ReclaimHook = Callable[[int], "int | None"]
-
-#: What a reclaim hook may call, named in the refusal of anything else.
-RECLAIM_MAY = "mgr.release, mgr.free, mgr.free_all, mgr.unregister and mgr.groups.move"
 
 
 class DeviceAccount:
@@ -56,21 +43,18 @@ class DeviceAccount:
     options : Options
         The manager's options, held here once: read for the mode, the headroom and how long a
         free-memory reading is reused (and by the schedulers); changed with :meth:`configure`.
-    on_release : callable
-        Called with no argument after memory is released while batches may wait for it
-        (policy wait).
     reclaim_hooks : list of callable, optional
         Called in order when an allocation is out of memory even after the pool's cached
-        blocks were released (see :data:`ReclaimHook`); read live.
+        blocks were released (see :data:`~aiocubie._recovery.ReclaimHook`); read live.
     allocator : str, optional
         A resource name other than the backend's (None: the backend's resource).
 
     Attributes
     ----------
     history : HistoryRecorder or None
-        Where plans, allocations, releases and recovery steps are recorded (None: nowhere).
-    recovery : RecoveryStats
-        The out-of-memory recovery steps taken so far.
+        Where plans, allocations and releases are recorded (None: nowhere; see :meth:`record_to`).
+    recovery : Recovery
+        The out-of-memory recovery (its ``stats``: the steps taken so far).
     device : Device
         The device (streams, events, copies, memory readings).
     arrays : ArrayMaker
@@ -83,7 +67,6 @@ class DeviceAccount:
         self,
         backend: Backend,
         options: Options,
-        on_release: Callable[[], None],
         reclaim_hooks: list[ReclaimHook] | None = None,
         *,
         allocator: str | None = None,
@@ -98,44 +81,39 @@ class DeviceAccount:
         self.budget = Budget(total if limit is None else min(total, limit))
         self.ledger = Ledger()
         self.history: HistoryRecorder | None = None
-        self.reclaim_hooks = [] if reclaim_hooks is None else reclaim_hooks
-        self.recovery = RecoveryStats()
-        self._on_release = on_release
+        self.recovery = Recovery([] if reclaim_hooks is None else reclaim_hooks)
+        self._listeners: list[Callable[[], None]] = []
         self._free_reading = 0
         self._free_at = -math.inf
         self._free_delta = 0  # VRAM we allocated (+) or released (-) since the reading
         self._generation = 0  # context resets so far (forget_all): a free deferred across one is dropped
-        self._reclaiming: str | None = None  # while reclaim hooks run: the allocation they run for
-        self._refusal: ManagerStateError | None = None  # the last refusal raised inside a hook
-        self._thread = threading.get_ident()  # where hooks may run for other libraries' failures
-        self.resource.set_failure_handler(self.reclaim_for_library)
+        self.resource.set_failure_handler(self._library_out_of_memory)
+
+    def listen(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` after each change that may let a batch waiting for memory through.
+
+        Those are: the options, a proportion or pool, a member leaving, and memory released
+        (the last only while the policy waits: no batch waits otherwise).
+        """
+        self._listeners.append(listener)
+
+    def _announce(self) -> None:
+        for listener in self._listeners:
+            listener()
+
+    def record_to(self, history: HistoryRecorder | None) -> None:
+        """Record plans, allocations, releases and recovery steps to ``history`` (None: stop recording)."""
+        self.history = self.recovery.history = history
 
     def configure(self, **changes: Any) -> Options:
-        """Replace the options with ``changes`` applied (validated again); return them."""
+        """Replace the options with ``changes`` applied (validated again); announce and return them."""
         self.options = self.options.replace(**changes)
+        self._announce()
         return self.options
 
     def refuse_in_reclaim(self, call: str) -> None:
-        """Raise if reclaim hooks are running: ``call`` (``"set_allocator()"``, ...) may not run in one.
-
-        A reclaim hook runs on an allocation's path, between its tries: it may release memory;
-        allocating would enter recovery again (and again), and a context reset would pull the
-        device and the streams from under the allocation it runs for.
-
-        Raises
-        ------
-        ManagerStateError
-            Naming the call, the allocation the hooks run for and what a hook may call. Not
-            caught by the recovery: the batch fails with it (unless the hook catches it).
-        """
-        if self._reclaiming is None:
-            return
-        self._refusal = ManagerStateError(
-            f"{call} from a reclaim hook: the hook runs because {self._reclaiming}, and may only release "
-            f"memory ({RECLAIM_MAY}); it may not allocate or reset the context. Do that after the "
-            "request, outside the hook"
-        )
-        raise self._refusal
+        """Raise :class:`ManagerStateError` if reclaim hooks are running (see :meth:`Recovery.refuse_in_reclaim`)."""
+        self.recovery.refuse_in_reclaim(call)
 
     # -- members and groups: the budget's shares, the ledger's keys --------------------------
     def join(self, key: Hashable, proportion: float | None) -> None:
@@ -149,14 +127,17 @@ class DeviceAccount:
         self.budget.add(key, proportion)
 
     def leave(self, key: Hashable) -> int:
-        """Member ``key`` left: drop its share, free what it holds; return its peak bytes."""
+        """Member ``key`` left: drop its share, free what it holds, announce; return its peak bytes."""
         self.budget.remove(key)
         self.release_where(lambda a: a.key == key)
-        return self.ledger.forget(key)  # the id may be reused by a new instance
+        peak = self.ledger.forget(key)  # the id may be reused by a new instance
+        self._announce()
+        return peak
 
     def set_manual(self, key: Hashable, proportion: float) -> None:
-        """Give member ``key`` a manual ``proportion`` (out of the auto pool)."""
+        """Give member ``key`` a manual ``proportion`` (out of the auto pool); announce it."""
         self.budget.set_manual(key, proportion)
+        self._announce()
 
     def move_to_manual(self, key: Hashable, proportion: float, name: str) -> None:
         """Move member ``key`` (called ``name``) from the auto pool to the manual pool.
@@ -169,10 +150,12 @@ class DeviceAccount:
         if self.budget.is_manual(key):
             raise BudgetError(f"{name} is already in the manual pool: use mgr.budget.set_manual")
         self.budget.set_manual(key, proportion)
+        self._announce()
 
     def set_auto(self, key: Hashable) -> None:
-        """Move member ``key`` into the auto pool."""
+        """Move member ``key`` into the auto pool; announce it."""
         self.budget.set_auto(key)
+        self._announce()
 
     def regroup(self, key: Hashable, old: str, new: str) -> None:
         """Member ``key`` moved from group ``old`` to ``new``: what it holds counts in ``new`` now."""
@@ -224,22 +207,7 @@ class DeviceAccount:
         self.forget_all()
         self.resource.set_failure_handler(None)
         self.resource = resource
-        resource.set_failure_handler(self.reclaim_for_library)
-
-    def share_pool(self, libraries: Sequence[str], limit: int | None = None) -> None:
-        """Make ``libraries`` allocate from the resource's pool, other libraries capped at ``limit`` bytes together.
-
-        Raises
-        ------
-        ConfigurationError
-            For a resource no other library can draw from, a library that cannot be routed, or a
-            limit that is not a whole number of bytes > 0 (or a second, different one).
-        """
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, numbers.Integral) or limit <= 0):
-            raise ConfigurationError(
-                f"limit must be the bytes other libraries may hold together, an int > 0 (e.g. 4 << 30), got {limit!r}"
-            )
-        self.resource.share_with(libraries, None if limit is None else int(limit))
+        resource.set_failure_handler(self._library_out_of_memory)
 
     def count_library(self, scope: object, key: Hashable, group: str, label: str, nbytes: int) -> None:
         """Member ``key`` (of ``group``) holds ``nbytes`` through a library's pool (``scope``): count them as its own.
@@ -258,46 +226,9 @@ class DeviceAccount:
                 history.allocated([counted], None)
         self._free_delta += nbytes - sum(a.vram for a in old)  # the library took (or gave back) that much
 
-    def reclaim_for_library(self, nbytes: int) -> bool:
-        """Another library's allocation of ``nbytes`` found no room in the shared pool: run the recovery.
-
-        Releases the pool's cached blocks and calls the reclaim hooks (as for aiocubie's own
-        batches); True when they freed something, so the library's allocation is tried again.
-        Runs only in the thread the account was made in (the event loop's) and never inside a
-        recovery already running: elsewhere it returns False and the library sees its own
-        out-of-memory error.
-        """
-        if self._reclaiming is not None or threading.get_ident() != self._thread:
-            return False
-        what = f"another library's allocation of {format_bytes(nbytes)} found no room in the shared pool"
-        self._count(out_of_memory=1)
-        in_use = self.resource.pool_facts().in_use
-        log.warning("%s: freeing the pool's cached blocks and calling the reclaim hooks", what)
-        freed = self.resource.release_cached()
-        self._count(cache_releases=1, cache_bytes_freed=freed)
-        hooks, reclaimed = list(self.reclaim_hooks), 0
-        if hooks:
-            self._reclaiming = what
-            try:
-                for hook in hooks:
-                    reclaimed += self._call(hook, nbytes, "(other libraries)")
-            except ManagerStateError:
-                return False
-            finally:
-                self._reclaiming = self._refusal = None
-            self._count(hook_calls=len(hooks), hook_bytes_freed=reclaimed)
-        # the library retries while this says True: trust what left the pool, not what hooks say
-        # they freed (a hook that says so and frees nothing would have it retry forever)
-        after = self.resource.pool_facts().in_use
-        if in_use is not None and after is not None:
-            reclaimed = in_use - after
-        if freed + reclaimed > 0:
-            # counted as recovered so that out_of_memory == recovered + failed holds: a retry that
-            # finds no room again comes back here as an out-of-memory of its own
-            self._count(recovered=1)
-            return True
-        self._count(failed=1)
-        return False
+    def _library_out_of_memory(self, nbytes: int) -> bool:
+        """The resource's failure handler: another library found no room (see :meth:`Recovery.for_library`)."""
+        return self.recovery.for_library(nbytes, self.resource, self.budget.total)
 
     # -- what there is -----------------------------------------------------------------------
     def memory_info(self) -> MemoryInfo:
@@ -381,8 +312,8 @@ class DeviceAccount:
         entries: Sequence[tuple[Hashable, RequestSet]],
         group: str,
         plan: ChunkPlan,
-        stream: Any,
-        copy_streams: Callable[[], tuple[Any, Any]] | None = None,
+        stream: StreamLike,
+        copy_streams: Callable[[], tuple[StreamLike, StreamLike]] | None = None,
     ) -> tuple[list[ArrayResponse], Event]:
         """Allocate every array of a batch with ``plan``'s shapes, then record an event.
 
@@ -394,7 +325,7 @@ class DeviceAccount:
         group's ``copy_streams``. Refused (ManagerStateError) while
         reclaim hooks run: a hook that allocates would enter the recovery again.
         """
-        if self._reclaiming is not None:
+        if self.recovery.reclaiming is not None:
             self.refuse_in_reclaim("allocating")
         history, debug = self.history, log.isEnabledFor(logging.DEBUG)
         if history is not None:
@@ -413,7 +344,16 @@ class DeviceAccount:
         try:
             batch, totals, event = self._allocate(entries, group, plan, stream)
         except OutOfMemoryError as exc:
-            batch, totals, event = self._recover(entries, group, plan, stream, exc)
+            batch, totals, event = self.recovery.for_batch(
+                functools.partial(self._allocate, entries, group, plan, stream),
+                self.resource,
+                exc,
+                group=group,
+                asked=plan.planned_bytes,
+                batch=f"{len(entries)} request(s), {plan.chunks} chunk(s) of {plan.chunk_length} runs",
+                cap=self.budget.total,
+                held=self._held,
+            )
         if len(entries) == 1:  # a batch of one request: a stream's every batch
             responses = [self.respond(entries[0][1], batch[0], plan, stream, totals[0], event, copy_streams)]
         else:
@@ -428,7 +368,7 @@ class DeviceAccount:
         return responses, event
 
     def _allocate(
-        self, entries: Sequence[tuple[Hashable, RequestSet]], group: str, plan: ChunkPlan, stream: Any
+        self, entries: Sequence[tuple[Hashable, RequestSet]], group: str, plan: ChunkPlan, stream: StreamLike
     ) -> tuple[list[list[Allocation]], list[int], Event]:
         """One try at the batch: its allocations per entry, their VRAM bytes, the event; all or nothing."""
         device, resource, make = self.device, self.resource, self.arrays.make
@@ -469,109 +409,15 @@ class DeviceAccount:
             raise
         return batch, totals, event
 
-    def _recover(
-        self,
-        entries: Sequence[tuple[Hashable, RequestSet]],
-        group: str,
-        plan: ChunkPlan,
-        stream: Any,
-        error: OutOfMemoryError,
-    ) -> tuple[list[list[Allocation]], list[int], Event]:
-        """Out of memory: free the pool's cache and retry, call the reclaim hooks and retry, or raise."""
-        asked, history = plan.planned_bytes, self.history
-        self._count(out_of_memory=1)
-        log.warning(
-            "group %r: out of memory for %s (%s): freeing the pool's cached blocks", group, format_bytes(asked), error
-        )
-        freed = self.resource.release_cached()
-        self._count(cache_releases=1, cache_bytes_freed=freed)
-        if history is not None:
-            history.recovery(group, freed, "released the pool's cached blocks")
-        try:
-            return self._retried(entries, group, plan, stream)
-        except OutOfMemoryError as exc:
-            error = exc
-        hooks = list(self.reclaim_hooks)
-        if hooks:
-            self._reclaiming = (
-                f"group {group!r} is out of memory for {format_bytes(asked)} ({len(entries)} request(s), "
-                f"{plan.chunks} chunk(s) of {plan.chunk_length} runs)"
-            )
-            called = reclaimed = 0
-            try:
-                for hook in hooks:
-                    called += 1
-                    reclaimed += self._call(hook, asked, group)
-            except ManagerStateError as refused:  # a hook called what it may not: the batch fails with that
-                self._count(hook_calls=called, failed=1)
-                log.error("group %r: %s", group, refused)
-                raise
-            finally:
-                self._reclaiming = self._refusal = None
-            self._count(hook_calls=len(hooks), hook_bytes_freed=reclaimed)
-            log.warning("group %r: %d reclaim hook(s) freed %s", group, len(hooks), format_bytes(reclaimed))
-            try:
-                return self._retried(entries, group, plan, stream)
-            except OutOfMemoryError as exc:
-                error = exc
-        self._count(failed=1)
+    def _held(self) -> str:
+        """What is held where, for an out-of-memory error."""
         held = ", ".join(
             f"{name!r} {format_bytes(live)}" for name, live in sorted(self.ledger.live_by_group.items()) if live
         )
         info, pool = self.memory_info(), self.resource.pool_facts()
-        message = (
-            f"out of memory: group {group!r} asked for {format_bytes(asked)} ({len(entries)} request(s), "
-            f"{plan.chunks} chunk(s) of {plan.chunk_length} runs); releasing {format_bytes(freed)} of cached pool "
-            f"blocks and calling {len(hooks)} reclaim hook(s) did not make room. Held through this manager: "
-            f"{held or 'nothing'}; device: {format_bytes(info.free)} free of {format_bytes(info.total)}; pool: "
-            f"{format_bytes(pool.held)} held, {format_bytes(pool.in_use)} in use. Release arrays (mgr.release, "
-            f"mgr.free), ask for fewer runs, or register a reclaim hook that frees or spills "
-            f"(mgr.pool.add_reclaim_hook). The device said: {error}"
-        )
-        log.error("%s", message)
-        if history is not None:
-            history.failure(group, asked, error)
-            if history.dump_on_oom is not None:
-                try:
-                    history.history().to_json(history.dump_on_oom)
-                except OSError as exc:  # the out-of-memory error is what the request must see
-                    log.error("could not write the allocation history to %s: %s", history.dump_on_oom, exc)
-                else:
-                    log.error("allocation history written to %s", history.dump_on_oom)
-        raise OutOfMemoryError(message) from error
-
-    def _retried(
-        self, entries: Sequence[tuple[Hashable, RequestSet]], group: str, plan: ChunkPlan, stream: Any
-    ) -> tuple[list[list[Allocation]], list[int], Event]:
-        result = self._allocate(entries, group, plan, stream)
-        self._count(recovered=1)
-        log.warning("group %r: allocation recovered from out of memory", group)
-        return result
-
-    def _call(self, hook: ReclaimHook, nbytes: int, group: str) -> int:
-        """Call one reclaim hook; the bytes it says it freed (0 if it failed or cannot say)."""
-        try:
-            freed = hook(nbytes)
-        except Exception as exc:
-            if exc is self._refusal:  # it called what a hook may not: not a hook's ordinary failure
-                raise
-            log.exception("reclaim hook %r raised; going on with the next step", hook)
-            return 0
-        if inspect.isawaitable(freed):  # not awaited on the allocation path: refuse it loudly
-            getattr(freed, "close", lambda: None)()
-            log.error("reclaim hook %r returned an awaitable: reclaim hooks must be plain functions", hook)
-            return 0
-        # what it says it freed: a whole number of bytes (numpy's too), at most the device's total;
-        # anything else (None, True, a float, a negative number) counts as "cannot say"
-        said = int(freed) if isinstance(freed, numbers.Integral) and not isinstance(freed, bool) else 0
-        nbytes = min(said, self.budget.total) if said > 0 else 0
-        if self.history is not None:
-            self.history.recovery(group, nbytes, f"reclaim hook {getattr(hook, '__qualname__', hook)!r}")
-        return nbytes
-
-    def _count(self, **steps: int) -> None:
-        self.recovery = attrs.evolve(
-            self.recovery, **{name: getattr(self.recovery, name) + n for name, n in steps.items()}
+        return (
+            f"Held through this manager: {held or 'nothing'}; device: {format_bytes(info.free)} free of "
+            f"{format_bytes(info.total)}; pool: {format_bytes(pool.held)} held, {format_bytes(pool.in_use)} in use"
         )
 
     def respond(
@@ -579,7 +425,7 @@ class DeviceAccount:
         requests: RequestSet,
         allocations: list[Allocation],
         plan: ChunkPlan,
-        stream: Any,
+        stream: StreamLike,
         vram: int = 0,
         ready: Event | None = None,
         copy_streams: Callable[[], tuple[Any, Any]] | None = None,
@@ -607,6 +453,7 @@ class DeviceAccount:
             buffers,
             self.device,
             ready,
+            Lease(arrays, buffers, self),
             copy_streams,
         )
         if allocations:
@@ -625,11 +472,11 @@ class DeviceAccount:
             self.history.released(allocations)
         # :meth:`free` for one response's allocations (every one has a block), on the release of
         # each batch of a stream: its blocks go back once the walks over it have ended
-        walks = response._walks
-        if walks is None or not walks[0]:
+        lease = response.lease
+        if not lease.walks:
             self._give_back(allocations, self._generation)
         else:
-            response._after_walks(functools.partial(self._give_back, allocations, self._generation))
+            lease.after_walks(functools.partial(self._give_back, allocations, self._generation))
 
     def release_where(self, predicate: Callable[[Allocation], bool]) -> list[Allocation]:
         """Free every allocation for which ``predicate`` is true; return them."""
@@ -647,22 +494,22 @@ class DeviceAccount:
             return
         if self.history is not None:
             self.history.released(allocations)
-        owners: dict[int, tuple[ArrayResponse, list[Allocation]]] = {}
+        owners: dict[int, tuple[Lease, list[Allocation]]] = {}
         now: list[Allocation] = []
         for alloc in allocations:
             if alloc.block is None:  # a library's bytes (count_library): still the library's, nothing to free
                 continue
             owner = alloc.owner
-            if isinstance(owner, ArrayResponse) and owner._walks is not None:
-                owners.setdefault(id(owner), (owner, []))[1].append(alloc)
+            if isinstance(owner, ArrayResponse) and owner.lease.walks:
+                owners.setdefault(id(owner), (owner.lease, []))[1].append(alloc)
             else:
                 now.append(alloc)
         self._give_back(now, self._generation)
         # a walk over a response queues its next chunks' copies ahead on its copy streams: its
         # blocks go back once every walk over it has ended (a released walk ends at its next
         # chunk, after waiting for its copies)
-        for owner, allocs in owners.values():
-            owner._after_walks(functools.partial(self._give_back, allocs, self._generation))
+        for lease, allocs in owners.values():
+            lease.after_walks(functools.partial(self._give_back, allocs, self._generation))
 
     def _give_back(self, allocations: list[Allocation], generation: int) -> None:
         """Deallocate the blocks of ``allocations``, unless a context reset (``generation``) lost them."""
@@ -677,7 +524,7 @@ class DeviceAccount:
         finally:
             self._free_delta -= vram
         if self.options.waits:  # only a batch waiting for memory cares: spare waking every group
-            self._on_release()
+            self._announce()
 
     def forget_all(self) -> None:
         """The context that held every array is gone: empty the ledger, read the device anew."""

@@ -125,6 +125,7 @@ class StreamGroups:
         self._account = account
         self._serving = serving
         self._on_retired = on_retired
+        account.listen(self.changed)  # released memory, caps or options: a waiting batch checks again
         self.schedulers: dict[str, GroupScheduler] = {}  # one per live group, while serving
         self._draining: list[GroupScheduler] = []  # of emptied groups, until their flights land
         self._line = WaitingLine(self.changed)  # batches waiting for memory across groups (passive, wait)

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from ._accounting import ReclaimHook
 from ._errors import ConfigurationError, shown, warn
+from ._recovery import ReclaimHook
 from ._registry import Registry, await_hook, call_hook
 from ._serving import Serving
 

@@ -123,7 +123,7 @@ class Ledger:
         if allocs is None:
             return []
         if isinstance(owner, ArrayResponse):  # a walk over it refuses from now on
-            owner._mark_released(owner.arrays)  # its labels: those still held are among them
+            owner.lease.mark_released(owner.arrays)  # its labels: those still held are among them
         first = allocs[0]  # one owner: one key and group
         vram = 0
         for alloc in allocs:
@@ -150,7 +150,7 @@ class Ledger:
     def _forget(self, allocs: Iterable[Allocation]) -> None:
         for alloc in allocs:
             if isinstance(alloc.owner, ArrayResponse):
-                alloc.owner._mark_released((alloc.label,))
+                alloc.owner.lease.mark_released((alloc.label,))
             self.live -= alloc.vram
             self.live_by_key[alloc.key] -= alloc.vram
             self.live_by_group[alloc.group] -= alloc.vram

@@ -1,4 +1,4 @@
-"""Other libraries' allocations counted against a component's budget: the torch tensors a component's code makes.
+"""Other libraries sharing the account's pool: routed to it (``share``), and counted against a component's budget.
 
 :class:`LibraryScopes` keeps one library pool per registered instance (torch's ``MemPool`` on the
 shared pool, made by the resource) and, each time the instance's torch code leaves its ``with``
@@ -9,12 +9,13 @@ allocates nothing itself, never awaits, and never reaches back to the manager.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import numbers
+from collections.abc import Callable, Sequence
 from types import TracebackType
 
 from ._accounting import DeviceAccount
 from ._backends import LibraryPool
-from ._errors import ManagerStateError, warn
+from ._errors import ConfigurationError, ManagerStateError, warn
 from ._registry import Member, Registry
 
 __all__ = ["LibraryScopes", "TorchAllocations"]
@@ -113,6 +114,22 @@ class LibraryScopes:
         self._account = account
         self._registry = registry
         self._pools: dict[int, tuple[Member, LibraryPool]] = {}
+
+    def share(self, libraries: Sequence[str], limit: int | None = None) -> None:
+        """Make ``libraries`` allocate from the account's pool, capped at ``limit`` bytes together (see
+        ``MemoryManager.share_pool``).
+
+        Raises
+        ------
+        ConfigurationError
+            For a resource no other library can draw from, a library that cannot be routed, or a
+            limit that is not a whole number of bytes > 0 (or a second, different one).
+        """
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, numbers.Integral) or limit <= 0):
+            raise ConfigurationError(
+                f"limit must be the bytes other libraries may hold together, an int > 0 (e.g. 4 << 30), got {limit!r}"
+            )
+        self._account.resource.share_with(libraries, None if limit is None else int(limit))
 
     def torch(self, instance: object) -> TorchAllocations:
         """The ``with`` block whose torch allocations count against ``instance`` (see ``PoolView.torch_allocations``).

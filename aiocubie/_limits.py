@@ -2,8 +2,8 @@
 proportion and cap, the manual and auto pools, and settings by name.
 
 Handed the registry, the registration, the device account and the stream groups, it turns a
-user's change of a limit into the account's change (the account is the budget's only writer)
-and has the schedulers check their waiting batches again. It never reaches the manager.
+user's change of a limit into one call of the account (the budget's only writer, which announces
+the change to the schedulers itself). It never reaches the manager.
 """
 
 from __future__ import annotations
@@ -58,7 +58,6 @@ class BudgetView:
 
     def _configure(self, **changes: Any) -> None:
         self._account.configure(**changes)
-        self._groups.changed()  # a batch waiting for memory is checked again under the new options
 
     def proportion(self, instance: object) -> float:
         """Share of the memory ``instance`` may use."""
@@ -95,7 +94,6 @@ class BudgetView:
         :class:`BudgetError` if ``proportion`` is outside (0, 1] or does not fit.
         """
         self._account.set_manual(self._registration.member(instance).key, proportion)
-        self._groups.changed()
 
     def move_to_manual(self, instance: object, proportion: float) -> None:
         """Move ``instance`` from the auto pool to the manual pool with ``proportion``.
@@ -104,12 +102,10 @@ class BudgetView:
         """
         member = self._registration.member(instance)
         self._account.move_to_manual(member.key, proportion, member.name)
-        self._groups.changed()
 
     def set_auto(self, instance: object) -> None:
         """Move ``instance`` from the manual pool to the auto pool."""
         self._account.set_auto(self._registration.member(instance).key)
-        self._groups.changed()
 
     def available(self, group: str) -> int:
         """Bytes ``group`` may use now (warns above 95% use in active mode)."""

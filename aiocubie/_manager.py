@@ -131,7 +131,6 @@ class MemoryManager:
         self._account = account = DeviceAccount(
             given,
             setup.options,
-            lambda: groups.changed(),  # released memory: a batch waiting for it checks again
             hooks.reclaim,
             allocator=None if owns_backend else setup.allocator,  # a given backend: a resource beside its own
         )

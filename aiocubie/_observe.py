@@ -75,7 +75,7 @@ class Observer:
             pinned,
             time.time(),
             facts,
-            self._account.recovery,
+            self._account.recovery.stats,
             self._account.other_bytes(facts.in_use),
         )
 
@@ -144,15 +144,16 @@ class Observer:
     ) -> None:
         """Start a new history (or, ``enabled=False``, stop recording); see ``MemoryManager.record_history``."""
         if not enabled:
-            self._account.history = None
+            self._account.record_to(None)
             return
-        self._history = self._account.history = HistoryRecorder(
+        self._history = HistoryRecorder(
             max_entries,
             stacks=stacks,
             ledger=self._account.ledger,
             names=self._registry.name_of,  # type: ignore[arg-type]
             dump_on_oom=dump_on_oom,
         )
+        self._account.record_to(self._history)
 
     def history(self) -> History:
         """The history recorded so far.

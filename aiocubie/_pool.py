@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ._accounting import DeviceAccount, ReclaimHook
+from ._accounting import DeviceAccount
 from ._backends import MemoryInfo
 from ._errors import ContextResetError, warn
 from ._groups import StreamGroups
 from ._hooks import Hooks
 from ._libraries import LibraryScopes, TorchAllocations
 from ._options import parse_allocator
+from ._recovery import ReclaimHook
 from ._registry import Registry
 
 __all__ = ["PoolView"]
@@ -91,7 +92,7 @@ class PoolView:
         out-of-memory failures run the reclaim hooks; ``limit``: a hard cap inside the allocator
         on what they hold together (set once).
         """
-        self._account.share_pool(libraries, limit)
+        self._libraries.share(libraries, limit)
 
     def torch_allocations(self, instance: object) -> TorchAllocations:
         """``with mgr.pool.torch_allocations(instance):`` torch's tensors made in the block count

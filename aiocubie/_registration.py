@@ -118,7 +118,6 @@ class Registration:
         self._member_left(member, self._account.leave(key))
         if member.group not in self._registry.groups:
             self._groups.retire(member.group)
-        self._groups.changed()  # caps changed, and an open batch may no longer wait for this member
 
     def reap(self) -> None:
         """Unregister the members whose instance was garbage-collected."""

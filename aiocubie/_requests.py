@@ -16,7 +16,9 @@ from typing import Any
 import attrs
 import numpy as np
 
-from ._errors import InvalidRequestError, ReleasedError, RunLengthMismatchError, shown
+from ._errors import InvalidRequestError, RunLengthMismatchError, shown
+from ._lease import Lease, ReleasedArray
+from ._protocols import Event, StreamLike
 
 __all__ = [
     "ArrayRequest",
@@ -487,71 +489,6 @@ def check_requests(requests: Any) -> RequestSet:
     return RequestSet(arrays, runs or (1 if single else 0), fixed, per_run, axes, shapes, buffered)
 
 
-class ReleasedArray:
-    """What a released response's ``arrays[label]`` holds: every use raises :class:`ReleasedError`.
-
-    The response lets go of a released array, so its memory goes back even while the response
-    is kept (an ``async with mgr.request(...) as response`` variable outlives its block). What
-    the array was stays readable, none of its memory: ``shape``, ``dtype``, ``ndim``, ``size``,
-    ``nbytes`` (a ready hook may read them after an ordered request was released).
-    """
-
-    __slots__ = ("dtype", "label", "shape")
-
-    def __init__(self, label: str, shape: tuple[int, ...] = (), dtype: Any = None) -> None:
-        self.label = label
-        self.shape = tuple(shape)
-        self.dtype = dtype
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.size * np.dtype(self.dtype).itemsize if self.dtype is not None else 0
-
-    def __repr__(self) -> str:
-        return f"<released array {self.label!r} {self.shape} {self.dtype}>"
-
-    def _refuse(self, *args: object, **kwargs: object) -> Any:
-        raise ReleasedError(
-            f"array {self.label!r} of this response was released (mgr.release, free, free_all, the end of its "
-            "request's `async with`, its manager's exit, or a context reset): its memory may hold another array's data by now. "
-            "Use the arrays inside the `async with` block, or request them again"
-        )
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") and name.endswith("__"):  # copy, pickle and numpy probe dunders: not there
-            raise AttributeError(name)
-        return self._refuse()
-
-    def __format__(self, spec: str) -> str:  # f"{x}" prints the stand-in; a number's format needs the data
-        return repr(self) if not spec else self._refuse()
-
-    def __hash__(self) -> int:  # __eq__ refuses: a stand-in is still a dict key, by identity
-        return id(self)
-
-    __getitem__ = __setitem__ = __len__ = __iter__ = __array__ = __bool__ = __float__ = __int__ = _refuse
-    __index__ = __complex__ = __round__ = __contains__ = _refuse
-    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _refuse
-    __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = __divmod__ = __rdivmod__ = __rpow__ = _refuse
-    __and__ = __rand__ = __or__ = __ror__ = __xor__ = __rxor__ = __lshift__ = __rlshift__ = _refuse
-    __rshift__ = __rrshift__ = __invert__ = _refuse
-    __neg__ = __pos__ = __abs__ = __matmul__ = __rmatmul__ = __pow__ = __lt__ = __le__ = __gt__ = __ge__ = _refuse
-    __eq__ = __ne__ = _refuse  # an array compares element by element: a quiet False would mislead
-    __iadd__ = __isub__ = __imul__ = __itruediv__ = __ifloordiv__ = __imod__ = __ipow__ = _refuse
-    __iand__ = __ior__ = __ixor__ = __ilshift__ = __irshift__ = __imatmul__ = _refuse
-
-    @property
-    def __cuda_array_interface__(self) -> Any:
-        return self._refuse()
-
-
 # slots=False: a frozen class with a __dict__ is built with dict stores rather than one
 # object.__setattr__ call a field (a response is built for every request)
 @attrs.frozen(eq=False, slots=False)
@@ -577,7 +514,7 @@ class ArrayResponse:
         Label -> shape of each allocated array.
     chunk_axes : dict
         Label -> run axis of each array (None for unchunkable arrays).
-    stream : object
+    stream : StreamLike
         The stream group's stream the arrays were allocated on.
     buffers : dict
         Label -> every chunk buffer of an array that got more than one (``arrays[label]`` is
@@ -591,6 +528,15 @@ class ArrayResponse:
         (``device.wait_event(other, response.ready)``) when the request was ``ordered``
         (see ``MemoryManager.request``). None for a response built by hand, and for the
         plan-only response a ready hook gets for a member that asked for nothing in the batch.
+    lease : Lease
+        What it holds of its account (released labels, walks under way); :meth:`release`
+        goes through it. Nothing else writes a response.
+
+    Examples
+    --------
+    >>> async def step(mgr, solver):  # doctest: +SKIP
+    ...     async with await mgr.request(solver, {"x": ArrayRequest(shape=(4,), dtype="f4")}) as response:
+    ...         ...  # use response.arrays["x"]; released on exit (or response.release())
     """
 
     arrays: dict[str, Any]
@@ -599,70 +545,49 @@ class ArrayResponse:
     runs: int
     chunked_shapes: dict[str, tuple[int, ...]]
     chunk_axes: dict[str, int | None]
-    stream: Any
+    stream: StreamLike
     buffers: dict[str, tuple[Any, ...]] = attrs.field(factory=dict)
     device: Any = attrs.field(default=None, repr=False)
-    ready: Any = attrs.field(default=None, repr=False, eq=False)
+    ready: Event | None = attrs.field(default=None, repr=False, eq=False)
+    # what it holds of its account (the account hands it one; a response built by hand gets one
+    # that releases nothing): the released labels, the walks under way, the frees waiting for them
+    lease: Lease = attrs.field(
+        default=attrs.Factory(lambda self: Lease(self.arrays, self.buffers, None), takes_self=True), repr=False
+    )
     # the (in, out) copy streams of ``stream``, made by its group on first use: what a walk of
     # several chunks overlaps its copies on (None: a response built by hand, the walk makes its own)
-    _copy_streams: Callable[[], tuple[Any, Any]] | None = attrs.field(default=None, repr=False, eq=False)
-    _released: set[str] = attrs.field(factory=set, init=False, repr=False)  # labels freed; the ledger writes it
-    # [walks under way, then what waits for them to end] (None: no walk yet): the walks write it
-    _walks: list[Any] | None = attrs.field(default=None, init=False, repr=False)
-    # what every walk of a batch stream asks again, worked out on the first (see _full_shapes, _device_view)
-    _cached: dict[str, Any] | None = attrs.field(default=None, init=False, repr=False)
+    _copy_streams: Callable[[], tuple[StreamLike, StreamLike]] | None = attrs.field(default=None, repr=False, eq=False)
 
     @property
     def released(self) -> frozenset[str]:
         """The labels whose arrays were freed (``release``, ``free``, ``free_all``, the end of
         ``async with``, a context reset): those arrays must not be used any more."""
-        return frozenset(self._released)
+        released = self.lease.released
+        return frozenset() if released is None else frozenset(released)
 
-    def _mark_released(self, labels: Iterable[str]) -> None:
-        """The arrays of ``labels`` were freed: the response stops holding them (an array keeps its
-        memory alive on a GPU: a response kept after its release must not), each replaced by a
-        :class:`ReleasedArray` that refuses every use."""
-        labels = list(labels)
-        self._released.update(labels)
-        arrays, buffers = self.arrays, self.buffers
-        for label in labels:
-            if label in arrays:
-                array = arrays[label]  # a hand-built response may hold anything: what it says of itself
-                arrays[label] = ReleasedArray(label, getattr(array, "shape", ()), getattr(array, "dtype", None))
-            buffers.pop(label, None)
-        if self._cached is not None:  # device views of the arrays
-            object.__setattr__(self, "_cached", None)
+    def release(self) -> None:
+        """Free the arrays (as ``mgr.release(response)``); nothing if they were released already.
 
-    def _walk_started(self) -> None:
-        """A walk over these arrays begins: frees of them wait until it has ended (see :meth:`_after_walks`)."""
-        walks = self._walks
-        if walks is None:
-            object.__setattr__(self, "_walks", [1])
-        else:
-            walks[0] += 1
+        Safe to call again, from any task of the manager's loop, and after the manager closed
+        (its exit released everything). A release while a walk is under way frees the blocks
+        once the walk has ended; the walk raises :class:`ReleasedError` at its next chunk.
+        """
+        self.lease.release(self)
 
-    def _walk_ended(self) -> None:
-        """A walk ended, its copies done: once none is under way, run what waited for them, in order."""
-        walks = self._walks
-        if walks is None or not walks[0]:
-            return
-        walks[0] -= 1
-        while not walks[0] and len(walks) > 1:
-            walks.pop(1)()
+    async def aclose(self) -> None:
+        """Release the arrays (see :meth:`release`): ``async with response:`` does it on exit."""
+        self.lease.release(self)
 
-    def _after_walks(self, then: Callable[[], None]) -> None:
-        """Call ``then`` now, or once the walks over these arrays under way have ended (the account
-        frees a released response's blocks so: a walk's copies queued ahead still use them)."""
-        walks = self._walks
-        if walks is None or not walks[0]:
-            then()
-        else:
-            walks.append(then)
+    async def __aenter__(self) -> ArrayResponse:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.lease.release(self)
 
     def _full_shapes(self) -> dict[str, tuple[tuple[int, ...], np.dtype[Any]]]:
         """Label -> (shape, dtype) of the full-size host array a walk takes for it (the run axis at
         ``runs``; an empty run axis stays empty)."""
-        cached = self._cached or self._cache()
+        cached = self.lease.views or self._views()
         found: dict[str, tuple[tuple[int, ...], np.dtype[Any]]] | None = cached.get("full")
         if found is None:
             found = {}
@@ -677,18 +602,18 @@ class ArrayResponse:
 
     def _device_view(self) -> Mapping[str, Any]:
         """A read-only view of :attr:`arrays` (a one-chunk walk's ``chunk.device``)."""
-        cached = self._cached or self._cache()
+        cached = self.lease.views or self._views()
         view: Mapping[str, Any] | None = cached.get("device")
         if view is None:
             view = cached["device"] = MappingProxyType(dict(self.arrays))
         return view
 
-    def _cache(self) -> dict[str, Any]:
-        cached = self._cached
-        if cached is None:
-            cached = {}
-            object.__setattr__(self, "_cached", cached)
-        return cached
+    def _views(self) -> dict[str, Any]:
+        lease = self.lease
+        views = lease.views
+        if views is None:
+            views = lease.views = {}
+        return views
 
     def buffer_count(self, label: str) -> int:
         """How many chunk buffers ``label`` has (1 unless it asked for more and was chunked)."""

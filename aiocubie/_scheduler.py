@@ -31,13 +31,13 @@ from ._errors import (
     AiocubieError,
     AllocationError,
     BackendError,
-    InsufficientMemoryError,
     OutOfMemoryError,
     PlanningError,
     warn,
 )
 from ._options import Policy
-from ._planner import ChunkPlan, chunk_axis_hint, plan_chunks
+from ._planner import ChunkPlan, chunk_axis_hint
+from ._policy import Totals, Wait, check_under_cap, decide, longest_head, waits_on_itself
 from ._registry import Group, Member, await_hook, call_hook
 from ._requests import ArrayResponse, RequestSet
 from ._stats import format_bytes
@@ -345,16 +345,15 @@ class GroupScheduler:
         if dropped:
             self._planning = [t for t in self._planning if t.pending]
             return True
-        # the longest head that can be planned: a longer head needs no less memory, so bisect
-        fits, too_many = 1, len(live)  # the head alone can be planned (just checked); all cannot
-        while too_many - fits > 1:
-            middle = (fits + too_many) // 2
+
+        def plannable(count: int) -> bool:
             try:
-                self._try_plan(live[:middle])
+                self._try_plan(live[:count])
             except PlanningError:
-                too_many = middle
-            else:
-                fits = middle
+                return False
+            return True
+
+        fits = longest_head(len(live), plannable)  # the head alone can be planned (just checked); all cannot
         rest = live[fits:]
         for ticket in rest:
             ticket.leftover = True  # they had their window: the next batch closes at once
@@ -470,90 +469,60 @@ class GroupScheduler:
             if memo is not None:
                 self._memo = (memo, whole)
             return whole
-        plan, offered, free = self._plan_against(runs, fixed, per_run, buffered, fresh=False)
+        return self._plan_to_policy(batch, Totals(runs, fixed, per_run, buffered))
+
+    def _plan_to_policy(self, batch: list[Ticket], totals: Totals) -> ChunkPlan | None:
+        """A batch that does not simply fit: plan it (on a fresh reading where it matters), then let the policy decide."""
+        account, members = self._account, self.group.members
+        plan, offered, free = self._plan_against(totals, fresh=False)
         # About to chunk or fail, or to take over half of what the cached reading says is
         # free (where another process's allocation since would bite): read the device again.
         if plan is None or plan.chunks > 1 or 2 * plan.planned_bytes > free:
-            plan, offered, free = self._plan_against(runs, fixed, per_run, buffered, fresh=True)
+            plan, offered, free = self._plan_against(totals, fresh=True)
         options = account.options
-        passive = not options.active
-
-        def hint() -> str:  # for "not even one run fits": is a chunk axis wrong?
-            return chunk_axis_hint((label, r) for t in batch for label, r in t.requests.arrays.items())
-
-        if plan is None and not passive and options.policy is not Policy.WAIT:
-            self._check_under_cap(members)
-        if options.policy is Policy.CHUNK or (passive and options.policy is Policy.FAIL):
-            # raises why it cannot fit
-            return plan or plan_chunks(runs, fixed, per_run, offered, buffered=buffered, hint=hint, passive=passive)
-        if plan is not None and plan.chunks == 1:
-            return plan
-        if options.policy is Policy.FAIL:
-            raise InsufficientMemoryError(
-                f"policy 'fail': the batch needs {fixed + per_run * runs} bytes whole but group "
-                f"{self.name!r} is offered {offered}; release memory, or use policy 'chunk' or 'wait'"
-            )
-        # policy wait: take the best plan there could be once memory is released (raises at
-        # once if even that cannot fit: bigger than the device, its memory_limit or the group's cap)
-        empty = account.offered(members, free, as_if_empty=True)
-        best = plan_chunks(runs, fixed, per_run, empty, buffered=buffered, hint=hint, passive=passive)
-        if plan is None or plan.planned_bytes < best.planned_bytes:
-            self._warn_if_waiting_on_itself(batch, empty, best, (runs, fixed, per_run, buffered))
+        if plan is None and options.active and options.policy is not Policy.WAIT:
+            check_under_cap(self.name, account.ledger.held(members), account.budget.group_cap(members))
+        decided = decide(
+            plan,
+            totals,
+            offered=offered,
+            policy=options.policy,
+            passive=not options.active,
+            if_empty=lambda: account.offered(members, free, as_if_empty=True),
+            group=self.name,
+            # for "not even one run fits": is a chunk axis wrong?
+            hint=lambda: chunk_axis_hint((label, r) for t in batch for label, r in t.requests.arrays.items()),
+        )
+        if isinstance(decided, Wait):
+            self._warn_if_waiting_on_itself(batch, decided, totals)
             return None
-        return plan
+        return decided
 
-    def _warn_if_waiting_on_itself(
-        self, batch: list[Ticket], empty: int, best: ChunkPlan, sizes: tuple[int, int, int, int]
-    ) -> None:
-        """Warn (once a ticket) when a batch waits for memory only its own members can give back.
-
-        If every other member released everything, the batch still could not have its plan: it
-        waits on memory its requesters hold. Held by the task that awaits (a nested request),
-        that wait never ends; held by another task of theirs, it ends when that task releases.
-        """
+    def _warn_if_waiting_on_itself(self, batch: list[Ticket], wait: Wait, totals: Totals) -> None:
+        """Warn (once a ticket) when a batch waits for memory only its own members can give back (see
+        :func:`waits_on_itself`): held by the task that awaits (a nested request), that wait never ends."""
         if all(id(t) in self._warned for t in batch):
             return
         keys = {t.key for t in batch}
         own = self._account.ledger.held(keys)
-        if not own:
+        if not own or not waits_on_itself(totals, wait, own):
             return
-        runs, fixed, per_run, buffered = sizes
-        try:
-            if (
-                plan_chunks(runs, fixed, per_run, max(0, empty - own), buffered=buffered).planned_bytes
-                >= best.planned_bytes
-            ):
-                return
-        except PlanningError:
-            pass
         self._warned.update(id(t) for t in batch)
         names = ", ".join(sorted({self._members[k].name for k in keys if k in self._members}))
         message = (
             f"group {self.name!r}, policy 'wait': a request of {names} waits for memory its own requester(s) "
-            f"hold ({format_bytes(own)}): it needs {format_bytes(best.planned_bytes)} of the "
-            f"{format_bytes(empty)} the group could offer, and is served only once they release. If the task "
+            f"hold ({format_bytes(own)}): it needs {format_bytes(wait.best.planned_bytes)} of the "
+            f"{format_bytes(wait.offered)} the group could offer, and is served only once they release. If the task "
             "that awaits it holds those arrays (a request nested in another's `async with`), it waits forever: "
             "release them first, ask for less, or use policy 'chunk'"
         )
         warn(message)  # a warning, not a log line too: printed once
 
-    def _check_under_cap(self, members: set[int]) -> None:
-        """Raise if the group holds more than its cap: it starts no batch until back under."""
-        account = self._account
-        held, cap = account.ledger.held(members), account.budget.group_cap(members)
-        if held > cap:
-            raise InsufficientMemoryError(
-                f"group {self.name!r} holds {held} bytes, over its cap of {cap} (members joined the auto "
-                "pool or moved groups since): it starts no new batch until it is back under; release arrays"
-            )
-
-    def _plan_against(
-        self, runs: int, fixed: int, per_run: int, buffered: int, *, fresh: bool
-    ) -> tuple[ChunkPlan | None, int, int]:
+    def _plan_against(self, totals: Totals, *, fresh: bool) -> tuple[ChunkPlan | None, int, int]:
         free = self._account.free_memory(fresh=fresh)
         offered = self._account.offered(self.group.members, free)
         try:
-            return plan_chunks(runs, fixed, per_run, offered, buffered=buffered), offered, free
+            return totals.plan(offered), offered, free
         except PlanningError:
             return None, offered, free
 
@@ -566,7 +535,7 @@ class GroupScheduler:
         """
         account = self._account
         stream = self.group.stream
-        hook_calls = account.recovery.hook_calls
+        hook_calls = account.recovery.stats.hook_calls
         entries = [(batch[0].key, batch[0].requests)] if len(batch) == 1 else [(t.key, t.requests) for t in batch]
         try:
             responses, event = account.allocate(entries, self.name, plan, stream, self.group.copy_streams)
@@ -577,7 +546,7 @@ class GroupScheduler:
             if retry and account.free_memory(fresh=True) < cached:
                 return False
             raise
-        if account.recovery.hook_calls != hook_calls and (
+        if account.recovery.stats.hook_calls != hook_calls and (
             any(not t.pending for t in batch) or len(self._planning) != len(batch)
         ):
             # a reclaim hook, called while the batch was allocated, unregistered or moved a

@@ -1,7 +1,7 @@
 """One pool for every library: aiocubie, CuPy, numba and torch all draw from the device's RMM resource.
 
 aiocubie's allocator "rmm" wraps the device's RMM resource (it never replaces it) with statistics and
-a failure callback; ``mgr.share_pool`` routes CuPy's and numba's own allocations to it, and torch's
+a failure callback; ``mgr.pool.share`` routes CuPy's and numba's own allocations to it, and torch's
 tensors come from a ``torch.cuda.MemPool`` on RMM's torch allocator. The summary then shows what
 aiocubie holds and what the other libraries hold, in the same pool, to the byte. Needs a GPU and the
 rmm extra (pip install "aiocubie[rmm]"); numba and torch parts run where they are installed.

@@ -39,7 +39,8 @@ class Rig:
         self.sim = sim
         self.telemetry = Telemetry()
         self.registry = Registry(sim.device.create_stream, self.telemetry)
-        self.account = DeviceAccount(sim, options, lambda: self.scheduler.changed())
+        self.account = DeviceAccount(sim, options)
+        self.account.listen(lambda: self.scheduler.changed())
         self.group = self.registry.ensure_group("g")
         self.parts = [Part() for _ in range(members)]
         for part in self.parts:
@@ -169,7 +170,7 @@ async def test_policy_wait_queues_until_memory_is_released(rig_factory: Any) -> 
         assert waiter.pending and waiter.leftover  # handed to the group's task to wait
         await anyio.sleep(0.02)
     assert waiter.pending
-    rig.account.release(holder.result())  # the account tells the scheduler (on_release)
+    rig.account.release(holder.result())  # the account tells the scheduler (its listener)
     await rig.resolved(waiter)
     assert waiter.result().chunks == 1
 

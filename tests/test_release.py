@@ -8,11 +8,12 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 from simkit import LOOPS, Part, needs_numba, xy_requests
 
-from aiocubie import ArrayRequest, MemoryManager, walk_batches, walk_chunks
+from aiocubie import ArrayRequest, ArrayResponse, MemoryManager, walk_batches, walk_chunks
 from aiocubie.errors import InvalidRequestError, ReleasedError
 from aiocubie.simulator import SimulatorBackend
 
@@ -285,3 +286,86 @@ async def test_walk_batches_of_a_released_response_names_the_walk(anyio_backend:
         with pytest.raises(ReleasedError, match="walk_(batches|chunks): the response's arrays"):
             async for _ in walk_batches(response, [batch(), batch()]):
                 mgr.release(response)
+
+
+# -- the response releases itself -----------------------------------------------------------------
+@pytest.mark.anyio
+async def test_response_release_frees_its_arrays_once_however_often_it_is_called(anyio_backend: str) -> None:
+    sim = SimulatorBackend(total=4 * MiB)
+    async with MemoryManager(sim) as mgr:
+        part = Part()
+        mgr.register(part)
+        response = await mgr.request(part, {"x": ArrayRequest((1024,), np.float32)})
+        kept = await mgr.request(part, {"y": ArrayRequest((1024,), np.float32)})
+        x = response.arrays["x"]
+        response.release()
+        assert response.released == {"x"} and mgr.stats().live_bytes == 4096
+        response.release()  # again: nothing more
+        mgr.release(response)  # and through the manager: the same release, nothing more
+        assert mgr.stats().live_bytes == 4096 and kept.released == frozenset()
+        with pytest.raises(ReleasedError):
+            x.get()
+        kept.release()
+        assert mgr.stats().live_bytes == 0 and sim.used == 0
+    sim.close()
+
+
+@pytest.mark.anyio
+async def test_async_with_a_response_releases_it_on_exit_and_aclose_is_idempotent(anyio_backend: str) -> None:
+    async with MemoryManager("simulator") as mgr:
+        part = Part()
+        mgr.register(part)
+        async with await mgr.request(part, {"x": ArrayRequest((16,), np.float32)}) as response:
+            assert response.released == frozenset() and mgr.stats().live_bytes == 64
+        assert response.released == {"x"} and mgr.stats().live_bytes == 0
+        await response.aclose()
+        await response.aclose()
+        response.release()
+        assert mgr.stats().live_bytes == 0
+
+
+@pytest.mark.anyio
+async def test_response_release_after_the_manager_closed_does_nothing(anyio_backend: str) -> None:
+    sim = SimulatorBackend(total=4 * MiB)
+    async with MemoryManager(sim) as mgr:
+        part = Part()
+        mgr.register(part)
+        response = await mgr.request(part, {"x": ArrayRequest((16,), np.float32)})
+    assert response.released == {"x"}  # the manager's exit released it
+    response.release()
+    await response.aclose()
+    assert mgr.stats().live_bytes == 0 and sim.used == 0
+    sim.close()
+
+
+@pytest.mark.anyio
+async def test_response_release_from_another_task_wakes_a_request_waiting_for_memory(anyio_backend: str) -> None:
+    sim = SimulatorBackend(total=4 * MiB)
+    async with MemoryManager(sim, mode="active", policy="wait") as mgr:
+        holder, waiter = Part(), Part()
+        mgr.register(holder, proportion=0.25, stream_group="g")  # the group's cap: 2 MiB
+        mgr.register(waiter, proportion=0.25, stream_group="g")
+        held = await mgr.request(holder, {"x": ArrayRequest((MiB // 4,), np.float32)})
+
+        async def release_later() -> None:
+            await anyio.sleep(0.01)
+            held.release()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(release_later)
+            got = await mgr.request(waiter, {"y": ArrayRequest((MiB // 4,), np.float32)})
+            assert held.released == {"x"} and got.chunks == 1  # it waited for the other task's release
+        got.release()
+        assert mgr.stats().live_bytes == 0
+    sim.close()
+
+
+class _Stream:
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, 0)
+
+
+def test_a_response_built_by_hand_releases_nothing() -> None:
+    response = ArrayResponse({"x": np.zeros(4)}, 1, 4, 4, {"x": (4,)}, {"x": 0}, _Stream())
+    response.release()
+    assert response.released == frozenset() and isinstance(response.arrays["x"], np.ndarray)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Callable
 from typing import Any, Literal
 
 import attrs
 import numpy as np
 
 from .._options import ALLOCATORS, parse_allocator
+from .._protocols import Event
 from .._requests import MemoryKind
 from ._pinned import PinnedPool
 from ._resource import MemoryResource
@@ -94,37 +94,6 @@ class Copier:
             self.device.copy_strided(ready, self.array, self.stream, tag=tag)
         else:
             self.device.copy_strided(self.array, ready, self.stream, tag=tag)
-
-
-class Event(abc.ABC):
-    """A point in a stream: done once all work queued on the stream before it is done.
-
-    Attributes
-    ----------
-    pollable : bool
-        True where the device reaches the event without this process's threads (a GPU) and
-        :meth:`query` is cheap: a wait polls it a short while before asking for a callback.
-        False for the simulator, whose streams are Python threads that polling would starve
-        of the GIL.
-    """
-
-    pollable: bool = False
-
-    @abc.abstractmethod
-    def query(self) -> bool:
-        """True once the event has completed. Never blocks."""
-
-    @abc.abstractmethod
-    def synchronize(self) -> None:
-        """Block the calling thread until the event completes (for worker threads and tests)."""
-
-    @abc.abstractmethod
-    def add_done_callback(self, callback: Callable[[], None]) -> None:
-        """Call ``callback()`` once when the event completes, from any thread.
-
-        If the event is already complete the callback may run at once, on the calling thread.
-        The callback must be quick and must not call into the device library.
-        """
 
 
 class Device(abc.ABC):

@@ -1,17 +1,11 @@
 """What a stream is to aiocubie: the ``__cuda_stream__`` protocol (cuda.core's ``IsStreamT``).
 
-Typing only: it must not import a device library, so the device and resource protocols can share it.
+Defined in :mod:`aiocubie._protocols` (a response names its stream with it) and re-exported here
+for the backends. Typing only: it must not import a device library.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from .._protocols import StreamLike
 
 __all__ = ["StreamLike"]
-
-
-@runtime_checkable
-class StreamLike(Protocol):
-    """A stream: anything with ``__cuda_stream__`` (cuda.core's ``IsStreamT``), the simulator's too."""
-
-    def __cuda_stream__(self) -> tuple[int, int]: ...

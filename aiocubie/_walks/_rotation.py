@@ -65,7 +65,7 @@ class Rotation:
         """Yield the chunks in order, each with its inputs in place; copy its outputs out after the body."""
         response = self.response
         finished = False
-        response._walk_started()  # a release while it walks frees the blocks once it has ended
+        response.lease.walk_started()  # a release while it walks frees the blocks once it has ended
         try:
             await self._start()
             issued = 0
@@ -88,7 +88,7 @@ class Rotation:
                     self.pool.release(buffer)
                 self.staging.clear()
             finally:
-                response._walk_ended()
+                response.lease.walk_ended()
 
     async def _start(self) -> None:
         """Order the copy-in stream after the allocation, and copy the unchunked inputs in."""

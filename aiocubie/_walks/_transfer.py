@@ -52,14 +52,14 @@ class Transfer:
         self.loop: Loop = running_loop()
         #: (label, into the device?) -> its copier, bound once a response (on first use: a walk copies
         #: its inputs in and its outputs out only), kept with the response's other views of its arrays
-        self.copiers: dict[tuple[str, bool], Copier] = response._cache().setdefault("copiers", {})
+        self.copiers: dict[tuple[str, bool], Copier] = response._views().setdefault("copiers", {})
         #: The arrays as a walk that fits whole yields them (a live response's: :meth:`live` first)
         self.view = response._device_view()
 
     def live(self) -> None:
         """Refuse to go on with a response whose arrays were released (checked at every chunk and batch)."""
         response = self.response
-        if response._released:  # the set itself: a walk checks it at every chunk
+        if response.lease.released:  # the set itself: a walk checks it at every chunk
             raise ReleasedError(
                 f"{self.walk}: the response's arrays {sorted(response.released)} were released (mgr.release, free, "
                 "free_all, the end of its `async with`, its manager's exit, or a context reset): walk inside "

@@ -1,0 +1,51 @@
+"""What the pure layer says of a device's handles: a stream (``__cuda_stream__``) and an event.
+
+Typing and abstract classes only, importing nothing of aiocubie's: a response names its stream and
+its ready event with them, and the backends implement them (``aiocubie._backends`` re-exports both).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+__all__ = ["Event", "StreamLike"]
+
+
+@runtime_checkable
+class StreamLike(Protocol):
+    """A stream: anything with ``__cuda_stream__`` (cuda.core's ``IsStreamT``), the simulator's too."""
+
+    def __cuda_stream__(self) -> tuple[int, int]: ...
+
+
+class Event(abc.ABC):
+    """A point in a stream: done once all work queued on the stream before it is done.
+
+    Attributes
+    ----------
+    pollable : bool
+        True where the device reaches the event without this process's threads (a GPU) and
+        :meth:`query` is cheap: a wait polls it a short while before asking for a callback.
+        False for the simulator, whose streams are Python threads that polling would starve
+        of the GIL.
+    """
+
+    pollable: bool = False
+
+    @abc.abstractmethod
+    def query(self) -> bool:
+        """True once the event has completed. Never blocks."""
+
+    @abc.abstractmethod
+    def synchronize(self) -> None:
+        """Block the calling thread until the event completes (for worker threads and tests)."""
+
+    @abc.abstractmethod
+    def add_done_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once when the event completes, from any thread.
+
+        If the event is already complete the callback may run at once, on the calling thread.
+        The callback must be quick and must not call into the device library.
+        """
