@@ -140,7 +140,7 @@ class GroupScheduler:
                 if ticket.state is not _PENDING:  # ended by a reclaim hook of the last attempt (its member left)
                     return
                 plan = self._try_plan(batch)
-                if plan is None or self._behind():  # it must wait for memory: the group's task does that
+                if plan is None:  # it must wait for memory (it is in no waiting line): the group's task does that
                     ticket.leftover = True
                     self.queue.append(ticket)
                     self._wake.set()

@@ -4,8 +4,9 @@
 The loaders of ``bench_pipeline --only stream`` (README, "A batch stream") with small batches (64 KiB,
 one chunk each), so that what is measured is Python on the loop thread rather than copies, on two
 devices: the simulator (latency 0; its streams are threads, its copies and arrays Python) and the
-zero-latency device of ``aiocubie._bench`` (work done as queued, numpy arrays, host arrays pinned:
-what is left is aiocubie's own Python, as on a GPU whose copies and events are single C calls):
+zero-latency device of ``aiocubie._bench`` (work done as queued, numpy arrays over memory it reuses
+as a GPU's pool does, host arrays pinned: what is left is aiocubie's own Python, as on a GPU whose
+copies and events are single C calls):
 
 - one at a time: request (``ordered=True``) -> walk (``overlap=True``, depth-2 requests) -> release;
 - one response kept: one request, every batch walked through its buffers;
@@ -19,7 +20,11 @@ output element is checked.
 Usage: python benchmarks/bench_stream_host.py [TREE ...] [--batches N] [--runs N] [--out FILE.json]
 Each TREE (a checkout, or a ``git archive`` of another commit) is measured in a fresh interpreter with
 it first on ``sys.path``, the trees alternating (drift on a shared machine hits them alike); without
-a TREE, this checkout.
+a TREE, this checkout. Loop-thread CPU includes the page faults of memory the C allocator gave back
+to the system: the simulator's blocks are fresh memory each, and so were the zero-latency device's
+before it reused them (older trees). To compare such trees on aiocubie's Python
+alone, keep glibc's heap from shrinking in every tree alike:
+``MALLOC_TOP_PAD_=67108864 MALLOC_TRIM_THRESHOLD_=268435456 python benchmarks/bench_stream_host.py ...``.
 """
 
 from __future__ import annotations
