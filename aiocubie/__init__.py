@@ -8,13 +8,11 @@ allocated on the group's stream, and resolved when the device is done.
 from __future__ import annotations
 
 from ._backends import (
-    ALLOCATORS,
     Backend,
     Engines,
     Event,
     Faults,
     MemoryInfo,
-    PoolFacts,
     SimulatorBackend,
     TimelineEntry,
     create_backend,
@@ -66,7 +64,6 @@ from ._walk import DEFAULT_DEPTH, Chunk, walk_batches, walk_chunks, walk_request
 __version__ = "0.2.0.dev0"
 
 __all__ = [
-    "ALLOCATORS",
     "DEFAULT_DEPTH",
     "MIN_AUTO_POOL",
     "AiocubieError",
@@ -105,7 +102,6 @@ __all__ = [
     "PinnedStats",
     "PlanningError",
     "Policy",
-    "PoolFacts",
     "Recorder",
     "RecoveryStats",
     "RegistrationError",

@@ -22,7 +22,19 @@ from typing import Any
 
 import attrs
 
-from ._backends import ArrayMaker, Backend, Device, Event, MemoryInfo, MemoryResource
+from ._backends import (
+    Allocator,
+    ArrayMaker,
+    Backend,
+    Device,
+    Event,
+    FailureHandler,
+    MemoryInfo,
+    MemoryResource,
+    make_resource,
+    require_shared_pool,
+    shared_pool,
+)
 from ._budget import Budget, group_available
 from ._errors import BudgetError, ConfigurationError, ManagerStateError, OutOfMemoryError
 from ._history import HistoryRecorder
@@ -62,8 +74,9 @@ class DeviceAccount:
     reclaim_hooks : list of callable, optional
         Called in order when an allocation is out of memory even after the pool's cached
         blocks were released (see :data:`ReclaimHook`); read live.
-    allocator : str, optional
-        A resource name other than the backend's (None: the backend's resource).
+    allocator : str, MemoryResource or callable, optional
+        A resource other than the backend's: a registered name, a resource made on the backend's
+        device, or a factory called with the device (None: the backend's resource).
 
     Attributes
     ----------
@@ -86,13 +99,15 @@ class DeviceAccount:
         on_release: Callable[[], None],
         reclaim_hooks: list[ReclaimHook] | None = None,
         *,
-        allocator: str | None = None,
+        allocator: Allocator | None = None,
     ) -> None:
         self.device: Device = backend.device
         self.arrays: ArrayMaker = backend.arrays
         self.resource: MemoryResource = backend.resource
-        if allocator is not None and self._resolved(allocator) != self.resource.name:
-            self.resource = self.device.create_resource(allocator)  # beside the backend's: nothing to reset
+        if allocator is not None and (
+            not isinstance(allocator, str) or self._resolved(allocator) != self.resource.name
+        ):
+            self.resource = make_resource(self.device, allocator)  # beside the backend's: nothing to reset
         self.options = options
         total, limit = self.device.memory_info().total, options.memory_limit
         self.budget = Budget(total if limit is None else min(total, limit))
@@ -108,7 +123,7 @@ class DeviceAccount:
         self._reclaiming: str | None = None  # while reclaim hooks run: the allocation they run for
         self._refusal: ManagerStateError | None = None  # the last refusal raised inside a hook
         self._thread = threading.get_ident()  # where hooks may run for other libraries' failures
-        self.resource.set_failure_handler(self.reclaim_for_library)
+        _on_failure(self.resource, self.reclaim_for_library)
 
     def configure(self, **changes: Any) -> Options:
         """Replace the options with ``changes`` applied (validated again); return them."""
@@ -207,8 +222,8 @@ class DeviceAccount:
     def _resolved(self, name: str) -> str:
         return self.device.default_resource if name == "default" else name
 
-    def set_resource(self, name: str) -> None:
-        """Swap the resource for a new one named ``name``, through a context reset of the device.
+    def set_resource(self, allocator: Allocator) -> None:
+        """Swap the resource for ``allocator`` (a name, a resource, a factory), through a context reset of the device.
 
         Every array and stream handed out before is invalid afterwards; the ledger is emptied
         (:meth:`forget_all`). Nothing is reset when the name is refused.
@@ -218,13 +233,13 @@ class DeviceAccount:
         UnknownAllocatorError
             For a name the device cannot make (see ``Device.create_resource``).
         """
-        self.refuse_in_reclaim(f"set_allocator({name!r})")
-        resource = self.device.create_resource(name)  # an unknown or unavailable name: refused before the reset
+        self.refuse_in_reclaim(f"set_allocator({allocator!r})")
+        resource = make_resource(self.device, allocator)  # an unknown or unavailable name: refused before the reset
         self.device.reset()
         self.forget_all()
-        self.resource.set_failure_handler(None)
+        _on_failure(self.resource, None)
         self.resource = resource
-        resource.set_failure_handler(self.reclaim_for_library)
+        _on_failure(resource, self.reclaim_for_library)
 
     def share_pool(self, libraries: Sequence[str], limit: int | None = None) -> None:
         """Make ``libraries`` allocate from the resource's pool, other libraries capped at ``limit`` bytes together.
@@ -239,7 +254,8 @@ class DeviceAccount:
             raise ConfigurationError(
                 f"limit must be the bytes other libraries may hold together, an int > 0 (e.g. 4 << 30), got {limit!r}"
             )
-        self.resource.share_with(libraries, None if limit is None else int(limit))
+        what = f"cannot share the {self.resource.name!r} allocator's pool with {', '.join(map(repr, libraries)) or 'nothing'}"
+        require_shared_pool(self.resource, what).share_with(libraries, None if limit is None else int(limit))
 
     def count_library(self, scope: object, key: Hashable, group: str, label: str, nbytes: int) -> None:
         """Member ``key`` (of ``group``) holds ``nbytes`` through a library's pool (``scope``): count them as its own.
@@ -683,3 +699,10 @@ class DeviceAccount:
         self._generation += 1  # frees still waiting for a walk to end: their blocks went with the context
         self._free_delta = 0
         self._free_at = -math.inf
+
+
+def _on_failure(resource: MemoryResource, handler: FailureHandler | None) -> None:
+    """Send other libraries' out-of-memory failures in ``resource``'s shared pool (if any) to ``handler``."""
+    pool = shared_pool(resource)
+    if pool is not None:
+        pool.set_failure_handler(handler)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from types import TracebackType
 
 from ._accounting import DeviceAccount
-from ._backends import LibraryPool
+from ._backends import LibraryPool, require_shared_pool
 from ._errors import ManagerStateError, warn
 from ._registry import Member, Registry
 
@@ -130,7 +130,10 @@ class LibraryScopes:
                 del self._pools[key]
         entry = self._pools.get(member.key)
         if entry is None:
-            entry = self._pools[member.key] = (member, self._account.resource.library_pool("torch"))
+            entry = self._pools[member.key] = (
+                member,
+                require_shared_pool(self._account.resource, "counting torch's allocations").library_pool("torch"),
+            )
         return TorchAllocations(self, member, entry[1])
 
     def count(self, member: Member, pool: LibraryPool) -> None:

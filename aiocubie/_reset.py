@@ -8,10 +8,10 @@ their order. None of them may run inside a reclaim hook. It never reaches the ma
 from __future__ import annotations
 
 from ._accounting import DeviceAccount
+from ._backends import Allocator, allocator_or_resource
 from ._errors import ContextResetError, warn
 from ._groups import StreamGroups
 from ._hooks import Hooks
-from ._options import parse_allocator
 from ._registry import Registry
 from ._release import Release
 
@@ -51,9 +51,9 @@ class ContextReset:
         self._release.free_all()
         self._hooks.invalidate()
 
-    def set_allocator(self, name: str) -> None:
-        """Swap the memory resource to ``name``, a reset (see ``MemoryManager.set_allocator``)."""
-        self._account.set_resource(parse_allocator(name))  # first: an unknown name must not warn of a reset
+    def set_allocator(self, name: Allocator) -> None:
+        """Swap the memory resource to ``name`` (or a resource, or a factory), a reset (see ``MemoryManager.set_allocator``)."""
+        self._account.set_resource(allocator_or_resource(name))  # first: an unknown name must not warn of a reset
         warn(f"set_allocator({name!r}) resets the device context: arrays and compiled kernels from before are invalid")
         self._fail_in_flight(f"set_allocator({name!r})")
         self.reinit_streams()
