@@ -58,7 +58,8 @@ def register_allocator(name: str, factory: ResourceFactory, *, backend: str) -> 
         replaces the factory.
     factory : callable
         Called with the :class:`~aiocubie._backends._device.Device`; returns a new
-        :class:`~aiocubie._backends._resource.MemoryResource` whose ``name`` is ``name``.
+        :class:`~aiocubie._backends._resource.MemoryResource` (an adaptor stack too: the device
+        names it ``name``).
     backend : {"simulator", "cuda"}
         The backend whose devices it serves.
 

@@ -156,6 +156,8 @@ class Device(abc.ABC):
     def create_resource(self, name: str) -> MemoryResource:
         """A new memory resource ``name`` (a registered allocator, see ``allocator_names``) on this device.
 
+        The resource (an adaptor stack a factory composed too) is named ``name`` (``"default"`` resolved).
+
         Raises
         ------
         UnknownAllocatorError
@@ -164,7 +166,9 @@ class Device(abc.ABC):
         """
         if parse_allocator(name) == DEFAULT_ALLOCATOR:
             name = self.default_resource
-        return self._create_resource(name)
+        resource = self._create_resource(name)
+        resource.name = name
+        return resource
 
     @abc.abstractmethod
     def _create_resource(self, name: str) -> MemoryResource:
