@@ -14,14 +14,11 @@ every library that draws from RMM (the rmm extra). ``default`` is the device's o
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 from .._errors import UnknownAllocatorError, shown
 from .._names import BACKENDS, one_of
 from ._resource import MemoryResource
-
-if TYPE_CHECKING:
-    from ._device import Device
 
 __all__ = [
     "DEFAULT_ALLOCATOR",
@@ -39,10 +36,18 @@ __all__ = [
 #: The name of the device's own choice (``Device.default_resource``).
 DEFAULT_ALLOCATOR = "default"
 
-#: Makes a new resource on a device (what a registered name stands for).
-ResourceFactory: TypeAlias = "Callable[[Device], MemoryResource]"
+#: Makes a new resource on the :class:`~aiocubie._backends._device.Device` it is called with (what a
+#: registered name stands for). Typed ``Any`` here: the device protocol stands on this registry.
+ResourceFactory: TypeAlias = Callable[[Any], MemoryResource]
 #: What ``allocator=`` takes: a registered name, a resource made on the device, or a factory.
-Allocator: TypeAlias = "str | MemoryResource | ResourceFactory"
+Allocator: TypeAlias = str | MemoryResource | ResourceFactory
+
+
+class _Maker(Protocol):
+    """What :func:`make_resource` needs of a device."""
+
+    def create_resource(self, name: str) -> MemoryResource: ...
+
 
 #: allocator name -> backend name (``"simulator"``, ``"cuda"``) -> factory, in registration order.
 _FACTORIES: dict[str, dict[str, ResourceFactory]] = {}
@@ -122,7 +127,7 @@ def find_factory(name: str, backend: str) -> ResourceFactory:
     return factory
 
 
-def make_resource(device: Device, allocator: Allocator) -> MemoryResource:
+def make_resource(device: _Maker, allocator: Allocator) -> MemoryResource:
     """The resource ``allocator`` stands for on ``device``: a name's new resource, a factory's, or the resource given.
 
     A resource given is used as it is: it must have been made on ``device`` (by
