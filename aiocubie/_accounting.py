@@ -22,19 +22,9 @@ from typing import Any
 
 import attrs
 
-from ._backends import (
-    Allocator,
-    ArrayMaker,
-    Backend,
-    Device,
-    Event,
-    FailureHandler,
-    MemoryInfo,
-    MemoryResource,
-    make_resource,
-    require_shared_pool,
-    shared_pool,
-)
+from ._backends import ArrayMaker, Backend, Device, Event, MemoryInfo, MemoryResource
+from ._backends._allocators import Allocator, make_resource
+from ._backends._resource import on_failure, require_shared_pool
 from ._budget import Budget, group_available
 from ._errors import BudgetError, ConfigurationError, ManagerStateError, OutOfMemoryError
 from ._history import HistoryRecorder
@@ -123,7 +113,7 @@ class DeviceAccount:
         self._reclaiming: str | None = None  # while reclaim hooks run: the allocation they run for
         self._refusal: ManagerStateError | None = None  # the last refusal raised inside a hook
         self._thread = threading.get_ident()  # where hooks may run for other libraries' failures
-        _on_failure(self.resource, self.reclaim_for_library)
+        on_failure(self.resource, self.reclaim_for_library)
 
     def configure(self, **changes: Any) -> Options:
         """Replace the options with ``changes`` applied (validated again); return them."""
@@ -237,9 +227,9 @@ class DeviceAccount:
         resource = make_resource(self.device, allocator)  # an unknown or unavailable name: refused before the reset
         self.device.reset()
         self.forget_all()
-        _on_failure(self.resource, None)
+        on_failure(self.resource, None)
         self.resource = resource
-        _on_failure(resource, self.reclaim_for_library)
+        on_failure(resource, self.reclaim_for_library)
 
     def share_pool(self, libraries: Sequence[str], limit: int | None = None) -> None:
         """Make ``libraries`` allocate from the resource's pool, other libraries capped at ``limit`` bytes together.
@@ -699,10 +689,3 @@ class DeviceAccount:
         self._generation += 1  # frees still waiting for a walk to end: their blocks went with the context
         self._free_delta = 0
         self._free_at = -math.inf
-
-
-def _on_failure(resource: MemoryResource, handler: FailureHandler | None) -> None:
-    """Send other libraries' out-of-memory failures in ``resource``'s shared pool (if any) to ``handler``."""
-    pool = shared_pool(resource)
-    if pool is not None:
-        pool.set_failure_handler(handler)

@@ -37,7 +37,7 @@ T = TypeVar("T")
 ENVIRONMENT = {
     "AIOCUBIE_BACKEND": "backend: auto, simulator or cuda",
     "AIOCUBIE_MODE": "mode: passive or active",
-    "AIOCUBIE_ALLOCATOR": "allocator of a backend the manager creates: default, driver, cupy, cupy_async, numba or rmm",
+    "AIOCUBIE_ALLOCATOR": "allocator of a backend the manager creates: default, driver, cupy, cupy_async, numba, rmm or a registered name",
     "AIOCUBIE_HISTORY": "record the allocation history: 1 (on), 0 (off), or FILE.json (on, written there on out-of-memory)",
 }
 

@@ -13,6 +13,7 @@ every library that draws from RMM (the rmm extra). ``default`` is the device's o
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any, Protocol, TypeAlias
 
@@ -143,7 +144,7 @@ def make_resource(device: _Maker, allocator: Allocator) -> MemoryResource:
     if isinstance(allocator, str):
         return device.create_resource(allocator)
     if callable(allocator):
-        resource = allocator(device)
+        resource = _checked_factory(allocator)(device)
         if isinstance(resource, MemoryResource):
             return resource
         raise UnknownAllocatorError(
@@ -163,9 +164,25 @@ def allocator_or_resource(value: Any) -> Allocator:
     UnknownAllocatorError
         For a name not registered or a value that is none of the three.
     """
-    if isinstance(value, MemoryResource) or (callable(value) and not isinstance(value, str)):
+    if isinstance(value, MemoryResource):
         return value
+    if callable(value) and not isinstance(value, str):
+        return _checked_factory(value)
     return parse_allocator(value)
+
+
+def _checked_factory(factory: Callable[..., Any]) -> ResourceFactory:
+    """``factory``, once it is seen to take the device as its one argument (where its signature says)."""
+    try:
+        inspect.signature(factory).bind(object())
+    except TypeError:
+        raise UnknownAllocatorError(
+            f"an allocator factory is called with the device, and {factory!r} does not take it: pass "
+            "`lambda device: ...` (e.g. lambda device: aiocubie.mr.StatisticsAdaptor(device.create_resource('driver')))"
+        ) from None
+    except ValueError:  # no signature to read (some builtins): called as it is
+        pass
+    return factory
 
 
 _HINT = " (or register one: aiocubie.mr.register_allocator; or pass a MemoryResource)"

@@ -26,6 +26,7 @@ __all__ = [
     "PoolFacts",
     "ResourceAdaptor",
     "SharedPool",
+    "on_failure",
     "require_shared_pool",
     "shared_pool",
 ]
@@ -230,6 +231,13 @@ def shared_pool(resource: MemoryResource) -> SharedPool | None:
             return None
         resource = upstream
     return resource
+
+
+def on_failure(resource: MemoryResource, handler: FailureHandler | None) -> None:
+    """Send other libraries' out-of-memory failures in ``resource``'s :class:`SharedPool` (if any) to ``handler``."""
+    pool = shared_pool(resource)
+    if pool is not None:
+        pool.set_failure_handler(handler)
 
 
 def require_shared_pool(resource: MemoryResource, what: str) -> SharedPool:
