@@ -8,7 +8,7 @@ share found through a user's adaptors.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -196,11 +196,9 @@ def test_the_public_names_live_in_mr() -> None:
 def test_a_factory_that_cannot_take_the_device_is_refused_before_a_reset() -> None:
     sim = SimulatorBackend(TOTAL)
     mgr = MemoryManager(sim)
-    takes_nothing: Any = lambda: None
-    makes_nothing: Any = lambda device: None
     with pytest.raises(UnknownAllocatorError, match="called with the device"):
-        mgr.set_allocator(takes_nothing)
+        mgr.set_allocator(cast(Any, lambda: None))
     with pytest.raises(UnknownAllocatorError, match="returned .*not a MemoryResource"):
-        MemoryManager(sim, allocator=makes_nothing)
+        MemoryManager(sim, allocator=cast(Any, lambda device: None))
     assert sim.device.resets == 0
     sim.close()
