@@ -5,7 +5,7 @@ budget, allocated on its stream and resolved when the device is done. Namespaces
 ``aiocubie.cubie``, ``aiocubie.dask`` and ``aiocubie.testing`` behind their extras.
 """
 
-from . import errors, planning, simulator, stats
+from . import errors, mr, planning, simulator, stats
 from ._backends import Backend, Event, create_backend, current_cupy_stream, device_count, gpu_status, select_backend
 from ._budget import LimitMode
 from ._devices import DeviceSet

@@ -17,6 +17,8 @@ from collections.abc import Callable, Collection, Hashable, Sequence
 from typing import Any
 
 from ._backends import ArrayMaker, Backend, Device, Event, MemoryInfo, MemoryResource, StreamLike
+from ._backends._allocators import Allocator, make_resource
+from ._backends._resource import on_failure
 from ._budget import Budget, group_available
 from ._errors import BudgetError, OutOfMemoryError
 from ._history import HistoryRecorder
@@ -46,8 +48,9 @@ class DeviceAccount:
     reclaim_hooks : list of callable, optional
         Called in order when an allocation is out of memory even after the pool's cached
         blocks were released (see :data:`~aiocubie._recovery.ReclaimHook`); read live.
-    allocator : str, optional
-        A resource name other than the backend's (None: the backend's resource).
+    allocator : str, MemoryResource or callable, optional
+        A resource other than the backend's: a registered name, a resource made on the backend's
+        device, or a factory called with the device (None: the backend's resource).
 
     Attributes
     ----------
@@ -69,13 +72,15 @@ class DeviceAccount:
         options: Options,
         reclaim_hooks: list[ReclaimHook] | None = None,
         *,
-        allocator: str | None = None,
+        allocator: Allocator | None = None,
     ) -> None:
         self.device: Device = backend.device
         self.arrays: ArrayMaker = backend.arrays
         self.resource: MemoryResource = backend.resource
-        if allocator is not None and self._resolved(allocator) != self.resource.name:
-            self.resource = self.device.create_resource(allocator)  # beside the backend's: nothing to reset
+        if allocator is not None and (
+            not isinstance(allocator, str) or self._resolved(allocator) != self.resource.name
+        ):
+            self.resource = make_resource(self.device, allocator)  # beside the backend's: nothing to reset
         self.options = options
         total, limit = self.device.memory_info().total, options.memory_limit
         self.budget = Budget(total if limit is None else min(total, limit))
@@ -87,7 +92,7 @@ class DeviceAccount:
         self._free_at = -math.inf
         self._free_delta = 0  # VRAM we allocated (+) or released (-) since the reading
         self._generation = 0  # context resets so far (forget_all): a free deferred across one is dropped
-        self.resource.set_failure_handler(self._library_out_of_memory)
+        on_failure(self.resource, self._library_out_of_memory)
 
     def listen(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` after each change that may let a batch waiting for memory through.
@@ -190,8 +195,8 @@ class DeviceAccount:
     def _resolved(self, name: str) -> str:
         return self.device.default_resource if name == "default" else name
 
-    def set_resource(self, name: str) -> None:
-        """Swap the resource for a new one named ``name``, through a context reset of the device.
+    def set_resource(self, allocator: Allocator) -> None:
+        """Swap the resource for ``allocator`` (a name, a resource, a factory), through a context reset of the device.
 
         Every array and stream handed out before is invalid afterwards; the ledger is emptied
         (:meth:`forget_all`). Nothing is reset when the name is refused.
@@ -201,13 +206,13 @@ class DeviceAccount:
         UnknownAllocatorError
             For a name the device cannot make (see ``Device.create_resource``).
         """
-        self.refuse_in_reclaim(f"set_allocator({name!r})")
-        resource = self.device.create_resource(name)  # an unknown or unavailable name: refused before the reset
+        self.refuse_in_reclaim(f"set_allocator({allocator!r})")
+        resource = make_resource(self.device, allocator)  # an unknown or unavailable name: refused before the reset
         self.device.reset()
         self.forget_all()
-        self.resource.set_failure_handler(None)
+        on_failure(self.resource, None)
         self.resource = resource
-        resource.set_failure_handler(self._library_out_of_memory)
+        on_failure(resource, self._library_out_of_memory)
 
     def count_library(self, scope: object, key: Hashable, group: str, label: str, nbytes: int) -> None:
         """Member ``key`` (of ``group``) holds ``nbytes`` through a library's pool (``scope``): count them as its own.

@@ -54,7 +54,6 @@ class _InstantDevice(Device):
     name = "instant"
     granule = 0
     device_name = "zero-latency in-process device"
-    resources = ("driver",)
     default_resource = "driver"
 
     def __init__(self, memory: _InstantMemory) -> None:

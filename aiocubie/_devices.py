@@ -15,7 +15,7 @@ from typing import Any, Literal
 from ._backends import Backend, device_count
 from ._errors import ConfigurationError, RegistrationError, shown
 from ._manager import MemoryManager, PendingRequest
-from ._options import parse_backend, parse_device
+from ._names import parse_backend, parse_device
 from ._requests import ArrayRequest
 from ._stats import Snapshot
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 
 from ._accounting import DeviceAccount
-from ._backends import LibraryPool
+from ._backends import LibraryPool, require_shared_pool
 from ._errors import ConfigurationError, ManagerStateError, warn
 from ._registry import Member, Registry
 
@@ -117,7 +117,7 @@ class LibraryScopes:
 
     def share(self, libraries: Sequence[str], limit: int | None = None) -> None:
         """Make ``libraries`` allocate from the account's pool, capped at ``limit`` bytes together (see
-        ``MemoryManager.share_pool``).
+        ``PoolView.share``).
 
         Raises
         ------
@@ -129,7 +129,11 @@ class LibraryScopes:
             raise ConfigurationError(
                 f"limit must be the bytes other libraries may hold together, an int > 0 (e.g. 4 << 30), got {limit!r}"
             )
-        self._account.resource.share_with(libraries, None if limit is None else int(limit))
+        resource = self._account.resource
+        what = (
+            f"cannot share the {resource.name!r} allocator's pool with {', '.join(map(repr, libraries)) or 'nothing'}"
+        )
+        require_shared_pool(resource, what).share_with(libraries, None if limit is None else int(limit))
 
     def torch(self, instance: object) -> TorchAllocations:
         """The ``with`` block whose torch allocations count against ``instance`` (see ``PoolView.torch_allocations``).
@@ -147,7 +151,10 @@ class LibraryScopes:
                 del self._pools[key]
         entry = self._pools.get(member.key)
         if entry is None:
-            entry = self._pools[member.key] = (member, self._account.resource.library_pool("torch"))
+            entry = self._pools[member.key] = (
+                member,
+                require_shared_pool(self._account.resource, "counting torch's allocations").library_pool("torch"),
+            )
         return TorchAllocations(self, member, entry[1])
 
     def count(self, member: Member, pool: LibraryPool) -> None:

@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ._accounting import DeviceAccount
-from ._backends import Backend, create_backend
+from ._backends import Allocator, Backend, create_backend
 from ._budget import LimitMode
 from ._entry import RequestEntry
 from ._errors import ManagerStateError
@@ -59,9 +59,12 @@ class MemoryManager:
     memory_limit : int, optional
         The device bytes this manager budgets (None: the whole device): caps are proportions of
         it and plans fit in it, other libraries' bytes in the pool taken (see :class:`Options`).
-    allocator : {"default", "driver", "cupy", "cupy_async", "numba", "rmm"}, optional
-        Allocator plugin to start with. Not given: ``AIOCUBIE_ALLOCATOR`` for a backend the
-        manager creates (a backend passed in keeps its own).
+    allocator : str, MemoryResource or callable, optional
+        The memory resource to start with: a registered name (``"default"``, ``"driver"``,
+        ``"cupy"``, ``"cupy_async"``, ``"numba"``, ``"rmm"``, or one registered with
+        ``aiocubie.mr.register_allocator``), a factory called with the device, or a resource made
+        on the given backend's device (``aiocubie.mr``). Not given: ``AIOCUBIE_ALLOCATOR`` for a
+        backend the manager creates (a backend passed in keeps its own).
     array_type : {"cupy", "numba"}, optional
         What device arrays are: CuPy arrays (the default; numpy's API, DLPack to torch) or
         numba device arrays (the cheapest numba kernel launches). The simulator hands out
@@ -97,7 +100,7 @@ class MemoryManager:
         max_batch: int | None = None,
         free_cache_seconds: float = 0.05,
         memory_limit: int | None = None,
-        allocator: str | None = None,
+        allocator: Allocator | None = None,
         array_type: str | None = None,
     ) -> None:
         given = backend if isinstance(backend, Backend) else None

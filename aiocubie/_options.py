@@ -15,44 +15,29 @@ from typing import Any, TypeVar
 
 import attrs
 
+from ._backends._allocators import Allocator, allocator_or_resource, parse_allocator
 from ._budget import LimitMode
-from ._errors import ConfigurationError, UnknownAllocatorError, shown
+from ._errors import ConfigurationError, shown
+from ._names import parse_array_type, parse_backend, parse_device
 
 __all__ = [
-    "ALLOCATORS",
-    "ARRAY_TYPES",
-    "BACKENDS",
     "ENVIRONMENT",
     "Options",
     "Policy",
     "Setup",
     "from_environment",
-    "parse_allocator",
-    "parse_array_type",
-    "parse_backend",
-    "parse_device",
     "parse_history",
     "parse_mode",
 ]
 
 T = TypeVar("T")
 
-#: Backend names: ``auto`` picks ``cuda`` when a usable GPU is present, else ``simulator``.
-BACKENDS = ("auto", "simulator", "cuda")
-#: Memory resources (``allocator=``, ``set_allocator``): ``default`` is the device's own choice;
-#: ``driver`` the device's stream-ordered pool (cuMemAllocAsync); ``cupy`` / ``cupy_async`` CuPy's
-#: MemoryPool / MemoryAsyncPool; ``numba`` numba's own memory manager (the numba extra); ``rmm`` the
-#: device's current RMM resource, shared with every library that draws from RMM (the rmm extra).
-ALLOCATORS = ("default", "driver", "cupy", "cupy_async", "numba", "rmm")
-#: What device arrays are: CuPy arrays (the default) or numba device arrays.
-ARRAY_TYPES = ("cupy", "numba")
-
 #: The environment variables a :class:`~aiocubie.MemoryManager` reads for the arguments it is
 #: not given (an explicit argument always wins).
 ENVIRONMENT = {
     "AIOCUBIE_BACKEND": "backend: auto, simulator or cuda",
     "AIOCUBIE_MODE": "mode: passive or active",
-    "AIOCUBIE_ALLOCATOR": "allocator of a backend the manager creates: default, driver, cupy, cupy_async, numba or rmm",
+    "AIOCUBIE_ALLOCATOR": "allocator of a backend the manager creates: default, driver, cupy, cupy_async, numba, rmm or a registered name",
     "AIOCUBIE_HISTORY": "record the allocation history: 1 (on), 0 (off), or FILE.json (on, written there on out-of-memory)",
 }
 
@@ -234,44 +219,6 @@ def parse_history(value: str) -> str | bool:
     return value
 
 
-def _one_of(value: Any, names: tuple[str, ...], what: str, error: type[ConfigurationError], hint: str = "") -> str:
-    if not isinstance(value, str) or value not in names:
-        raise error(f"unknown {what} {shown(value)}: use one of {', '.join(map(repr, names))}{hint}")
-    return value
-
-
-def parse_backend(value: Any) -> str:
-    """The backend ``value`` names: one of :data:`BACKENDS` (:class:`ConfigurationError` else)."""
-    return _one_of(value, BACKENDS, "backend", ConfigurationError, " (or pass a Backend)")
-
-
-def parse_allocator(value: Any) -> str:
-    """The allocator ``value`` names: one of :data:`ALLOCATORS` (:class:`UnknownAllocatorError` else)."""
-    return _one_of(value, ALLOCATORS, "allocator", UnknownAllocatorError)
-
-
-def parse_array_type(value: Any) -> str:
-    """The array type ``value`` names: one of :data:`ARRAY_TYPES` (:class:`ConfigurationError` else)."""
-    hint = (
-        " ('cupy' needs CuPy: pip install 'aiocubie[cuda12]' or 'aiocubie[cuda13]'; 'numba' needs "
-        "pip install 'aiocubie[numba]')"
-    )
-    return _one_of(value, ARRAY_TYPES, "array type", ConfigurationError, hint)
-
-
-def parse_device(value: Any, *, what: str = "device") -> int:
-    """The device id ``value`` names: an int >= 0.
-
-    Raises
-    ------
-    ConfigurationError
-        For anything else (a bool, a float, a negative number).
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise ConfigurationError(f"{what} must be a device number (an int >= 0, e.g. 0), got {shown(value)}")
-    return int(value)
-
-
 def _backend_or_none(value: Any) -> str | None:
     return None if value is None else parse_backend(value)
 
@@ -280,8 +227,8 @@ def _device_or_none(value: Any) -> int | None:
     return None if value is None else parse_device(value)
 
 
-def _allocator_or_none(value: Any) -> str | None:
-    return None if value is None else parse_allocator(value)
+def _allocator_or_none(value: Any) -> Allocator | None:
+    return None if value is None else allocator_or_resource(value)
 
 
 def _array_type_or_none(value: Any) -> str | None:
@@ -299,7 +246,8 @@ class Setup:
     #: The backend to create (None: the caller passed a backend object).
     backend: str | None = attrs.field(converter=_backend_or_none)
     device: int | None = attrs.field(converter=_device_or_none)
-    allocator: str | None = attrs.field(converter=_allocator_or_none)
+    #: A registered name (parsed), a resource, or a factory of one (None: the backend's own).
+    allocator: Allocator | None = attrs.field(converter=_allocator_or_none)
     array_type: str | None = attrs.field(converter=_array_type_or_none)
     #: Record the history from the start: True, or the file to write on out-of-memory.
     history: str | bool

@@ -11,12 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ._accounting import DeviceAccount
-from ._backends import MemoryInfo
+from ._backends import Allocator, MemoryInfo, allocator_or_resource
 from ._errors import ContextResetError, warn
 from ._groups import StreamGroups
 from ._hooks import Hooks
 from ._libraries import LibraryScopes, TorchAllocations
-from ._options import parse_allocator
 from ._recovery import ReclaimHook
 from ._registry import Registry
 
@@ -51,8 +50,10 @@ class PoolView:
         """Free and total device memory, read now (blocks the allocator's pool caches count as free)."""
         return self._account.memory_info()
 
-    def set_allocator(self, name: str) -> None:
-        """Swap the memory resource (``"default"``, ``"driver"``, ``"cupy"``, ``"cupy_async"``, ``"numba"``, ``"rmm"``).
+    def set_allocator(self, name: Allocator) -> None:
+        """Swap the memory resource: a registered name (``"default"``, ``"driver"``, ``"cupy"``,
+        ``"cupy_async"``, ``"numba"``, ``"rmm"``, see :func:`aiocubie.mr.allocator_names`), a
+        resource made on this device, or a factory called with the device (see :mod:`aiocubie.mr`).
 
         The swap resets the device context: every array handed out before is invalid, requests
         in flight fail with :class:`ContextResetError`, every invalidate hook is called once and
@@ -60,7 +61,7 @@ class PoolView:
         :class:`UnknownAllocatorError` for an unknown or unavailable allocator (nothing is reset);
         :class:`ManagerStateError` inside a reclaim hook (see :meth:`add_reclaim_hook`).
         """
-        self._account.set_resource(parse_allocator(name))  # first: an unknown name must not warn of a reset
+        self._account.set_resource(allocator_or_resource(name))  # first: an unknown name must not warn of a reset
         warn(f"set_allocator({name!r}) resets the device context: arrays and compiled kernels from before are invalid")
         self._fail_in_flight(f"set_allocator({name!r})")
         self._account.refuse_in_reclaim("set_allocator()")

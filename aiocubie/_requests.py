@@ -6,7 +6,6 @@ never reaches the scheduler.
 
 from __future__ import annotations
 
-import enum
 import math
 import numbers
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -18,6 +17,7 @@ import numpy as np
 
 from ._errors import InvalidRequestError, RunLengthMismatchError, shown
 from ._lease import Lease, ReleasedArray
+from ._names import MAX_NBYTES, MemoryKind, check_device
 from ._protocols import Event, StreamLike
 
 __all__ = [
@@ -31,59 +31,8 @@ __all__ = [
     "run_length",
 ]
 
-#: Largest byte count one array may have (a signed 64-bit size, as CUDA and numpy use).
-MAX_NBYTES = 2**63 - 1
 #: Most dimensions an array may have: numpy's limit (64 since numpy 2, 32 before).
 MAX_NDIM = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
-
-
-class MemoryKind(str, enum.Enum):
-    """Where an array lives.
-
-    ``device`` and ``managed`` count against VRAM (and against caps in active mode);
-    ``pinned``, ``mapped`` and ``host`` live in host memory and are never budgeted.
-    """
-
-    DEVICE = "device"
-    PINNED = "pinned"
-    MAPPED = "mapped"
-    HOST = "host"
-    MANAGED = "managed"
-
-    @property
-    def uses_vram(self) -> bool:
-        """True for the kinds that take device memory."""
-        return self in (MemoryKind.DEVICE, MemoryKind.MANAGED)
-
-    @classmethod
-    def parse(cls, value: MemoryKind | str) -> MemoryKind:
-        """Return the kind named by ``value``; raise InvalidRequestError for an unknown name."""
-        if isinstance(value, MemoryKind):
-            return value
-        names = ", ".join(k.value for k in cls)
-        if not isinstance(value, str):  # before the enum's lookup, which compares an array element by element
-            raise InvalidRequestError(f"unknown memory kind {shown(value)}: use one of {names}")
-        try:
-            return cls(value)
-        except ValueError:
-            raise InvalidRequestError(f"unknown memory kind {value!r}: use one of {names}") from None
-
-
-def check_device(device: Any, *, what: str = "device") -> int | None:
-    """Return ``device`` if it is a device ordinal (an int >= 0) or None (the CPU).
-
-    Raises
-    ------
-    InvalidRequestError
-        For anything else (a bool, a float, an array, a negative number).
-    """
-    if device is None:
-        return None
-    if isinstance(device, (bool, np.bool_)) or not isinstance(device, numbers.Integral) or device < 0:
-        raise InvalidRequestError(
-            f"{what} must be a device number (an int >= 0, e.g. 0) or None for the CPU, got {shown(device)}"
-        )
-    return int(device)
 
 
 def _shape(value: int | Sequence[int]) -> tuple[int, ...]:

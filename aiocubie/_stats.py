@@ -14,6 +14,8 @@ from typing import Any
 import attrs
 import numpy as np
 
+from ._backends._resource import PoolFacts
+
 __all__ = [
     "Counters",
     "GroupStatistics",
@@ -21,7 +23,6 @@ __all__ = [
     "MemberStatistics",
     "Percentiles",
     "PinnedStats",
-    "PoolFacts",
     "RecoveryStats",
     "Snapshot",
     "Telemetry",
@@ -180,27 +181,6 @@ class PinnedStats:
 
 
 @attrs.frozen
-class PoolFacts:
-    """What the allocator's pool holds, so fragmentation shows (None where the allocator cannot say).
-
-    ``held``: device bytes the pool has taken from the device (in use or cached for reuse);
-    ``in_use``: bytes of the blocks handed out now; ``largest_free``: the largest cached block,
-    the biggest allocation the pool can serve without asking the device. ``held - in_use``
-    bytes are cached: counted as free by the planner, yet only reusable in blocks of at most
-    ``largest_free`` bytes until they are released to the device.
-    """
-
-    held: int | None = None
-    in_use: int | None = None
-    largest_free: int | None = None
-
-    @property
-    def cached(self) -> int | None:
-        """Bytes the pool keeps but no array uses (None if unknown)."""
-        return None if self.held is None or self.in_use is None else self.held - self.in_use
-
-
-@attrs.frozen
 class RecoveryStats:
     """Out-of-memory recovery so far (see :meth:`PoolView.add_reclaim_hook`).
 
@@ -262,7 +242,7 @@ class Snapshot:
     instances: dict[str, UsageStats]
     pinned: PinnedStats = PinnedStats()
     wall_time: float = 0.0
-    pool: PoolFacts = PoolFacts()
+    pool: PoolFacts = PoolFacts()  # noqa: RUF009 - frozen
     recovery: RecoveryStats = RecoveryStats()
     other_bytes: int | None = None
 

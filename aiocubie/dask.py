@@ -21,7 +21,7 @@ except ImportError as exc:
 from ._backends import Backend
 from ._errors import ConfigurationError, ManagerStateError
 from ._manager import MemoryManager
-from ._options import parse_backend, parse_device
+from ._names import parse_backend, parse_device
 
 __all__ = ["BUDGETS", "PLUGIN_NAME", "ManagerPlugin", "get_manager"]
 

@@ -78,14 +78,14 @@ def hard_cap_costs() -> list[tuple[str, float, float]]:
             per_call(lambda: rmm.DeviceBuffer(size=MiB, stream=stream, mr=limited)),
         )
     ]
-    capped = resource.limited(1 << 30)
+    capped = __import__("aiocubie").mr.LimitingAdaptor(resource, 1 << 30)  # counts what is given back: deallocate
     kind = __import__("aiocubie").MemoryKind.DEVICE
     cuda_stream = device.create_stream()
     rows.append(
         (
-            "aiocubie rmm resource allocate 1 MiB (+ drop)",
-            per_call(lambda: resource.allocate(MiB, kind, cuda_stream)),
-            per_call(lambda: capped.allocate(MiB, kind, cuda_stream)),
+            "aiocubie rmm resource allocate + deallocate 1 MiB, vs under a LimitingAdaptor",
+            per_call(lambda: resource.deallocate(resource.allocate(MiB, kind, cuda_stream))),
+            per_call(lambda: capped.deallocate(capped.allocate(MiB, kind, cuda_stream))),
         )
     )
     Device(0).set_current()

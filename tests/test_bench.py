@@ -35,9 +35,9 @@ async def _stream(mgr: MemoryManager, bases: list[Any]) -> None:
     owners = [object() for _ in range(TASKS)]
     for owner in owners:
         mgr.register(owner, proportion=0.2, stream_group="g")
-    x = mgr.create_host_array(SHAPE, np.float32, kind="pinned")
+    x = mgr.host.array(SHAPE, np.float32, kind="pinned")
     x[...] = np.arange(x.size, dtype=np.float32).reshape(SHAPE)
-    ys = [mgr.create_host_array(SHAPE, np.float32, kind="pinned") for _ in owners]
+    ys = [mgr.host.array(SHAPE, np.float32, kind="pinned") for _ in owners]
     requests = walk_requests(
         {"x": ArrayRequest(SHAPE, np.float32, chunk_axis=0), "y": ArrayRequest(SHAPE, np.float32, chunk_axis=0)}, 2
     )

@@ -126,11 +126,13 @@ def test_exact_numbers_that_fit_are_accepted() -> None:
 
 
 def test_each_name_is_parsed_in_one_place() -> None:
-    from aiocubie import _backends
-    from aiocubie._options import ALLOCATORS, ARRAY_TYPES, BACKENDS, Setup
+    from aiocubie import _backends, _names, _options
+    from aiocubie._options import Setup
 
-    # the names the options accept are those the backends know (two lists until the backends read these)
-    assert (BACKENDS, ALLOCATORS, ARRAY_TYPES) == (_backends.BACKENDS, _backends.ALLOCATORS, _backends.ARRAY_TYPES)
+    # the names the options accept are those the backends know: one list each, on the ground floor
+    # (allocators: the backends' registry)
+    assert (_backends.BACKENDS, _backends.ARRAY_TYPES) == (_names.BACKENDS, _names.ARRAY_TYPES)
+    assert _options.parse_allocator is _backends.parse_allocator
     setup = Setup.read(
         None,
         given_backend=None,
@@ -142,7 +144,7 @@ def test_each_name_is_parsed_in_one_place() -> None:
     )
     assert (setup.backend, setup.device, setup.allocator, setup.array_type) == ("simulator", None, None, "numba")
     assert setup.options.mode is LimitMode.ACTIVE and setup.history == "run.json"
-    assert "simulator" in BACKENDS
+    assert "simulator" in _names.BACKENDS
     for name, value, match in [
         ("backend", "gpu", "unknown backend 'gpu'"),
         ("backend", 3, "unknown backend 3"),

@@ -17,7 +17,7 @@ import anyio
 import numpy as np
 import pytest
 
-from aiocubie import ArrayRequest, MemoryKind, MemoryManager
+from aiocubie import ArrayRequest, MemoryKind, MemoryManager, mr
 from aiocubie.errors import (
     AiocubieWarning,
     ConfigurationError,
@@ -173,16 +173,14 @@ def test_rmm_is_a_known_allocator_name() -> None:
 
 
 def test_a_hard_cap_inside_the_allocator_refuses_what_is_over_it(shared: SimulatorBackend) -> None:
-    capped = shared.resource.limited(1000)
-    assert capped is not None
+    capped = mr.LimitingAdaptor(shared.resource, 1000)  # over any resource: RMM's LimitingResourceAdaptor
     first = capped.allocate(600, MemoryKind.DEVICE, None)
     with pytest.raises(OutOfMemoryError, match="limit of 1000"):
         capped.allocate(600, MemoryKind.DEVICE, None)
-    assert capped.pool_facts().in_use == 600
+    assert capped.held == 600 == capped.pool_facts().in_use
     capped.deallocate(first)
     capped.deallocate(capped.allocate(1000, MemoryKind.DEVICE, None))
-    assert capped.pool_facts().in_use == 0
-    assert SimulatorBackend(TOTAL, allocator="cupy").resource.limited(1000) is None  # no cap in CuPy's pool
+    assert capped.held == 0
 
 
 def test_without_rmm_installed_the_rmm_allocator_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,7 +1,8 @@
 """Backends: three small protocols and their implementations; the only layer that imports CUDA libraries.
 
 ``_device`` (:class:`Device`, :class:`Event`), ``_resource`` (:class:`MemoryResource`, :class:`Block`,
-adaptors), ``_arrays`` (:class:`ArrayMaker`), bundled as a :class:`Backend` (``_base``) and picked
+:class:`PoolFacts`, :class:`SharedPool`), ``_adaptors`` (statistics, limit, failure callback), ``_allocators``
+(the registry of allocator names), ``_arrays`` (:class:`ArrayMaker`), bundled as a :class:`Backend` (``_base``) and picked
 in ``_select``. The simulator is ``_sim``; the GPU is ``_cuda`` (cuda.core, CuPy) and ``_numba``
 (the numba extra). Only ``_cuda`` imports cuda.core, cuda.bindings or CuPy; only ``_numba`` (and
 the simulator's numba model) imports numba.
@@ -14,12 +15,31 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from .._stats import PoolFacts
+from ._adaptors import FailureCallbackAdaptor, LimitingAdaptor, StatisticsAdaptor
+from ._allocators import (
+    Allocator,
+    ResourceFactory,
+    allocator_names,
+    allocator_or_resource,
+    make_resource,
+    parse_allocator,
+    register_allocator,
+)
 from ._arrays import ARRAY_TYPES, ArrayMaker, parse_array_type
 from ._base import Backend
-from ._device import ALLOCATORS, Advice, Copier, Device, Event, MemoryInfo
+from ._device import Advice, Copier, Device, Event, MemoryInfo
 from ._pinned import PinnedPool
-from ._resource import Block, FailureHandler, LibraryPool, MemoryResource, ResourceAdaptor
+from ._resource import (
+    Block,
+    FailureHandler,
+    LibraryPool,
+    MemoryResource,
+    PoolFacts,
+    ResourceAdaptor,
+    SharedPool,
+    require_shared_pool,
+    shared_pool,
+)
 from ._select import BACKENDS, create_backend, device_count, gpu_status, select_backend
 from ._sim import Engines, Faults, SimDevice, SimStream, SimulatorBackend, TimelineEntry
 from ._staging import Staging, stage
@@ -27,10 +47,10 @@ from ._stream import StreamLike
 from ._strided import Geometry, geometry
 
 __all__ = [
-    "ALLOCATORS",
     "ARRAY_TYPES",
     "BACKENDS",
     "Advice",
+    "Allocator",
     "ArrayMaker",
     "Backend",
     "Block",
@@ -38,27 +58,39 @@ __all__ = [
     "Device",
     "Engines",
     "Event",
+    "FailureCallbackAdaptor",
     "FailureHandler",
     "Faults",
     "Geometry",
     "LibraryPool",
+    "LimitingAdaptor",
     "MemoryInfo",
     "MemoryResource",
     "PinnedPool",
     "PoolFacts",
     "ResourceAdaptor",
+    "ResourceFactory",
+    "SharedPool",
     "SimDevice",
     "SimulatorBackend",
     "Staging",
+    "StatisticsAdaptor",
     "StreamLike",
     "TimelineEntry",
+    "allocator_names",
+    "allocator_or_resource",
     "create_backend",
     "current_cupy_stream",
     "device_count",
     "geometry",
     "gpu_status",
+    "make_resource",
+    "parse_allocator",
     "parse_array_type",
+    "register_allocator",
+    "require_shared_pool",
     "select_backend",
+    "shared_pool",
     "stage",
 ]
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from .._options import ARRAY_TYPES
-from .._options import parse_array_type as _parse
+from .._names import ARRAY_TYPES
+from .._names import parse_array_type as _parse
 from ._resource import Block
 from ._stream import StreamLike
 
@@ -24,7 +24,7 @@ DEFAULT_ARRAY_TYPE = "cupy"
 
 
 def parse_array_type(array_type: str | None) -> str:
-    """The array type named by ``array_type`` (None: ``"cupy"``); see ``_options.parse_array_type``.
+    """The array type named by ``array_type`` (None: ``"cupy"``); see ``_names.parse_array_type``.
 
     Raises
     ------

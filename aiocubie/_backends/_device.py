@@ -14,14 +14,14 @@ from typing import Any, Literal
 import attrs
 import numpy as np
 
-from .._options import ALLOCATORS, parse_allocator
+from .._names import MemoryKind
 from .._protocols import Event
-from .._requests import MemoryKind
+from ._allocators import DEFAULT_ALLOCATOR, parse_allocator, registered
 from ._pinned import PinnedPool
 from ._resource import MemoryResource
 from ._stream import StreamLike
 
-__all__ = ["ALLOCATORS", "Advice", "Copier", "Device", "Event", "MemoryInfo"]
+__all__ = ["Advice", "Copier", "Device", "Event", "MemoryInfo"]
 
 #: Managed-memory advice (seed 004).
 Advice = Literal["preferred_location", "accessed_by", "read_mostly"]
@@ -109,8 +109,6 @@ class Device(abc.ABC):
         Human-readable device name.
     granule : int
         Bytes the planner keeps free for allocator rounding and fragmentation.
-    resources : tuple of str
-        The resource names (:data:`ALLOCATORS`, less ``"default"``) this device can make here.
     default_resource : str
         What ``"default"`` names on this device.
     """
@@ -119,26 +117,34 @@ class Device(abc.ABC):
     device_id: int = 0
     device_name: str
     granule: int
-    resources: tuple[str, ...]
     default_resource: str
+
+    @property
+    def resources(self) -> tuple[str, ...]:
+        """The allocator names registered for this device's backend (``"default"`` not among them)."""
+        return registered(self.name)
 
     # -- memory resources -------------------------------------------------------------------
     def create_resource(self, name: str) -> MemoryResource:
-        """A new memory resource ``name`` (one of :data:`ALLOCATORS`) on this device.
+        """A new memory resource ``name`` (a registered allocator, see ``allocator_names``) on this device.
+
+        The resource (an adaptor stack a factory composed too) is named ``name`` (``"default"`` resolved).
 
         Raises
         ------
         UnknownAllocatorError
-            For a name not in :data:`ALLOCATORS`, or one this device cannot make here (the
+            For a name not registered for this backend, or one this device cannot make here (the
             message says what is missing and what to install).
         """
-        if parse_allocator(name) == "default":
+        if parse_allocator(name) == DEFAULT_ALLOCATOR:
             name = self.default_resource
-        return self._create_resource(name)
+        resource = self._create_resource(name)
+        resource.name = name
+        return resource
 
     @abc.abstractmethod
     def _create_resource(self, name: str) -> MemoryResource:
-        """The resource ``name`` (a name of :data:`ALLOCATORS` other than ``"default"``)."""
+        """The resource ``name`` (a registered name other than ``"default"``)."""
 
     # -- memory -----------------------------------------------------------------------------
     @abc.abstractmethod

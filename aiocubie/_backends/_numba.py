@@ -18,14 +18,13 @@ from numba import cuda
 from numba.cuda.cudadrv import driver as nbdriver
 from numba.cuda.cudadrv.devicearray import DeviceNDArray
 
-from .._requests import MemoryKind
-from .._stats import PoolFacts
+from .._names import MemoryKind
 from ._arrays import ArrayMaker
 from ._cuda._arrays import c_strides, host_array
 from ._cuda._errors import map_exceptions
 from ._cuda._resources import CudaResource, DeviceContext
 from ._cuda._streams import stream_handle
-from ._resource import Block, MemoryResource
+from ._resource import Block, MemoryResource, PoolFacts
 
 __all__ = ["NumbaArrays", "NumbaResource", "install_memory_manager", "numba_context"]
 

@@ -15,17 +15,48 @@ from typing import Any
 import attrs
 
 from .._errors import ConfigurationError
-from .._requests import MemoryKind
-from .._stats import PoolFacts
+from .._names import MemoryKind
 from ._stream import StreamLike
 
-__all__ = ["Block", "FailureHandler", "LibraryPool", "MemoryResource", "PoolFacts", "ResourceAdaptor"]
+__all__ = [
+    "Block",
+    "FailureHandler",
+    "LibraryPool",
+    "MemoryResource",
+    "PoolFacts",
+    "ResourceAdaptor",
+    "SharedPool",
+    "on_failure",
+    "require_shared_pool",
+    "shared_pool",
+]
 
 #: What a resource shared with other libraries calls when one of *their* allocations finds no
 #: room (RMM's failure callback): given the bytes asked for, it frees what it can and returns
 #: True to have the allocation tried again. aiocubie's own allocations never reach it: they
 #: recover in the device account, a whole batch at a time.
 FailureHandler = Callable[[int], bool]
+
+
+@attrs.frozen
+class PoolFacts:
+    """What the allocator's pool holds, so fragmentation shows (None where the allocator cannot say).
+
+    ``held``: device bytes the pool has taken from the device (in use or cached for reuse);
+    ``in_use``: bytes of the blocks handed out now; ``largest_free``: the largest cached block,
+    the biggest allocation the pool can serve without asking the device. ``held - in_use``
+    bytes are cached: counted as free by the planner, yet only reusable in blocks of at most
+    ``largest_free`` bytes until they are released to the device.
+    """
+
+    held: int | None = None
+    in_use: int | None = None
+    largest_free: int | None = None
+
+    @property
+    def cached(self) -> int | None:
+        """Bytes the pool keeps but no array uses (None if unknown)."""
+        return None if self.held is None or self.in_use is None else self.held - self.in_use
 
 
 @attrs.define(slots=True, eq=False)  # not frozen: made on every allocation, and frozen attrs cost 2.5x
@@ -75,13 +106,18 @@ class LibraryPool(abc.ABC):
 
 
 class MemoryResource(abc.ABC):
-    """Where blocks come from.
+    """Where blocks come from: the protocol every resource and adaptor follows.
+
+    A resource writes :meth:`allocate` and :meth:`deallocate`; a pool also says what it holds
+    (:meth:`pool_facts`) and gives its cache back (:meth:`release_cached`). What only some
+    stacks have is an adaptor (``aiocubie.mr``) or a :class:`SharedPool`, never a method every
+    resource must forward.
 
     Attributes
     ----------
     name : str
-        The name that made it (one of ``ALLOCATORS``, ``"default"`` resolved), also for an
-        adaptor stack: the base resource's name.
+        The allocator name that made it (``"default"`` resolved); for an adaptor stack, the
+        base resource's name.
     """
 
     name: str
@@ -111,28 +147,34 @@ class MemoryResource(abc.ABC):
         a second time is a bug the simulator reports loudly (``BackendError``).
         """
 
-    @abc.abstractmethod
     def release_cached(self) -> int:
         """Give the blocks a pool caches back to the device; the bytes this made free (0: none or unknown)."""
+        return 0
 
-    @abc.abstractmethod
     def pool_facts(self) -> PoolFacts:
-        """Bytes the pool holds, bytes in use, the largest cached block (None where unknown).
+        """Bytes the pool holds, bytes in use, the largest cached block (None where unknown: the default).
 
         A pool other libraries draw from too (the device's stream-ordered pool, RMM's) counts
         their bytes in ``in_use``: the manager reports the bytes it does not hold itself as
         other libraries' (``Snapshot.other_bytes``).
         """
+        return PoolFacts()
 
+
+class SharedPool(MemoryResource):
+    """A pool other libraries allocate from too (``allocator="rmm"``): shared with them, counted per library pool.
+
+    The device account finds it anywhere in its stack (:func:`shared_pool`): adaptors over it
+    forward none of this.
+    """
+
+    @abc.abstractmethod
     def set_failure_handler(self, handler: FailureHandler | None) -> None:
-        """Where other libraries' out-of-memory failures in this pool go (see :data:`FailureHandler`).
+        """Where other libraries' out-of-memory failures in this pool go (see :data:`FailureHandler`)."""
 
-        A resource no other library allocates through ignores it (the default).
-        """
-        return None
-
+    @abc.abstractmethod
     def share_with(self, libraries: Sequence[str], limit: int | None = None) -> None:
-        """Make ``libraries`` (``"cupy"``, ``"numba"``, ``"torch"``) allocate from this resource's pool.
+        """Make ``libraries`` (``"cupy"``, ``"numba"``, ``"torch"``) allocate from this pool.
 
         ``limit``: a hard cap inside the allocator on what other libraries hold together (aiocubie's
         own blocks are not under it); an allocation of theirs beyond it is refused.
@@ -140,35 +182,23 @@ class MemoryResource(abc.ABC):
         Raises
         ------
         ConfigurationError
-            Here: only a pool other libraries can draw from (``allocator="rmm"``) can be shared.
+            For a library that cannot be routed, or a second, different limit.
         """
-        raise ConfigurationError(
-            f"cannot share the {self.name!r} allocator's pool with {', '.join(map(repr, libraries)) or 'nothing'}: "
-            "only allocator='rmm' is a pool other libraries draw from; create the manager with allocator='rmm' "
-            '(pip install "aiocubie[rmm]")'
-        )
 
+    @abc.abstractmethod
     def library_pool(self, library: str) -> LibraryPool:
         """A new pool of this resource for ``library``'s own allocations (``"torch"``).
 
         Raises
         ------
         ConfigurationError
-            Here: only a pool other libraries can draw from (``allocator="rmm"``) makes one.
+            For a library whose allocations cannot be counted per pool.
         """
-        raise ConfigurationError(
-            f"{library}'s allocations can be counted only in a pool it can draw from: the {self.name!r} allocator is "
-            'not one; create the manager with allocator="rmm" (pip install "aiocubie[rmm]")'
-        )
-
-    def limited(self, nbytes: int) -> MemoryResource | None:
-        """A view of this resource whose allocator refuses to hold more than ``nbytes`` at once, or None
-        where the allocator has no such cap (the default)."""
-        return None
 
 
 class ResourceAdaptor(MemoryResource):
-    """A resource wrapping ``upstream``: each method passes through unless the adaptor overrides it.
+    """A resource wrapping ``upstream``: allocation, release of the cache and pool facts pass through
+    unless the adaptor overrides them.
 
     Parameters
     ----------
@@ -192,15 +222,36 @@ class ResourceAdaptor(MemoryResource):
     def pool_facts(self) -> PoolFacts:
         return self.upstream.pool_facts()
 
-    def set_failure_handler(self, handler: FailureHandler | None) -> None:
-        self.upstream.set_failure_handler(handler)
 
-    def share_with(self, libraries: Sequence[str], limit: int | None = None) -> None:
-        self.upstream.share_with(libraries, limit)
+def shared_pool(resource: MemoryResource) -> SharedPool | None:
+    """The :class:`SharedPool` in ``resource``'s stack (itself, or an adaptor's upstream, down), or None."""
+    while not isinstance(resource, SharedPool):
+        upstream = getattr(resource, "upstream", None)
+        if not isinstance(upstream, MemoryResource):
+            return None
+        resource = upstream
+    return resource
 
-    def library_pool(self, library: str) -> LibraryPool:
-        return self.upstream.library_pool(library)
 
-    def limited(self, nbytes: int) -> MemoryResource | None:
-        """The upstream's capped view (this adaptor is not in it)."""
-        return self.upstream.limited(nbytes)
+def on_failure(resource: MemoryResource, handler: FailureHandler | None) -> None:
+    """Send other libraries' out-of-memory failures in ``resource``'s :class:`SharedPool` (if any) to ``handler``."""
+    pool = shared_pool(resource)
+    if pool is not None:
+        pool.set_failure_handler(handler)
+
+
+def require_shared_pool(resource: MemoryResource, what: str) -> SharedPool:
+    """The :class:`SharedPool` in ``resource``'s stack, for ``what`` (a clause: "sharing the pool with 'cupy'").
+
+    Raises
+    ------
+    ConfigurationError
+        Where there is none: only ``allocator="rmm"`` is a pool other libraries draw from.
+    """
+    pool = shared_pool(resource)
+    if pool is None:
+        raise ConfigurationError(
+            f"{what}: the {resource.name!r} allocator is not a pool other libraries draw from (only allocator='rmm' "
+            'is); create the manager with allocator="rmm" (pip install "aiocubie[rmm]")'
+        )
+    return pool

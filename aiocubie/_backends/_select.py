@@ -13,7 +13,8 @@ import os
 import sys
 
 from .._errors import ConfigurationError, warn
-from .._options import BACKENDS, parse_allocator, parse_backend, parse_device
+from .._names import BACKENDS, parse_backend, parse_device
+from ._allocators import Allocator, allocator_or_resource
 from ._arrays import parse_array_type
 from ._base import Backend
 from ._sim import DEFAULT_TOTAL, SimulatorBackend
@@ -92,7 +93,7 @@ def device_count(name: str = "auto") -> int:
 def create_backend(
     name: str = "auto",
     *,
-    allocator: str | None = None,
+    allocator: Allocator | None = None,
     array_type: str | None = None,
     device: int = 0,
     devices: int | None = None,
@@ -106,8 +107,9 @@ def create_backend(
     ----------
     name : {"auto", "simulator", "cuda"}
         Which device.
-    allocator : str, optional
-        The memory resource, one of :data:`ALLOCATORS` (None: ``"default"``, the device's choice).
+    allocator : str, MemoryResource or callable, optional
+        The memory resource: a registered name (``allocator_names()``; None: ``"default"``, the
+        device's choice), a factory called with the new device, or a resource made on that device.
     array_type : {"cupy", "numba"}, optional
         The arrays handed out for device-side kinds (None: ``"cupy"``).
     device : int
@@ -123,13 +125,14 @@ def create_backend(
         that does not exist (the message says how many there are), or an array type whose
         library is missing (the message names the extra to install).
     UnknownAllocatorError
-        For an unknown allocator name, or one this device cannot make here.
+        For an unknown allocator name (the message lists the registered ones), or one this
+        device cannot make here.
     """
     _check_name(name)
     array_type = parse_array_type(array_type)
     device = parse_device(device)
     if allocator is not None:
-        parse_allocator(allocator)
+        allocator = allocator_or_resource(allocator)
     if name == "auto":
         usable, why = gpu_status()
         name = "cuda" if usable else "simulator"

@@ -15,13 +15,24 @@ import attrs
 import numpy as np
 import pytest
 
-from aiocubie import MemoryKind
-from aiocubie._backends import ARRAY_TYPES, Backend, Block, MemoryResource, gpu_status
+from aiocubie import MemoryKind, mr
+from aiocubie._backends import ARRAY_TYPES, Backend, Block, Device, MemoryResource, gpu_status
 
 __all__ = ["CASES", "DEVICE_SIDE", "HOST_SIDE", "RESOURCES", "Contract", "to_numpy"]
 
-#: Every resource a backend may offer (``"default"`` is one of these, resolved by the device).
-RESOURCES = ("driver", "cupy", "cupy_async", "numba", "rmm")
+#: Every resource a backend may offer (``"default"`` is one of these, resolved by the device), and
+#: ``"composed"``: a user's stack of every adaptor over CuPy's pool, registered here as a user would.
+RESOURCES = ("driver", "cupy", "cupy_async", "numba", "rmm", "composed")
+
+
+def composed(device: Device) -> MemoryResource:
+    """Statistics over a limit over a failure callback over CuPy's pool: each adaptor passes the contract through."""
+    failing = mr.FailureCallbackAdaptor(device.create_resource("cupy"), lambda nbytes: False)
+    return mr.StatisticsAdaptor(mr.LimitingAdaptor(failing, 1 << 62))
+
+
+for _backend in ("simulator", "cuda"):
+    mr.register_allocator("composed", composed, backend=_backend)
 DEVICE_SIDE = (MemoryKind.DEVICE, MemoryKind.MANAGED, MemoryKind.MAPPED)
 HOST_SIDE = (MemoryKind.PINNED, MemoryKind.HOST)
 

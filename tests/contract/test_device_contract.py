@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 from contractkit import DEVICE_SIDE, HOST_SIDE, RESOURCES, Contract, to_numpy
 
-from aiocubie import MemoryKind
+from aiocubie import MemoryKind, mr
 from aiocubie._backends import Device, StreamLike
-from aiocubie._options import ALLOCATORS
 from aiocubie.errors import BackendError, InvalidRequestError, UnknownAllocatorError
 
 rng = np.random.default_rng()
@@ -43,7 +42,7 @@ def test_create_resource_names(contract: Contract) -> None:
         with pytest.raises(UnknownAllocatorError, match="use one of"):
             device.create_resource(name)  # type: ignore[arg-type]
     assert device.create_resource("default").name == device.default_resource
-    assert all(name in ALLOCATORS for name in device.resources)
+    assert all(name in mr.allocator_names() for name in device.resources)
 
 
 @pytest.mark.parametrize("kind", list(MemoryKind), ids=lambda k: k.value)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aiocubie import ArrayRequest, MemoryKind, MemoryManager
+from aiocubie import ArrayRequest, MemoryKind, MemoryManager, mr
 from aiocubie.errors import OutOfMemoryError
 
 pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
@@ -81,13 +81,14 @@ async def test_a_library_out_of_memory_runs_the_reclaim_hooks(rmm: Any) -> None:
 
 def test_the_hard_cap_inside_the_allocator_refuses_what_is_over_it(rmm: Any, device: Any) -> None:
     resource = device.create_resource("rmm")
-    capped = resource.limited(8 * MiB)
+    capped = mr.LimitingAdaptor(resource, 8 * MiB)
     stream = device.create_stream()
     first = capped.allocate(6 * MiB, MemoryKind.DEVICE, stream)
     with pytest.raises(OutOfMemoryError):
         capped.allocate(4 * MiB, MemoryKind.DEVICE, stream)
-    assert capped.pool_facts().in_use == 6 * MiB
-    del first
+    assert capped.held == 6 * MiB
+    capped.deallocate(first)
+    assert capped.held == 0
 
 
 async def test_torch_allocations_count_against_the_instance(rmm: Any) -> None:

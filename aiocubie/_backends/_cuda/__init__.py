@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..._errors import ConfigurationError
+from .._allocators import Allocator, make_resource
 from .._arrays import ArrayMaker, parse_array_type
 from .._base import Backend
 from ._arrays import CupyArrays
@@ -60,7 +61,7 @@ def create_arrays(array_type: str | None, device: CudaDevice) -> ArrayMaker:
     return maker  # type: ignore[no-any-return]
 
 
-def create_cuda_backend(*, device: int = 0, allocator: str = "default", array_type: str | None = None) -> Backend:
+def create_cuda_backend(*, device: int = 0, allocator: Allocator = "default", array_type: str | None = None) -> Backend:
     """A GPU backend: a :class:`CudaDevice` on ``device``, its resource ``allocator``, ``array_type`` arrays.
 
     Raises
@@ -72,4 +73,4 @@ def create_cuda_backend(*, device: int = 0, allocator: str = "default", array_ty
     """
     cuda_device = CudaDevice(device)
     arrays = create_arrays(array_type, cuda_device)
-    return Backend(cuda_device, cuda_device.create_resource(allocator), arrays)
+    return Backend(cuda_device, make_resource(cuda_device, allocator), arrays)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..._errors import BackendError, ConfigurationError
-from ..._requests import MemoryKind
+from ..._names import MemoryKind
 from .._arrays import ArrayMaker
 from .._resource import Block
 from ._streams import import_cupy

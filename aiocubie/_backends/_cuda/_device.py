@@ -25,7 +25,8 @@ from cuda.core import Device as CoreDevice
 from cuda.core import Host, ManagedBuffer, Stream, StreamOptions
 
 from ..._errors import AllocationError, BackendError, ConfigurationError, InvalidRequestError, UnknownAllocatorError
-from ..._requests import MemoryKind
+from ..._names import MemoryKind
+from .._allocators import find_factory, register_allocator, registered
 from .._device import Advice, Copier, Device, MemoryInfo
 from .._resource import Block, MemoryResource
 from .._strided import Geometry, geometry, refusal
@@ -166,18 +167,12 @@ class CudaDevice(Device):
         # Recorded events come back here when dropped (CudaEvent.__del__) and are recorded
         # again: a re-record costs a third of a new event.
         self._spare_events: list[Any] = []
-        self.resources = tuple(
-            name
-            for name, present in (
-                ("driver", True),
-                ("cupy", _installed("cupy")),
-                ("cupy_async", _installed("cupy")),
-                ("numba", _installed("numba_cuda")),
-                ("rmm", _installed("rmm")),
-            )
-            if present
-        )
         self.default_resource = DEFAULT_RESOURCE
+
+    @property
+    def resources(self) -> tuple[str, ...]:
+        """The registered allocator names this device can make here (their packages installed)."""
+        return tuple(name for name in registered(self.name) if name not in _NEEDS or _installed(_NEEDS[name]))
 
     # -- activation ---------------------------------------------------------------------------
     def make_current(self) -> None:
@@ -222,26 +217,7 @@ class CudaDevice(Device):
         return resource
 
     def _new_resource(self, name: str) -> MemoryResource:
-        if name == "driver":
-            return DriverResource(self)
-        if name == "cupy":
-            return CupyResource(self)
-        if name == "cupy_async":
-            return CupyAsyncResource(self)
-        if name == "numba":
-            try:
-                from .._numba import NumbaResource
-            except ImportError as exc:
-                raise UnknownAllocatorError(
-                    f"allocator 'numba' needs numba-cuda, which is not importable ({exc}): pip install "
-                    "'aiocubie[numba]', or use one of 'driver', 'cupy', 'cupy_async'"
-                ) from exc
-            return NumbaResource(self)
-        if name == "rmm":
-            from ._rmm import RmmResource  # imports rmm: only when asked for
-
-            return RmmResource(self)
-        raise UnknownAllocatorError(f"unknown allocator {name!r}: use one of {', '.join(map(repr, self.resources))}")
+        return find_factory(name, self.name)(self)
 
     # -- memory -------------------------------------------------------------------------------
     def driver_memory(self) -> tuple[int, int]:
@@ -545,3 +521,39 @@ class _BoundCopy(Copier):
             check(binding.cuMemcpyAsync(self.ptr, ready, self.nbytes, self.handle), self.what)
         else:
             check(binding.cuMemcpyAsync(ready, self.ptr, self.nbytes, self.handle), self.what)
+
+
+#: The package each built-in allocator needs beside cuda.core (where not installed, the device cannot make it).
+_NEEDS = {"cupy": "cupy", "cupy_async": "cupy", "numba": "numba_cuda", "rmm": "rmm"}
+
+
+def _cuda(device: Device) -> CudaDevice:
+    if not isinstance(device, CudaDevice):
+        raise UnknownAllocatorError(f"a CUDA allocator was asked for on {device.device_name}, not a CUDA device")
+    return device
+
+
+def _numba(device: Device) -> MemoryResource:
+    """numba's own memory manager (the numba extra)."""
+    try:
+        from .._numba import NumbaResource
+    except ImportError as exc:
+        raise UnknownAllocatorError(
+            f"allocator 'numba' needs numba-cuda, which is not importable ({exc}): pip install "
+            "'aiocubie[numba]', or use one of 'driver', 'cupy', 'cupy_async'"
+        ) from exc
+    return NumbaResource(_cuda(device))
+
+
+def _rmm(device: Device) -> MemoryResource:
+    """The device's current RMM resource (the rmm extra)."""
+    from ._rmm import RmmResource  # imports rmm: only when asked for
+
+    return RmmResource(_cuda(device))
+
+
+register_allocator("driver", lambda device: DriverResource(_cuda(device)), backend=CudaDevice.name)
+register_allocator("cupy", lambda device: CupyResource(_cuda(device)), backend=CudaDevice.name)
+register_allocator("cupy_async", lambda device: CupyAsyncResource(_cuda(device)), backend=CudaDevice.name)
+register_allocator("numba", _numba, backend=CudaDevice.name)
+register_allocator("rmm", _rmm, backend=CudaDevice.name)

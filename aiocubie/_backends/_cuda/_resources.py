@@ -19,9 +19,8 @@ from cuda.bindings import driver as binding
 from cuda.core import DeviceMemoryResource, DeviceMemoryResourceOptions
 
 from ..._errors import AllocationError
-from ..._requests import MemoryKind
-from ..._stats import PoolFacts
-from .._resource import Block, MemoryResource
+from ..._names import MemoryKind
+from .._resource import Block, MemoryResource, PoolFacts
 from ._errors import check, map_exceptions, translate
 from ._streams import as_stream, cupy_view, import_cupy
 
@@ -185,14 +184,6 @@ class DriverResource(CudaResource):
                 self._pool = DeviceMemoryResource(device.device_id)
             else:  # a pool of its own that never holds more than max_size bytes
                 self._pool = DeviceMemoryResource(device.device_id, DeviceMemoryResourceOptions(max_size=max_size))
-
-    def limited(self, nbytes: int) -> MemoryResource:
-        """A ``driver`` resource over a stream-ordered pool of its own with ``max_size=nbytes`` (cuda.core).
-
-        Its blocks never add up to more than ``nbytes`` at once: the driver refuses the allocation
-        that would (:class:`OutOfMemoryError`); the pool's own blocks are not shared with the device's.
-        """
-        return DriverResource(self._device, max_size=nbytes)
 
     def _device_block(self, nbytes: int, stream: Any) -> Block:
         buffer = self._pool.allocate(nbytes, stream=as_stream(stream))

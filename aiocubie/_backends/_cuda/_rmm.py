@@ -16,9 +16,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..._errors import ConfigurationError, UnknownAllocatorError
-from ..._requests import MemoryKind
-from ..._stats import PoolFacts
-from .._resource import Block, FailureHandler, LibraryPool, MemoryResource
+from ..._names import MemoryKind
+from .._resource import Block, FailureHandler, LibraryPool, PoolFacts, SharedPool
 from ._errors import map_exceptions
 from ._resources import CudaResource, DeviceContext
 from ._streams import stream_handle
@@ -113,7 +112,7 @@ def _shared(rmm: Any, device_id: int) -> _Shared:
     return shared
 
 
-class RmmResource(CudaResource):
+class RmmResource(CudaResource, SharedPool):
     """Device blocks as ``rmm.DeviceBuffer`` from the device's current RMM resource, on the group's stream.
 
     Parameters
@@ -240,21 +239,12 @@ class RmmResource(CudaResource):
         with self._device.activate():
             return _TorchPool(torch, torch.cuda.MemPool(rmm_torch_allocator.allocator()), self._device.device_id)
 
-    def limited(self, nbytes: int) -> MemoryResource:
-        """A view of this resource that refuses to hold more than ``nbytes`` at once (RMM's ``LimitingResourceAdaptor``)."""
-        return _LimitedRmm(self, nbytes)
-
 
 class _LimitedRmm(RmmResource):
-    """An ``rmm`` resource whose blocks go through a ``LimitingResourceAdaptor`` over the shared stack."""
+    """An ``rmm`` resource as other libraries draw from it (:meth:`RmmResource.for_libraries`): its blocks
+    go through the ``LimitingResourceAdaptor`` on them, if any."""
 
     limit: int | None
-
-    def __init__(self, base: RmmResource, nbytes: int) -> None:  # no super().__init__: a view of ``base``
-        with base._device.activate(), map_exceptions(f"limiting the RMM resource to {nbytes} bytes"):
-            top = base._rmm.mr.LimitingResourceAdaptor(base._shared.statistics, nbytes)
-        self._copy(base, top, own=base._own)
-        self.limit = nbytes
 
     def _copy(self, base: RmmResource, top: Any, *, own: bool) -> None:
         self._device, self._shared, self._handler = base._device, base._shared, None

@@ -14,14 +14,14 @@ from collections.abc import Callable
 from typing import Any
 
 from ..._errors import ConfigurationError, shown
-from ..._options import parse_device
-from ..._requests import MAX_NBYTES, MemoryKind
+from ..._names import MAX_NBYTES, MemoryKind, parse_device
+from .._allocators import Allocator, make_resource
 from .._base import Backend
 from .._resource import Block
 from ._arrays import SimArrays, SimCupyArray, host_data
 from ._device import TIMELINE_LENGTH, Engines, SimDevice, TimelineEntry
 from ._faults import Faults, count, real
-from ._memory import SimFaults, SimLimit, SimMemory, SimPool, SimShared, SimState
+from ._memory import SimFaults, SimMemory, SimPool, SimShared, SimState
 from ._streams import SimEvent, SimStream
 
 __all__ = [
@@ -34,7 +34,6 @@ __all__ = [
     "SimDevice",
     "SimEvent",
     "SimFaults",
-    "SimLimit",
     "SimMemory",
     "SimPool",
     "SimShared",
@@ -69,10 +68,11 @@ class SimulatorBackend(Backend):
         Bytes taken by "other processes" at the start (see :meth:`occupy`).
     engines : Engines, optional
         Bandwidths and latencies of the copy engines and kernels (default: instant).
-    allocator : str, optional
-        The resource the backend starts with (None: ``"default"``, the device's ``"driver"``
-        model, which caches nothing; ``"cupy"`` and ``"cupy_async"`` keep freed device blocks
-        cached, as CuPy's pools do).
+    allocator : str or callable, optional
+        The resource the backend starts with: a registered name (None: ``"default"``, the
+        device's ``"driver"`` model, which caches nothing; ``"cupy"`` and ``"cupy_async"`` keep
+        freed device blocks cached, as CuPy's pools do), or a factory called with the new
+        :class:`SimDevice` (``lambda device: StatisticsAdaptor(device.create_resource("cupy"))``).
     array_type : {"cupy", "numba"}, optional
         What device-side arrays model: ``cupy.ndarray`` (the default) or numba's
         ``DeviceNDArray`` (the numba extra).
@@ -108,7 +108,7 @@ class SimulatorBackend(Backend):
         latency: float = 0.0,
         granule: int = 0,
         reserved: int = 0,
-        allocator: str | None = None,
+        allocator: Allocator | None = None,
         array_type: str | None = None,
         engines: Engines | None = None,
         device: int = 0,
@@ -145,7 +145,7 @@ class SimulatorBackend(Backend):
             device=int(device),
             devices=int(devices),
         )
-        super().__init__(sim, sim.create_resource("default" if allocator is None else allocator), arrays)
+        super().__init__(sim, make_resource(sim, "default" if allocator is None else allocator), arrays)
 
     # -- what tests and demos reach for: the device's model ----------------------------------
     @property

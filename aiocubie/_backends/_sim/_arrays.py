@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..._errors import ConfigurationError
-from ..._requests import MemoryKind
+from ..._names import MemoryKind
 from .._arrays import ArrayMaker, parse_array_type
 from .._resource import Block
 from .._stream import StreamLike

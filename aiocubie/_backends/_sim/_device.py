@@ -28,7 +28,8 @@ from ..._errors import (
     UnknownAllocatorError,
     shown,
 )
-from ..._requests import MemoryKind, check_device
+from ..._names import MemoryKind, check_device
+from .._allocators import ResourceFactory, find_factory, register_allocator
 from .._device import Advice, Device, Event, MemoryInfo
 from .._resource import MemoryResource
 from .._strided import geometry, refusal
@@ -97,8 +98,40 @@ class TimelineEntry:
 #: Timeline entries a simulator keeps (the most recent ones).
 TIMELINE_LENGTH = 1 << 16
 
-#: The resources the simulator models, and whether each keeps freed device blocks cached.
-_POOLED = {"driver": False, "cupy": True, "cupy_async": True, "numba": False, "rmm": False}
+
+def _sim(device: Device) -> SimDevice:
+    if not isinstance(device, SimDevice):
+        raise UnknownAllocatorError(f"a simulator allocator was asked for on {device.device_name}, not a simulator")
+    return device
+
+
+def _driver(device: Device) -> MemoryResource:
+    """The device's stream-ordered pool, as the driver's model: every block fresh."""
+    return SimMemory(_sim(device).state, "driver")
+
+
+def _cupy_pool(name: str) -> ResourceFactory:
+    """CuPy's pools (``cupy``, ``cupy_async``): freed device blocks stay cached."""
+    return lambda device: SimPool(SimMemory(_sim(device).state, name), name)
+
+
+def _numba(device: Device) -> MemoryResource:
+    """numba's own memory manager: needs numba installed, as on a GPU."""
+    if importlib.util.find_spec("numba") is None:  # found, not imported
+        raise UnknownAllocatorError(
+            "allocator 'numba' is numba's own memory manager, and numba is not installed: "
+            "pip install 'aiocubie[numba]', or use another allocator"
+        )
+    return SimMemory(_sim(device).state, "numba")
+
+
+def _rmm(device: Device) -> MemoryResource:
+    """RMM's current device resource: the last one made is what other libraries use."""
+    sim = _sim(device)
+    previous, sim.shared = sim.shared, SimShared(SimMemory(sim.state, "rmm"))
+    if previous is not None:  # as on a GPU, the cap on other libraries stays installed (set once)
+        sim.shared.limit = previous.limit
+    return sim.shared
 
 
 class SimDevice(Device):
@@ -123,7 +156,6 @@ class SimDevice(Device):
     """
 
     name = "simulator"
-    resources = tuple(_POOLED)
     default_resource = "driver"
 
     def __init__(
@@ -146,18 +178,8 @@ class SimDevice(Device):
 
     # -- memory ---------------------------------------------------------------------------
     def _create_resource(self, name: str) -> MemoryResource:
-        if name == "numba" and importlib.util.find_spec("numba") is None:  # found, not imported
-            raise UnknownAllocatorError(
-                "allocator 'numba' is numba's own memory manager, and numba is not installed: "
-                "pip install 'aiocubie[numba]', or use another allocator"
-            )
-        memory = SimMemory(self.state, name)
-        if name == "rmm":  # RMM's current device resource: the last one made is what other libraries use
-            previous, self.shared = self.shared, SimShared(memory)
-            if previous is not None:  # as on a GPU, the cap on other libraries stays installed (set once)
-                self.shared.limit = previous.limit
-            return SimFaults(self.shared, self.faults)
-        return SimFaults(SimPool(memory, name) if _POOLED[name] else memory, self.faults)
+        """The registered factory's resource, under the injected allocation faults."""
+        return SimFaults(find_factory(name, self.name)(self), self.faults)
 
     def memory_info(self) -> MemoryInfo:
         return MemoryInfo(free=self.state.free, total=self.state.total)
@@ -469,3 +491,13 @@ def _memory_bounds(data: np.ndarray[Any, Any]) -> tuple[int, int]:
         data = base
     low = int(data.ctypes.data)
     return low, low + int(data.nbytes)
+
+
+for _name, _factory in (
+    ("driver", _driver),
+    ("cupy", _cupy_pool("cupy")),
+    ("cupy_async", _cupy_pool("cupy_async")),
+    ("numba", _numba),
+    ("rmm", _rmm),
+):
+    register_allocator(_name, _factory, backend=SimDevice.name)

@@ -3,8 +3,7 @@
 :class:`SimMemory` is the base resource (every block is fresh numpy memory; device-side bytes
 count against the device's total); :class:`SimPool` models CuPy's pools as an adaptor (freed
 device blocks stay cached and serve a request of their size or smaller: split, never merged);
-:class:`SimShared` models RMM's pool shared with other libraries, :class:`SimLimit` a hard cap inside the
-allocator, :class:`SimFaults` fires the injected allocation faults. Each fails loudly where a GPU would
+:class:`SimShared` models RMM's pool shared with other libraries, :class:`SimFaults` fires the injected allocation faults. Each fails loudly where a GPU would
 corrupt memory: a block given back twice, or given back after a context reset, is an error.
 """
 
@@ -20,16 +19,14 @@ import attrs
 import numpy as np
 
 from ..._errors import AllocationError, BackendError, ConfigurationError, OutOfMemoryError, ReleasedError
-from ..._requests import MemoryKind
-from ..._stats import PoolFacts
-from .._resource import Block, FailureHandler, LibraryPool, MemoryResource, ResourceAdaptor
+from ..._names import MemoryKind
+from .._resource import Block, FailureHandler, LibraryPool, MemoryResource, PoolFacts, ResourceAdaptor, SharedPool
 from .._stream import StreamLike
 from ._faults import Faults
 from ._streams import SimStream, on_worker
 
 __all__ = [
     "SimFaults",
-    "SimLimit",
     "SimMemory",
     "SimPool",
     "SimShared",
@@ -295,13 +292,13 @@ class SimPool(ResourceAdaptor):
         )
 
 
-class SimShared(ResourceAdaptor):
+class SimShared(ResourceAdaptor, SharedPool):
     """RMM's model (``rmm``): the device's memory, shared with other libraries drawing from the same pool.
 
     Other libraries' allocations (:meth:`SimulatorBackend.library_allocate`) go through it as
     RMM's hooks send CuPy's, numba's and torch's through the device's current RMM resource; one
     that finds no room calls the failure handler (aiocubie's recovery) and tries again while it
-    says it freed something. :meth:`limited` is RMM's ``LimitingResourceAdaptor``.
+    says it freed something.
     """
 
     def __init__(self, upstream: SimMemory) -> None:
@@ -373,9 +370,6 @@ class SimShared(ResourceAdaptor):
             raise ConfigurationError(f"no pool for {library!r}: only torch's allocations are counted per component")
         return SimLibraryPool(self)
 
-    def limited(self, nbytes: int) -> MemoryResource:
-        return SimLimit(self, nbytes)
-
 
 class SimLibraryPool(LibraryPool):
     """torch's ``MemPool`` model: while entered, the thread's library allocations are counted in it."""
@@ -395,35 +389,6 @@ class SimLibraryPool(LibraryPool):
 
     def held(self) -> int:
         return self.bytes
-
-
-class SimLimit(ResourceAdaptor):
-    """A hard cap inside the allocator (RMM's ``LimitingResourceAdaptor``): refuses to hold more than ``limit`` device bytes."""
-
-    def __init__(self, upstream: MemoryResource, limit: int) -> None:
-        super().__init__(upstream)
-        self.limit = limit
-        self.held = 0
-
-    def allocate(self, nbytes: int, kind: MemoryKind, stream: StreamLike | None) -> Block:
-        if kind is not _DEVICE:
-            return self.upstream.allocate(nbytes, kind, stream)
-        if self.held + nbytes > self.limit:
-            raise OutOfMemoryError(
-                f"out of memory: {nbytes} bytes more would exceed the allocator's limit of {self.limit} "
-                f"({self.held} held)"
-            )
-        block = self.upstream.allocate(nbytes, kind, stream)
-        self.held += nbytes
-        return block
-
-    def deallocate(self, block: Block) -> None:
-        self.upstream.deallocate(block)
-        if block.kind is _DEVICE:
-            self.held -= block.nbytes
-
-    def pool_facts(self) -> PoolFacts:
-        return PoolFacts(held=self.limit, in_use=self.held)
 
 
 class SimFaults(ResourceAdaptor):
