@@ -199,6 +199,34 @@ def _parser() -> argparse.ArgumentParser:
         help="device to use (default: $AIOCUBIE_BACKEND, else auto: the GPU if there is one, else the simulator)",
     )
     commands.add_parser("info", parents=[backend], help="the backend chosen and why, the device, versions")
+    _demo_parser(commands, backend)
+    bench = commands.add_parser(
+        "bench",
+        parents=[debug],
+        help="the scheduler's cost per request on a zero-latency device, against a bare asyncio future",
+    )
+    bench.add_argument("--quick", action="store_true", help="a smoke run of a second (noisy figures)")
+    bench.add_argument("--out", type=Path, default=None, metavar="FILE", help="also write the figures as JSON")
+    history = commands.add_parser(
+        "history",
+        parents=[debug],
+        help="draw an allocation history (mgr.history().to_json(FILE)): memory over time, plans marked",
+    )
+    history.add_argument("file", type=Path, metavar="FILE.json", help="a history written by History.to_json")
+    history.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="PICTURE",
+        help="page.html (self-contained), or picture.png/.svg/.pdf (needs matplotlib); default FILE.html",
+    )
+    return parser
+
+
+def _demo_parser(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], backend: argparse.ArgumentParser
+) -> None:
+    """The ``demo`` verb's arguments."""
     demo = commands.add_parser(
         "demo",
         parents=[backend],
@@ -224,27 +252,6 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--plot", type=Path, default=None, metavar="FILE", help="draw memory per group over time (needs matplotlib)"
     )
-    bench = commands.add_parser(
-        "bench",
-        parents=[debug],
-        help="the scheduler's cost per request on a zero-latency device, against a bare asyncio future",
-    )
-    bench.add_argument("--quick", action="store_true", help="a smoke run of a second (noisy figures)")
-    bench.add_argument("--out", type=Path, default=None, metavar="FILE", help="also write the figures as JSON")
-    history = commands.add_parser(
-        "history",
-        parents=[debug],
-        help="draw an allocation history (mgr.history().to_json(FILE)): memory over time, plans marked",
-    )
-    history.add_argument("file", type=Path, metavar="FILE.json", help="a history written by History.to_json")
-    history.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        metavar="PICTURE",
-        help="page.html (self-contained), or picture.png/.svg/.pdf (needs matplotlib); default FILE.html",
-    )
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

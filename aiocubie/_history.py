@@ -381,87 +381,94 @@ class HistoryRecorder:
         A release is named after the instance that allocated it; if that allocation has left
         the ring, after the instance registered under its key now.
         """
-        flat, times, size = self._flat, self._times, self.max_entries
-        rows: list[tuple[Any, ...]] = []
-        for written in range(self.recorded - len(self), self.recorded):
-            index = written % size
-            rows.append((flat[index * _WIDTH], times[index], *flat[index * _WIDTH + 2 : (index + 1) * _WIDTH]))
-        names: dict[Hashable, str] = {}
-        released_by: list[str | None] = []  # a release or a move takes the name its key had when it allocated
-        for row in rows:
-            if row[0] == "allocate":
-                names[row[3]] = row[7]
-            key = row[3] if row[0] == "release" else row[2] if row[0] == "regroup" else None
-            released_by.append(None if key is None else names.get(key))
+        rows = self._rows()
+        owners = _owners(rows)
         # What each group and key holds after each row, walking back from what the ledger holds now.
         groups, keys = dict(self._ledger.live_by_group), dict(self._ledger.live_by_key)
         events: list[HistoryEvent] = []
-        for row, owner in zip(reversed(rows), reversed(released_by)):
-            kind, at = row[0], row[1]
-            if kind == "allocate":
-                _, _, group, key, label, vram, memory, name, chunks, chunk_length, stack = row
-                group_live, key_live = groups.get(group, 0), keys.get(key, 0)
-                events.append(
-                    HistoryEvent(
-                        kind,
-                        at,
-                        group,
-                        name,
-                        label,
-                        vram,
-                        memory,
-                        chunks,
-                        chunk_length,
-                        group_live,
-                        key_live,
-                        "",
-                        stack,
-                    )
-                )
-                groups[group], keys[key] = group_live - vram, key_live - vram
-            elif kind == "release":
-                _, _, group, key, label, vram, memory = row[:7]
-                group_live, key_live = groups.get(group, 0), keys.get(key, 0)
-                name = owner or self._names(key)
-                events.append(
-                    HistoryEvent(kind, at, group, name, label, vram, memory, None, None, group_live, key_live)
-                )
-                groups[group], keys[key] = group_live + vram, key_live + vram
+        for row, owner in zip(reversed(rows), reversed(owners)):
+            kind = row[0]
+            if kind in ("allocate", "release"):
+                events.append(self._holding(row, owner, groups, keys))
             elif kind == "plan":
-                _, _, group, chunks, chunk_length, requests, stack, runs, planned = row[:9]
-                detail = f"{requests} request(s), {runs} runs"
-                events.append(
-                    HistoryEvent(
-                        kind,
-                        at,
-                        group,
-                        nbytes=planned,
-                        chunks=chunks,
-                        chunk_length=chunk_length,
-                        detail=detail,
-                        stack=stack,
-                    )
-                )
+                events.append(_planned(row))
             elif kind == "regroup":
-                _, _, key, old, new, nbytes = row[:6]
-                name = owner or self._names(key)
-                for group, other, verb in ((new, old, "from"), (old, new, "to")):
-                    events.append(
-                        HistoryEvent(
-                            kind,
-                            at,
-                            group,
-                            name,
-                            nbytes=nbytes,
-                            group_live=groups.get(group, 0),
-                            detail=f"moved {verb} {other}",
-                        )
-                    )
-                groups[old], groups[new] = groups.get(old, 0) + nbytes, groups.get(new, 0) - nbytes
+                events.extend(self._moved(row, owner, groups))
             else:
-                _, _, group, nbytes, detail, held = row[:6]
+                _, at, group, nbytes, detail, held = row[:6]
                 if held is not None:  # a context reset: before it, this was held
                     groups, keys = dict(held[0]), dict(held[1])
                 events.append(HistoryEvent(kind, at, group, nbytes=nbytes, detail=detail))
         events.reverse()
         return History(tuple(events), self.wall_base, self.max_entries, self.recorded - len(rows))
+
+    def _rows(self) -> list[tuple[Any, ...]]:
+        """The ring's rows, oldest first: (kind, time, *fields)."""
+        flat, times, size = self._flat, self._times, self.max_entries
+        rows: list[tuple[Any, ...]] = []
+        for written in range(self.recorded - len(self), self.recorded):
+            index = written % size
+            rows.append((flat[index * _WIDTH], times[index], *flat[index * _WIDTH + 2 : (index + 1) * _WIDTH]))
+        return rows
+
+    def _holding(
+        self, row: tuple[Any, ...], owner: str | None, groups: dict[str, int], keys: dict[Hashable, int]
+    ) -> HistoryEvent:
+        """An allocation's or a release's event; ``groups`` and ``keys`` become what was held before it."""
+        kind, at, group, key, label, vram, memory = row[:7]
+        group_live, key_live = groups.get(group, 0), keys.get(key, 0)
+        change = -vram if kind == "allocate" else vram
+        groups[group], keys[key] = group_live + change, key_live + change
+        if kind == "allocate":
+            name, chunks, chunk_length, stack = row[7:11]
+            return HistoryEvent(
+                kind, at, group, name, label, vram, memory, chunks, chunk_length, group_live, key_live, "", stack
+            )
+        name = owner or self._names(key)
+        return HistoryEvent(kind, at, group, name, label, vram, memory, None, None, group_live, key_live)
+
+    def _moved(self, row: tuple[Any, ...], owner: str | None, groups: dict[str, int]) -> list[HistoryEvent]:
+        """A member's move: an event in each group; ``groups`` becomes what was held before it."""
+        _, at, key, old, new, nbytes = row[:6]
+        name = owner or self._names(key)
+        events = [
+            HistoryEvent(
+                "regroup",
+                at,
+                group,
+                name,
+                nbytes=nbytes,
+                group_live=groups.get(group, 0),
+                detail=f"moved {verb} {other}",
+            )
+            for group, other, verb in ((new, old, "from"), (old, new, "to"))
+        ]
+        groups[old], groups[new] = groups.get(old, 0) + nbytes, groups.get(new, 0) - nbytes
+        return events
+
+
+def _owners(rows: list[tuple[Any, ...]]) -> list[str | None]:
+    """For each row: the name its key had when it allocated (a release or a move takes it), else None."""
+    names: dict[Hashable, str] = {}
+    owners: list[str | None] = []
+    for row in rows:
+        if row[0] == "allocate":
+            names[row[3]] = row[7]
+        key = row[3] if row[0] == "release" else row[2] if row[0] == "regroup" else None
+        owners.append(None if key is None else names.get(key))
+    return owners
+
+
+def _planned(row: tuple[Any, ...]) -> HistoryEvent:
+    """A plan's event."""
+    _, at, group, chunks, chunk_length, requests, stack, runs, planned = row[:9]
+    return HistoryEvent(
+        "plan",
+        at,
+        group,
+        nbytes=planned,
+        chunks=chunks,
+        chunk_length=chunk_length,
+        detail=f"{requests} request(s), {runs} runs",
+        stack=stack,
+    )

@@ -127,6 +127,12 @@ class MemoryManager:
             )
         self.backend: Backend = given
         self._device = given.device
+        self._compose(given, owns_backend, setup)
+        if setup.history:
+            self.record_history(dump_on_oom=setup.history if isinstance(setup.history, str) else None)
+
+    def _compose(self, given: Backend, owns_backend: bool, setup: Setup) -> None:
+        """Build the components, each handed its collaborators, and the views over them."""
         telemetry = Telemetry()
         registry = Registry(given.device.create_stream, telemetry)
         self._serving = serving = Serving()  # the loop and task group, while serving
@@ -151,8 +157,6 @@ class MemoryManager:
         self._budget = BudgetView(registry, registration, account, groups)
         self._grouping = GroupsView(registry, registration, groups, account, lifecycle.stream_of, host.wait_for)
         self._pool = PoolView(registry, account, groups, hooks, release.free_all, LibraryScopes(account, registry))
-        if setup.history:
-            self.record_history(dump_on_oom=setup.history if isinstance(setup.history, str) else None)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> MemoryManager:

@@ -281,16 +281,7 @@ class CubieMemoryManager(_cubie.MemoryManager):  # type: ignore[misc]
         group = self.get_stream_group(triggering_instance)
         owner_id = self.registry[id(triggering_instance)].owner_id
         peers = [p for p in self.stream_groups.get_instances_in_group(group) if self._owned_by(p, owner_id)]
-        queued: dict[int, dict[str, CubieRequest]] = {}
-        with self._lock:
-            queue = self._queued_allocations.get(group, {})
-            for instance_id in list(queue):
-                if self.registry.get(instance_id) is None:
-                    queue.pop(instance_id)
-                elif self._owned_by(instance_id, owner_id):
-                    queued[instance_id] = queue.pop(instance_id)
-            if not queue:
-                self._queued_allocations.pop(group, None)
+        queued = self._take_queued(group, owner_id)
         if not queued:
             return
         if stream is None:
@@ -322,6 +313,32 @@ class CubieMemoryManager(_cubie.MemoryManager):  # type: ignore[misc]
         self._partitions[(group, owner_id)] = (chunk_length, chunks)
         for peer in peers:
             self.registry[peer].last_stream = stream
+        self._tell(queued, notaries, responses, (chunks, chunk_length), stream)
+
+    def _take_queued(self, group: str, owner_id: Any) -> dict[int, dict[str, CubieRequest]]:
+        """Take ``owner_id``'s queued requests of ``group`` (dropping those of collected instances)."""
+        queued: dict[int, dict[str, CubieRequest]] = {}
+        with self._lock:
+            queue = self._queued_allocations.get(group, {})
+            for instance_id in list(queue):
+                if self.registry.get(instance_id) is None:
+                    queue.pop(instance_id)
+                elif self._owned_by(instance_id, owner_id):
+                    queued[instance_id] = queue.pop(instance_id)
+            if not queue:
+                self._queued_allocations.pop(group, None)
+        return queued
+
+    def _tell(
+        self,
+        queued: Mapping[int, dict[str, CubieRequest]],
+        notaries: list[int],
+        responses: Mapping[int, Any],
+        plan: tuple[int, int],
+        stream: Any,
+    ) -> None:
+        """Hand each queued registration its arrays, and tell the others of the owner the plan."""
+        chunks, chunk_length = plan
         for instance_id, requests in queued.items():
             settings = self.registry.get(instance_id)
             if settings is None:  # collected meanwhile: aiocubie frees its arrays
