@@ -51,7 +51,11 @@ class _Owner:
 
 def _backend(device: str) -> Any:
     from aiocubie._bench import InstantBackend
-    from aiocubie.simulator import SimulatorBackend
+
+    try:
+        from aiocubie.simulator import SimulatorBackend
+    except ImportError:  # a tree before issue 31's namespaces
+        from aiocubie import SimulatorBackend  # type: ignore[attr-defined,no-redef]
 
     if device == "simulator":
         return SimulatorBackend(1 << 30)
@@ -72,8 +76,10 @@ async def _measure(device: str, case: str, batches: int, runs: int) -> dict[str,
         owners = [_Owner() for _ in range(tasks)]
         for owner in owners:
             mgr.register(owner, proportion=0.2, stream_group="g")
-        xs = [mgr.host.array((16, 1024), np.float32, kind="pinned") for _ in range(batches)]
-        ys = [mgr.host.array((16, 1024), np.float32, kind="pinned") for _ in range(batches)]
+        # a tree before issue 31's views made host arrays with mgr.create_host_array
+        host_array = mgr.host.array if hasattr(mgr, "host") else mgr.create_host_array
+        xs = [host_array((16, 1024), np.float32, kind="pinned") for _ in range(batches)]
+        ys = [host_array((16, 1024), np.float32, kind="pinned") for _ in range(batches)]
         for b, x in enumerate(xs):
             x[...] = np.arange(x.size, dtype=np.float32).reshape(x.shape) + b
         requests = walk_requests(
