@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from types import MappingProxyType
 from typing import Any
 
 import attrs
@@ -548,14 +547,6 @@ class ArrayResponse:
                 found[label] = (tuple(full), np.dtype(array.dtype))
             cached["full"] = found
         return found
-
-    def _device_view(self) -> Mapping[str, Any]:
-        """A read-only view of :attr:`arrays` (a one-chunk walk's ``chunk.device``)."""
-        cached = self.lease.views or self._views()
-        view: Mapping[str, Any] | None = cached.get("device")
-        if view is None:
-            view = cached["device"] = MappingProxyType(dict(self.arrays))
-        return view
 
     def _views(self) -> dict[str, Any]:
         lease = self.lease

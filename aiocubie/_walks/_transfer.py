@@ -52,9 +52,16 @@ class Transfer:
         self.loop: Loop = running_loop()
         #: (label, into the device?) -> its copier, bound once a response (on first use: a walk copies
         #: its inputs in and its outputs out only), kept with the response's other views of its arrays
-        self.copiers: dict[tuple[str, bool], Copier] = response._views().setdefault("copiers", {})
+        lease = response.lease
+        views = lease.views
+        if views is None:  # what every walk of a batch stream asks again, kept with the lease (dropped on release)
+            views = lease.views = {}
+        self.copiers: dict[tuple[str, bool], Copier] = views.setdefault("copiers", {})
         #: The arrays as a walk that fits whole yields them (a live response's: :meth:`live` first)
-        self.view = response._device_view()
+        view: Mapping[str, Any] | None = views.get("device")
+        if view is None:  # a read-only view of the arrays: a one-chunk walk's chunk.device
+            view = views["device"] = MappingProxyType(dict(response.arrays))
+        self.view = view
 
     def live(self) -> None:
         """Refuse to go on with a response whose arrays were released (checked at every chunk and batch)."""
