@@ -25,7 +25,6 @@ import anyio
 import attrs
 
 from ._account import Account
-from ._backends import Event
 from ._completion import Loop, Signal
 from ._errors import (
     AiocubieError,
@@ -38,6 +37,7 @@ from ._errors import (
 from ._options import Policy
 from ._planner import ChunkPlan, chunk_axis_hint
 from ._policy import Totals, Wait, check_under_cap, decide, longest_head, waits_on_itself
+from ._protocols import Event
 from ._registry import Group, Member, await_hook, call_hook
 from ._requests import ArrayResponse, RequestSet
 from ._stats import format_bytes
