@@ -14,25 +14,47 @@ import logging
 import math
 import time
 from collections.abc import Callable, Collection, Hashable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from ._backends import ArrayMaker, Backend, Device, Event, MemoryInfo, MemoryResource, StreamLike
 from ._backends._allocators import Allocator, make_resource
 from ._backends._resource import on_failure
 from ._budget import Budget, group_available
 from ._errors import BudgetError, OutOfMemoryError
-from ._history import HistoryRecorder
 from ._lease import Lease
 from ._ledger import Allocation, Ledger
 from ._options import Options
 from ._planner import ChunkPlan, offered_bytes
+from ._protocols import RecoveryLog
 from ._recovery import ReclaimHook, Recovery
 from ._requests import ArrayResponse, MemoryKind, RequestSet
 from ._stats import format_bytes
 
-__all__ = ["DeviceAccount"]
+__all__ = ["DeviceAccount", "Recording"]
 
 log = logging.getLogger("aiocubie")
+
+
+class Recording(RecoveryLog, Protocol):
+    """Where the account records plans, allocations, releases, regroupings and resets (and its recovery's steps).
+
+    :class:`~aiocubie._history.HistoryRecorder` is one: the account is handed it (:meth:`DeviceAccount.record_to`).
+    """
+
+    def plan(self, group: str, plan: ChunkPlan, requests: int) -> None:
+        """A batch of ``requests`` requests of ``group`` is about to be allocated with ``plan``."""
+
+    def allocated(self, batch: Sequence[Sequence[Allocation]], plan: ChunkPlan | None) -> None:
+        """A batch was handed out with ``plan``: the allocations of each response (``plan`` None: another library's)."""
+
+    def released(self, allocations: Sequence[Allocation]) -> None:
+        """``allocations`` were freed."""
+
+    def regrouped(self, key: Hashable, old: str, new: str, nbytes: int) -> None:
+        """What instance ``key`` holds (``nbytes``) counts in group ``new`` from now on."""
+
+    def reset(self, detail: str, *, context: bool = False) -> None:
+        """Peak stats were reset (``detail`` says which), or (``context``) every array is about to be forgotten."""
 
 
 class DeviceAccount:
@@ -54,7 +76,7 @@ class DeviceAccount:
 
     Attributes
     ----------
-    history : HistoryRecorder or None
+    history : Recording or None
         Where plans, allocations and releases are recorded (None: nowhere; see :meth:`record_to`).
     recovery : Recovery
         The out-of-memory recovery (its ``stats``: the steps taken so far).
@@ -85,7 +107,7 @@ class DeviceAccount:
         total, limit = self.device.memory_info().total, options.memory_limit
         self.budget = Budget(total if limit is None else min(total, limit))
         self.ledger = Ledger()
-        self.history: HistoryRecorder | None = None
+        self.history: Recording | None = None
         self.recovery = Recovery([] if reclaim_hooks is None else reclaim_hooks)
         self._listeners: list[Callable[[], None]] = []
         self._free_reading = 0
@@ -106,7 +128,7 @@ class DeviceAccount:
         for listener in self._listeners:
             listener()
 
-    def record_to(self, history: HistoryRecorder | None) -> None:
+    def record_to(self, history: Recording | None) -> None:
         """Record plans, allocations, releases and recovery steps to ``history`` (None: stop recording)."""
         self.history = self.recovery.history = history
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import anyio.lowlevel
 
-from ._backends import Event
+from ._protocols import Event
 
 __all__ = ["SPIN", "Loop", "Signal", "running_loop", "thread_safe_caller", "wait_event"]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from ._accounting import DeviceAccount
-from ._backends import StreamLike
 from ._groups import StreamGroups
+from ._protocols import StreamLike
 from ._registry import Members, Registry
 
 __all__ = ["GroupsView"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import array
 import enum
 import json
+import logging
 import math
 import os
 import time
@@ -24,6 +25,8 @@ from ._ledger import Allocation, Ledger
 from ._planner import ChunkPlan
 
 __all__ = ["EventKind", "History", "HistoryEvent", "HistoryRecorder"]
+
+log = logging.getLogger("aiocubie")
 
 #: Events a history keeps by default (the most recent ones).
 MAX_ENTRIES = 100_000
@@ -374,6 +377,17 @@ class HistoryRecorder:
             held = (dict(self._ledger.live_by_group), dict(self._ledger.live_by_key))
             detail = f"context: {detail}"
         self._put(("reset", None, None, 0, detail, held))
+
+    def dump(self) -> None:
+        """Write the history where ``dump_on_oom`` asks (an error writing it is logged, not raised)."""
+        if self.dump_on_oom is None:
+            return
+        try:
+            self.history().to_json(self.dump_on_oom)
+        except OSError as exc:  # the out-of-memory error is what the request must see
+            log.error("could not write the allocation history to %s: %s", self.dump_on_oom, exc)
+        else:
+            log.error("allocation history written to %s", self.dump_on_oom)
 
     def history(self) -> History:
         """The events so far, as a :class:`History`.

@@ -1,7 +1,8 @@
-"""What the pure layer says of a device's handles: a stream (``__cuda_stream__``) and an event.
+"""What the pure layer says of a device's handles (a stream, ``__cuda_stream__``, and an event) and of a log.
 
 Typing and abstract classes only, importing nothing of aiocubie's: a response names its stream and
-its ready event with them, and the backends implement them (``aiocubie._backends`` re-exports both).
+its ready event with them, and the backends implement them (``aiocubie._backends`` re-exports both);
+out-of-memory recovery records its steps to a :class:`RecoveryLog` (the history recorder is one).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import abc
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Event", "StreamLike"]
+__all__ = ["Event", "RecoveryLog", "StreamLike"]
 
 
 @runtime_checkable
@@ -49,3 +50,16 @@ class Event(abc.ABC):
         If the event is already complete the callback may run at once, on the calling thread.
         The callback must be quick and must not call into the device library.
         """
+
+
+class RecoveryLog(Protocol):
+    """Where recovery records its steps and its failures (:class:`~aiocubie._history.HistoryRecorder` is one)."""
+
+    def recovery(self, group: str, nbytes: int, detail: str) -> None:
+        """A recovery step for ``group`` freed ``nbytes`` (``detail`` says which)."""
+
+    def failure(self, group: str, nbytes: int, error: BaseException) -> None:
+        """A batch of ``group`` needing ``nbytes`` failed with ``error``."""
+
+    def dump(self) -> None:
+        """Write what was recorded where the user asked for it on a failure (if anywhere)."""

@@ -18,7 +18,7 @@ import attrs
 
 from ._backends import MemoryResource
 from ._errors import ManagerStateError, OutOfMemoryError
-from ._history import HistoryRecorder
+from ._protocols import RecoveryLog
 from ._stats import RecoveryStats, format_bytes
 
 __all__ = ["RECLAIM_MAY", "ReclaimHook", "Recovery"]
@@ -49,14 +49,14 @@ class Recovery:
     ----------
     stats : RecoveryStats
         The recovery steps taken so far.
-    history : HistoryRecorder or None
+    history : RecoveryLog or None
         Where recovery steps are recorded (None: nowhere).
     """
 
     def __init__(self, hooks: list[ReclaimHook]) -> None:
         self.hooks = hooks
         self.stats = RecoveryStats()
-        self.history: HistoryRecorder | None = None
+        self.history: RecoveryLog | None = None
         self.reclaiming: str | None = None  # while hooks run: the allocation they run for
         self._refusal: ManagerStateError | None = None  # the last refusal raised inside a hook
         self._thread = threading.get_ident()  # where hooks may run for other libraries' failures
@@ -140,7 +140,7 @@ class Recovery:
         log.error("%s", message)
         if history is not None:
             history.failure(group, asked, error)
-            self._dump(history)
+            history.dump()
         raise OutOfMemoryError(message) from error
 
     def for_library(self, nbytes: int, resource: MemoryResource, cap: int) -> bool:
@@ -225,15 +225,3 @@ class Recovery:
 
     def _count(self, **steps: int) -> None:
         self.stats = attrs.evolve(self.stats, **{name: getattr(self.stats, name) + n for name, n in steps.items()})
-
-    @staticmethod
-    def _dump(history: HistoryRecorder) -> None:
-        """Write the history where ``dump_on_oom`` asks (an error writing it is logged, not raised)."""
-        if history.dump_on_oom is None:
-            return
-        try:
-            history.history().to_json(history.dump_on_oom)
-        except OSError as exc:  # the out-of-memory error is what the request must see
-            log.error("could not write the allocation history to %s: %s", history.dump_on_oom, exc)
-        else:
-            log.error("allocation history written to %s", history.dump_on_oom)

@@ -24,8 +24,7 @@ from typing import Any
 import anyio
 import attrs
 
-from ._accounting import DeviceAccount
-from ._backends import Event
+from ._account import Account
 from ._completion import Loop, Signal
 from ._errors import (
     AiocubieError,
@@ -38,6 +37,7 @@ from ._errors import (
 from ._options import Policy
 from ._planner import ChunkPlan, chunk_axis_hint
 from ._policy import Totals, Wait, check_under_cap, decide, longest_head, waits_on_itself
+from ._protocols import Event
 from ._registry import Group, Member, await_hook, call_hook
 from ._requests import ArrayResponse, RequestSet
 from ._stats import format_bytes
@@ -77,7 +77,7 @@ class GroupScheduler:
         The group served: its name, stream, members' keys and counters (read live).
     members : mapping
         Every member by key (for ready hooks and names), read live.
-    account : DeviceAccount
+    account : Account
         Plans against it, allocates and releases through it; its options (batch window, batch
         size, mode and policy) are read live.
     loop : Loop
@@ -93,7 +93,7 @@ class GroupScheduler:
         self,
         group: Group,
         members: Mapping[int, Member],
-        account: DeviceAccount,
+        account: Account,
         loop: Loop,
         spawn: Spawn,
         line: WaitingLine,

@@ -18,7 +18,7 @@ import pytest
 from simkit import needs_numba
 
 import aiocubie
-from aiocubie import _cli
+from aiocubie import __main__ as _cli
 from aiocubie._backends import _select
 
 

@@ -16,7 +16,7 @@ from simkit import TOTAL, ByHand, Part, vec
 
 import aiocubie as ac
 from aiocubie import ArrayRequest, LimitMode, MemoryKind, MemoryManager
-from aiocubie._cli import main as cli
+from aiocubie.__main__ import main as cli
 from aiocubie._history import HistoryRecorder
 from aiocubie._ledger import Allocation, Ledger
 from aiocubie._planner import ChunkPlan

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .._backends import Event
+from .._protocols import Event
 from ._transfer import Transfer
 
 __all__ = ["InFlight"]
