@@ -42,8 +42,7 @@ class GroupsView:
 
     def stream(self, instance: object) -> StreamLike:
         """The stream of ``instance``'s group."""
-        stream: StreamLike = self._registration.stream_of(instance)
-        return stream
+        return self._registration.stream_of(instance)
 
     def group_of(self, instance: object) -> str:
         """The name of ``instance``'s group."""

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any
 
 from ._backends import Backend
 from ._completion import Loop
 from ._errors import ManagerStateError
 from ._groups import StreamGroups
+from ._protocols import StreamLike
 from ._registry import Members, Registry
 from ._serving import Serving
 
@@ -154,7 +154,7 @@ class Lifecycle:
                 "again gives new streams)"
             )
 
-    def stream_of(self, instance: object) -> Any:
+    def stream_of(self, instance: object) -> StreamLike:
         """The stream of ``instance``'s group, while it is open (see :meth:`check_streams`)."""
         self.check_streams()
         return self._registration.stream_of(instance)

@@ -14,6 +14,7 @@ from typing import Any
 from ._accounting import DeviceAccount
 from ._errors import RegistrationError
 from ._groups import StreamGroups
+from ._protocols import StreamLike
 from ._registry import InvalidateHook, Member, ReadyHook, Registry
 
 __all__ = ["Registration"]
@@ -108,7 +109,7 @@ class Registration:
             return member
         return registry.member(instance)
 
-    def stream_of(self, instance: object) -> Any:
+    def stream_of(self, instance: object) -> StreamLike:
         """The stream of ``instance``'s group."""
         return self._registry.groups[self.member(instance).group].stream
 

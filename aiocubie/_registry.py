@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import attrs
 
 from ._errors import RegistrationError
+from ._protocols import StreamLike
 from ._requests import ArrayResponse
 from ._stats import Counters, Telemetry
 
@@ -134,11 +135,11 @@ class CopyStreams:
 
     __slots__ = ("_create_stream", "_streams")
 
-    def __init__(self, create_stream: Callable[[], Any]) -> None:
+    def __init__(self, create_stream: Callable[[], StreamLike]) -> None:
         self._create_stream = create_stream
-        self._streams: tuple[Any, Any] | None = None
+        self._streams: tuple[StreamLike, StreamLike] | None = None
 
-    def __call__(self) -> tuple[Any, Any]:
+    def __call__(self) -> tuple[StreamLike, StreamLike]:
         """The (in, out) copy streams, made the first time they are asked for."""
         streams = self._streams
         if streams is None:
@@ -151,7 +152,7 @@ class Group:
     """A stream group: its stream and that stream's copy streams, its members' keys and its counters."""
 
     name: str
-    stream: Any
+    stream: StreamLike
     counters: Counters
     copy_streams: CopyStreams
     members: set[int] = attrs.field(factory=set)
@@ -171,7 +172,7 @@ class Members(Protocol):
     def current(self, instance: object, member: Member) -> Member:
         """``member``, or ``instance``'s record if it was unregistered (and registered again) since."""
 
-    def stream_of(self, instance: object) -> Any:
+    def stream_of(self, instance: object) -> StreamLike:
         """The stream of ``instance``'s group."""
 
     def reap(self) -> None:

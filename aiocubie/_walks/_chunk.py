@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from .._protocols import StreamLike
 from .._requests import ArrayResponse
 
 __all__ = ["Chunk", "runs_in", "trim", "view"]
@@ -42,7 +43,7 @@ class Chunk:
     stop: int
     device: Mapping[str, Any]
     host: Mapping[str, np.ndarray[Any, Any]]
-    stream: Any = None
+    stream: StreamLike | None = None
 
     @property
     def length(self) -> int:

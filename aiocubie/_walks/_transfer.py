@@ -20,6 +20,7 @@ import numpy as np
 from .._backends import Copier, Device
 from .._completion import Loop, running_loop
 from .._errors import AiocubieError, ReleasedError
+from .._protocols import StreamLike
 from .._requests import ArrayResponse
 from ._checks import check_hosts, straight
 from ._chunk import Chunk
@@ -141,7 +142,7 @@ class Transfer:
         """Wait until what is queued on the group's stream so far is done."""
         await self.loop.wait(self.device.record_event(self.stream))
 
-    async def idle(self, stream: Any = None) -> None:
+    async def idle(self, stream: StreamLike | None = None) -> None:
         """Wait, shielded from cancellation, until ``stream`` (default: the group's) has done what the walk queued on it."""
         stream = self.stream if stream is None else stream
         with anyio.CancelScope(shield=True):
