@@ -193,3 +193,19 @@ def test_a_factory_that_cannot_take_the_device_is_refused_before_a_reset() -> No
         MemoryManager(sim, allocator=cast(Any, lambda device: None))
     assert sim.device.resets == 0
     sim.close()
+
+
+def test_a_registered_factory_that_returns_no_resource_is_refused_by_name(registry: None) -> None:
+    mr.register_allocator("junk", lambda device: 3, backend="simulator")
+    with pytest.raises(UnknownAllocatorError, match=r"allocator 'junk'.* returned 3, not a MemoryResource"):
+        MemoryManager("simulator", allocator="junk")
+    mgr = MemoryManager("simulator")
+    with pytest.raises(UnknownAllocatorError, match=r"allocator 'junk'.* returned 3, not a MemoryResource"):
+        mgr.pool.set_allocator("junk")
+    assert mgr.pool.allocator == "driver"  # nothing was reset
+
+
+def test_a_factory_that_does_not_take_the_device_is_refused_when_registered(registry: None) -> None:
+    with pytest.raises(UnknownAllocatorError, match="called with the device"):
+        mr.register_allocator("nullary", lambda: None, backend="simulator")  # type: ignore[arg-type,misc]
+    assert "nullary" not in mr.allocator_names()

@@ -86,7 +86,7 @@ def register_allocator(name: str, factory: ResourceFactory, *, backend: str) -> 
         raise UnknownAllocatorError(
             f"allocator {name!r}: the factory must be callable with the device, got {shown(factory)}"
         )
-    _FACTORIES.setdefault(name, {})[backend] = factory
+    _FACTORIES.setdefault(name, {})[backend] = _checked_factory(factory)
 
 
 def allocator_names() -> tuple[str, ...]:
@@ -125,7 +125,7 @@ def find_factory(name: str, backend: str) -> ResourceFactory:
             f"allocator {name!r} is registered for the {', '.join(by_backend)} backend only, not {backend!r}: "
             f"register a factory for it (aiocubie.mr.register_allocator({name!r}, factory, backend={backend!r}))"
         )
-    return factory
+    return lambda device: _resource_of(factory(device), f"the factory registered as allocator {name!r}")
 
 
 def make_resource(device: _Maker, allocator: Allocator) -> MemoryResource:
@@ -144,12 +144,7 @@ def make_resource(device: _Maker, allocator: Allocator) -> MemoryResource:
     if isinstance(allocator, str):
         return device.create_resource(allocator)
     if callable(allocator):
-        resource = _checked_factory(allocator)(device)
-        if isinstance(resource, MemoryResource):
-            return resource
-        raise UnknownAllocatorError(
-            f"the allocator factory {allocator!r} returned {shown(resource)}, not a MemoryResource"
-        )
+        return _resource_of(_checked_factory(allocator)(device), f"the allocator factory {allocator!r}")
     raise UnknownAllocatorError(
         f"allocator must be a name ({', '.join(map(repr, allocator_names()))}), a MemoryResource or a factory "
         f"called with the device, got {shown(allocator)}"
@@ -169,6 +164,19 @@ def allocator_or_resource(value: Any) -> Allocator:
     if callable(value) and not isinstance(value, str):
         return _checked_factory(value)
     return parse_allocator(value)
+
+
+def _resource_of(made: object, factory: str) -> MemoryResource:
+    """``made``, what ``factory`` (a clause naming it) returned, once it is seen to be a resource.
+
+    Raises
+    ------
+    UnknownAllocatorError
+        For anything but a :class:`MemoryResource`.
+    """
+    if isinstance(made, MemoryResource):
+        return made
+    raise UnknownAllocatorError(f"{factory} returned {shown(made)}, not a MemoryResource")
 
 
 def _checked_factory(factory: Callable[..., Any]) -> ResourceFactory:
