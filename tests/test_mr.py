@@ -209,3 +209,24 @@ def test_a_factory_that_does_not_take_the_device_is_refused_when_registered(regi
     with pytest.raises(UnknownAllocatorError, match="called with the device"):
         mr.register_allocator("nullary", lambda: None, backend="simulator")  # type: ignore[arg-type,misc]
     assert "nullary" not in mr.allocator_names()
+
+
+async def test_a_resource_made_on_another_device_is_refused() -> None:
+    # its blocks would come from the other device's memory while the budget reads this one's
+    other, sim = SimulatorBackend(TOTAL), SimulatorBackend(TOTAL)
+    foreign = mr.StatisticsAdaptor(other.device.create_resource("driver"))
+    with pytest.raises(UnknownAllocatorError, match="made on another device"):
+        MemoryManager(sim, allocator=foreign)
+    with pytest.raises(UnknownAllocatorError, match="made on another device"):
+        SimulatorBackend(TOTAL, allocator=foreign)
+    with pytest.raises(UnknownAllocatorError, match="made on another device"):
+        MemoryManager(sim, allocator=lambda device: foreign)
+    mgr, part = MemoryManager(sim), Part()
+    with pytest.raises(UnknownAllocatorError, match="made on another device"):
+        mgr.pool.set_allocator(foreign)
+    with pytest.warns(AiocubieWarning, match="resets the device context"):
+        mgr.pool.set_allocator(mr.StatisticsAdaptor(sim.device.create_resource("driver")))  # this device's: taken
+    mgr.register(part)
+    async with mgr:
+        await mgr.request(part, _floats(10))
+    assert other.used == 0

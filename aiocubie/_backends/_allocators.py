@@ -47,7 +47,11 @@ Allocator: TypeAlias = str | MemoryResource | ResourceFactory
 class _Maker(Protocol):
     """What :func:`make_resource` needs of a device."""
 
+    device_name: str
+
     def create_resource(self, name: str) -> MemoryResource: ...
+
+    def same_device(self, other: object) -> bool: ...
 
 
 #: allocator name -> backend name (``"simulator"``, ``"cuda"``) -> factory, in registration order.
@@ -137,18 +141,27 @@ def make_resource(device: _Maker, allocator: Allocator) -> MemoryResource:
     Raises
     ------
     UnknownAllocatorError
-        For a name not registered for the device's backend, or a value that is none of the three.
+        For a name not registered for the device's backend, a value that is none of the three, or
+        a resource (given, or a factory's) made on another device.
     """
     if isinstance(allocator, MemoryResource):
-        return allocator
-    if isinstance(allocator, str):
+        resource = allocator
+    elif isinstance(allocator, str):
         return device.create_resource(allocator)
-    if callable(allocator):
-        return _resource_of(_checked_factory(allocator)(device), f"the allocator factory {allocator!r}")
-    raise UnknownAllocatorError(
-        f"allocator must be a name ({', '.join(map(repr, allocator_names()))}), a MemoryResource or a factory "
-        f"called with the device, got {shown(allocator)}"
-    )
+    elif callable(allocator):
+        resource = _resource_of(_checked_factory(allocator)(device), f"the allocator factory {allocator!r}")
+    else:
+        raise UnknownAllocatorError(
+            f"allocator must be a name ({', '.join(map(repr, allocator_names()))}), a MemoryResource or a factory "
+            f"called with the device, got {shown(allocator)}"
+        )
+    if resource.device is not None and not device.same_device(resource.device):
+        raise UnknownAllocatorError(
+            f"the {resource.name!r} resource was made on another device ({resource.device.device_name}) than this "
+            f"backend's ({device.device_name}): make it on this one (backend.device.create_resource(...)), or pass "
+            "its name or a factory, called with this device"
+        )
+    return resource
 
 
 def allocator_or_resource(value: Any) -> Allocator:

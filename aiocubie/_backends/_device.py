@@ -139,8 +139,12 @@ class Device(abc.ABC):
         if parse_allocator(name) == DEFAULT_ALLOCATOR:
             name = self.default_resource
         resource = self._create_resource(name)
-        resource.name = name
+        resource.name, resource.device = name, self
         return resource
+
+    def same_device(self, other: object) -> bool:
+        """True if ``other`` (a resource's ``device``) drives the same memory as this device."""
+        return other is self
 
     @abc.abstractmethod
     def _create_resource(self, name: str) -> MemoryResource:
