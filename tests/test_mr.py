@@ -230,3 +230,10 @@ async def test_a_resource_made_on_another_device_is_refused() -> None:
     async with mgr:
         await mgr.request(part, _floats(10))
     assert other.used == 0
+
+
+def test_a_registered_factory_that_hands_out_another_devices_resource_is_refused(registry: None) -> None:
+    foreign = SimulatorBackend(TOTAL).device.create_resource("driver")
+    mr.register_allocator("elsewhere", lambda device: mr.StatisticsAdaptor(foreign), backend="simulator")
+    with pytest.raises(UnknownAllocatorError, match="made on another device"):
+        MemoryManager("simulator", allocator="elsewhere")

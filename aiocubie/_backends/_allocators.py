@@ -147,7 +147,7 @@ def make_resource(device: _Maker, allocator: Allocator) -> MemoryResource:
     if isinstance(allocator, MemoryResource):
         resource = allocator
     elif isinstance(allocator, str):
-        return device.create_resource(allocator)
+        resource = device.create_resource(allocator)
     elif callable(allocator):
         resource = _resource_of(_checked_factory(allocator)(device), f"the allocator factory {allocator!r}")
     else:

@@ -139,7 +139,9 @@ class Device(abc.ABC):
         if parse_allocator(name) == DEFAULT_ALLOCATOR:
             name = self.default_resource
         resource = self._create_resource(name)
-        resource.name, resource.device = name, self
+        resource.name = name
+        if resource.device is None:  # a factory's stack over a resource made elsewhere keeps that one's device
+            resource.device = self
         return resource
 
     def same_device(self, other: object) -> bool:
