@@ -56,7 +56,7 @@ class Release:
                 "pass the response itself (mgr.release(response)), or free one label's arrays with "
                 "mgr.free(label, instance)"
             )
-        if not self._account.ledger.holds(response) and response.arrays and not response.released:
+        if not self._account.ledger.holds(response) and not response.released.issuperset(response.arrays):
             raise InvalidRequestError(
                 "release() was given a response this manager did not hand out (another manager's, or one "
                 "built by hand): release it with the manager that handed it out"

@@ -228,7 +228,7 @@ class Snapshot:
         Out-of-memory recovery steps taken so far.
     other_bytes : int or None
         Device bytes the allocator's pool has in use that this manager does not hold: what other
-        libraries drawing from the same pool hold (CuPy, numba, torch through ``share_pool``; RAPIDS
+        libraries drawing from the same pool hold (CuPy, numba, torch through ``mgr.pool.share``; RAPIDS
         on RMM), and arrays released here but still referenced. ``pool.in_use`` is ``live_bytes``
         (device kinds) plus this. None where the pool cannot say.
     """

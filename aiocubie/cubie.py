@@ -156,7 +156,7 @@ class CubieMemoryManager(_cubie.MemoryManager):  # type: ignore[misc]
             )
         else:
             self._loop = _Loop()
-        #: The aiocubie manager: its ``stats()``, ``memory_summary()`` and budgets include cubie's.
+        #: The aiocubie manager: its ``stats()``, ``summary()`` and budgets include cubie's.
         self.aiocubie = manager
         self._instances: dict[int, Callable[[], Any]] = {}  # weakly, where the instance allows
         self._lock = threading.RLock()  # cubie's queues, for solves in several threads

@@ -9,7 +9,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import re
 import types
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +64,28 @@ def test_the_top_level_and_the_manager_stay_small() -> None:
 @pytest.mark.parametrize("name", [name.removeprefix("aiocubie.") for name in NAMESPACES[1:]])
 def test_a_namespace_is_reached_from_the_package(name: str) -> None:
     assert getattr(aiocubie, name) is importlib.import_module(f"aiocubie.{name}")
+
+
+def _documented_calls() -> list[tuple[str, str, str]]:
+    """Every ``mgr.NAME`` and ``mgr.VIEW.NAME`` the docs, the examples and the package's own text name."""
+    root = Path(aiocubie.__file__).parent.parent
+    files = [root / "README.md", *root.glob("docs/*.md"), *root.glob("examples/*.py"), *root.glob("aiocubie/**/*.py")]
+    found = set()
+    for path in files:
+        for first, second in re.findall(r"\bmgr\.([a-z_]+)(?:\.([a-z_]+))?", path.read_text(encoding="utf-8")):
+            found.add((str(path.relative_to(root)), first, second))
+    return sorted(found)
+
+
+def test_the_docs_name_only_what_the_manager_has() -> None:
+    # a name the manager lost to a view (mgr.prefetch -> mgr.host.prefetch) must not stay in the text
+    sim = aiocubie.simulator.SimulatorBackend(1 << 20)
+    mgr = aiocubie.MemoryManager(sim)
+    views = {"budget": mgr.budget, "groups": mgr.groups, "host": mgr.host, "pool": mgr.pool}
+    stale = [
+        f"{where}: mgr.{first}" + (f".{second}" if second else "")
+        for where, first, second in _documented_calls()
+        if not hasattr(mgr, first) or (first in views and second and not hasattr(views[first], second))
+    ]
+    sim.close()
+    assert not stale, f"names the manager does not have: {stale}"

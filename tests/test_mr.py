@@ -193,3 +193,47 @@ def test_a_factory_that_cannot_take_the_device_is_refused_before_a_reset() -> No
         MemoryManager(sim, allocator=cast(Any, lambda device: None))
     assert sim.device.resets == 0
     sim.close()
+
+
+def test_a_registered_factory_that_returns_no_resource_is_refused_by_name(registry: None) -> None:
+    mr.register_allocator("junk", lambda device: 3, backend="simulator")
+    with pytest.raises(UnknownAllocatorError, match=r"allocator 'junk'.* returned 3, not a MemoryResource"):
+        MemoryManager("simulator", allocator="junk")
+    mgr = MemoryManager("simulator")
+    with pytest.raises(UnknownAllocatorError, match=r"allocator 'junk'.* returned 3, not a MemoryResource"):
+        mgr.pool.set_allocator("junk")
+    assert mgr.pool.allocator == "driver"  # nothing was reset
+
+
+def test_a_factory_that_does_not_take_the_device_is_refused_when_registered(registry: None) -> None:
+    with pytest.raises(UnknownAllocatorError, match="called with the device"):
+        mr.register_allocator("nullary", lambda: None, backend="simulator")  # type: ignore[arg-type,misc]
+    assert "nullary" not in mr.allocator_names()
+
+
+async def test_a_resource_made_on_another_device_is_refused() -> None:
+    # its blocks would come from the other device's memory while the budget reads this one's
+    other, sim = SimulatorBackend(TOTAL), SimulatorBackend(TOTAL)
+    foreign = mr.StatisticsAdaptor(other.device.create_resource("driver"))
+    with pytest.raises(UnknownAllocatorError, match="made on another device"):
+        MemoryManager(sim, allocator=foreign)
+    with pytest.raises(UnknownAllocatorError, match="made on another device"):
+        SimulatorBackend(TOTAL, allocator=foreign)
+    with pytest.raises(UnknownAllocatorError, match="made on another device"):
+        MemoryManager(sim, allocator=lambda device: foreign)
+    mgr, part = MemoryManager(sim), Part()
+    with pytest.raises(UnknownAllocatorError, match="made on another device"):
+        mgr.pool.set_allocator(foreign)
+    with pytest.warns(AiocubieWarning, match="resets the device context"):
+        mgr.pool.set_allocator(mr.StatisticsAdaptor(sim.device.create_resource("driver")))  # this device's: taken
+    mgr.register(part)
+    async with mgr:
+        await mgr.request(part, _floats(10))
+    assert other.used == 0
+
+
+def test_a_registered_factory_that_hands_out_another_devices_resource_is_refused(registry: None) -> None:
+    foreign = SimulatorBackend(TOTAL).device.create_resource("driver")
+    mr.register_allocator("elsewhere", lambda device: mr.StatisticsAdaptor(foreign), backend="simulator")
+    with pytest.raises(UnknownAllocatorError, match="made on another device"):
+        MemoryManager("simulator", allocator="elsewhere")

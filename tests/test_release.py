@@ -369,3 +369,21 @@ def test_a_response_built_by_hand_releases_nothing() -> None:
     response = ArrayResponse({"x": np.zeros(4)}, 1, 4, 4, {"x": (4,)}, {"x": 0}, _Stream())
     response.release()
     assert response.released == frozenset() and isinstance(response.arrays["x"], np.ndarray)
+
+
+@pytest.mark.anyio
+async def test_release_refuses_another_managers_response_that_is_partly_freed(anyio_backend: str) -> None:
+    # its freed label made it look released: the release was taken and did nothing, its other arrays held
+    async with MemoryManager("simulator") as mgr, MemoryManager("simulator") as other:
+        stranger = Part()
+        other.register(stranger)
+        foreign = await other.request(
+            stranger, {"x": ArrayRequest((4,), np.float32), "y": ArrayRequest((4,), np.float32)}
+        )
+        other.free("x", stranger)
+        with pytest.raises(InvalidRequestError, match="did not hand out"):
+            mgr.release(foreign)
+        assert other.stats().live_bytes == 16 and foreign.released == {"x"}
+        other.free("y", stranger)
+        mgr.release(foreign)  # every array freed: nothing to refuse, nothing to free
+        assert other.stats().live_bytes == 0

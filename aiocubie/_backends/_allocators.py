@@ -47,7 +47,11 @@ Allocator: TypeAlias = str | MemoryResource | ResourceFactory
 class _Maker(Protocol):
     """What :func:`make_resource` needs of a device."""
 
+    device_name: str
+
     def create_resource(self, name: str) -> MemoryResource: ...
+
+    def same_device(self, other: object) -> bool: ...
 
 
 #: allocator name -> backend name (``"simulator"``, ``"cuda"``) -> factory, in registration order.
@@ -86,7 +90,7 @@ def register_allocator(name: str, factory: ResourceFactory, *, backend: str) -> 
         raise UnknownAllocatorError(
             f"allocator {name!r}: the factory must be callable with the device, got {shown(factory)}"
         )
-    _FACTORIES.setdefault(name, {})[backend] = factory
+    _FACTORIES.setdefault(name, {})[backend] = _checked_factory(factory)
 
 
 def allocator_names() -> tuple[str, ...]:
@@ -125,7 +129,7 @@ def find_factory(name: str, backend: str) -> ResourceFactory:
             f"allocator {name!r} is registered for the {', '.join(by_backend)} backend only, not {backend!r}: "
             f"register a factory for it (aiocubie.mr.register_allocator({name!r}, factory, backend={backend!r}))"
         )
-    return factory
+    return lambda device: _resource_of(factory(device), f"the factory registered as allocator {name!r}")
 
 
 def make_resource(device: _Maker, allocator: Allocator) -> MemoryResource:
@@ -137,23 +141,27 @@ def make_resource(device: _Maker, allocator: Allocator) -> MemoryResource:
     Raises
     ------
     UnknownAllocatorError
-        For a name not registered for the device's backend, or a value that is none of the three.
+        For a name not registered for the device's backend, a value that is none of the three, or
+        a resource (given, or a factory's) made on another device.
     """
     if isinstance(allocator, MemoryResource):
-        return allocator
-    if isinstance(allocator, str):
-        return device.create_resource(allocator)
-    if callable(allocator):
-        resource = _checked_factory(allocator)(device)
-        if isinstance(resource, MemoryResource):
-            return resource
+        resource = allocator
+    elif isinstance(allocator, str):
+        resource = device.create_resource(allocator)
+    elif callable(allocator):
+        resource = _resource_of(_checked_factory(allocator)(device), f"the allocator factory {allocator!r}")
+    else:
         raise UnknownAllocatorError(
-            f"the allocator factory {allocator!r} returned {shown(resource)}, not a MemoryResource"
+            f"allocator must be a name ({', '.join(map(repr, allocator_names()))}), a MemoryResource or a factory "
+            f"called with the device, got {shown(allocator)}"
         )
-    raise UnknownAllocatorError(
-        f"allocator must be a name ({', '.join(map(repr, allocator_names()))}), a MemoryResource or a factory "
-        f"called with the device, got {shown(allocator)}"
-    )
+    if resource.device is not None and not device.same_device(resource.device):
+        raise UnknownAllocatorError(
+            f"the {resource.name!r} resource was made on another device ({resource.device.device_name}) than this "
+            f"backend's ({device.device_name}): make it on this one (backend.device.create_resource(...)), or pass "
+            "its name or a factory, called with this device"
+        )
+    return resource
 
 
 def allocator_or_resource(value: Any) -> Allocator:
@@ -169,6 +177,19 @@ def allocator_or_resource(value: Any) -> Allocator:
     if callable(value) and not isinstance(value, str):
         return _checked_factory(value)
     return parse_allocator(value)
+
+
+def _resource_of(made: object, factory: str) -> MemoryResource:
+    """``made``, what ``factory`` (a clause naming it) returned, once it is seen to be a resource.
+
+    Raises
+    ------
+    UnknownAllocatorError
+        For anything but a :class:`MemoryResource`.
+    """
+    if isinstance(made, MemoryResource):
+        return made
+    raise UnknownAllocatorError(f"{factory} returned {shown(made)}, not a MemoryResource")
 
 
 def _checked_factory(factory: Callable[..., Any]) -> ResourceFactory:

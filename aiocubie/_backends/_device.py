@@ -140,7 +140,13 @@ class Device(abc.ABC):
             name = self.default_resource
         resource = self._create_resource(name)
         resource.name = name
+        if resource.device is None:  # a factory's stack over a resource made elsewhere keeps that one's device
+            resource.device = self
         return resource
+
+    def same_device(self, other: object) -> bool:
+        """True if ``other`` (a resource's ``device``) drives the same memory as this device."""
+        return other is self
 
     @abc.abstractmethod
     def _create_resource(self, name: str) -> MemoryResource:

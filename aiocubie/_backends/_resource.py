@@ -118,9 +118,13 @@ class MemoryResource(abc.ABC):
     name : str
         The allocator name that made it (``"default"`` resolved); for an adaptor stack, the
         base resource's name.
+    device : Device or None
+        The device that made it (``Device.create_resource``); for an adaptor stack, the base
+        resource's. None for one made otherwise: a manager then cannot check it is its device's.
     """
 
     name: str
+    device: Any = None
 
     @abc.abstractmethod
     def allocate(self, nbytes: int, kind: MemoryKind, stream: StreamLike | None) -> Block:
@@ -208,7 +212,7 @@ class ResourceAdaptor(MemoryResource):
 
     def __init__(self, upstream: MemoryResource) -> None:
         self.upstream = upstream
-        self.name = upstream.name
+        self.name, self.device = upstream.name, upstream.device
 
     def allocate(self, nbytes: int, kind: MemoryKind, stream: StreamLike | None) -> Block:
         return self.upstream.allocate(nbytes, kind, stream)

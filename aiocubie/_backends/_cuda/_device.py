@@ -216,6 +216,10 @@ class CudaDevice(Device):
             install_memory_manager(self, resource)
         return resource
 
+    def same_device(self, other: object) -> bool:
+        """True for a CudaDevice of the same id (another backend's object of this GPU: the same memory)."""
+        return isinstance(other, CudaDevice) and other.device_id == self.device_id
+
     def _new_resource(self, name: str) -> MemoryResource:
         return find_factory(name, self.name)(self)
 
