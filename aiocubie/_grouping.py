@@ -32,6 +32,7 @@ class GroupsView:
         account: DeviceAccount,
         running_stream_of: Callable[[object], StreamLike],
         wait_for: Callable[[StreamLike], Awaitable[None]],
+        check_closed: Callable[[], None],
     ) -> None:
         self._registry = registry
         self._registration = registration
@@ -39,6 +40,7 @@ class GroupsView:
         self._account = account
         self._running_stream_of = running_stream_of  # refuses once the manager exited
         self._wait_for = wait_for
+        self._check_closed = check_closed  # no new stream on a backend close() closed
 
     def stream(self, instance: object) -> StreamLike:
         """The stream of ``instance``'s group."""
@@ -56,7 +58,10 @@ class GroupsView:
         the new group from then on (over its cap, that group starts no batch until back under).
         A group left empty is forgotten, its stream and scheduler task released.
         """
-        self._groups.move(self._registration.member(instance), group)
+        member = self._registration.member(instance)
+        if group not in self._registry.groups:
+            self._check_closed()
+        self._groups.move(member, group)
 
     def is_grouped(self, instance: object) -> bool:
         """True if ``instance`` shares its group with another instance."""
@@ -82,4 +87,5 @@ class GroupsView:
         <aiocubie.PoolView.add_reclaim_hook>`).
         """
         self._account.refuse_in_reclaim("reinit_streams()")
+        self._check_closed()
         self._registry.renew_streams()

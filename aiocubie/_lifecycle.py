@@ -136,6 +136,17 @@ class Lifecycle:
         if self._owns_backend:
             self._backend.close()
 
+    def check_closed(self) -> None:
+        """Refuse to make streams once close() closed the backend the manager made, for good.
+
+        Raises
+        ------
+        ManagerStateError
+            After close().
+        """
+        if self._closed and self._owns_backend:
+            raise ManagerStateError(_CLOSED)
+
     def check_streams(self) -> None:
         """Refuse work on the streams once the backend the manager made was closed with them (at its
         exit, or close()): say so, and what to do.
@@ -145,8 +156,7 @@ class Lifecycle:
         ManagerStateError
             After the exit (until the manager is entered again), or after close().
         """
-        if self._closed and self._owns_backend:
-            raise ManagerStateError(_CLOSED)
+        self.check_closed()
         if self._backend_closed:
             raise ManagerStateError(
                 "the memory manager exited (the end of its `async with`, or aclose()) and closed the backend "

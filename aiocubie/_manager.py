@@ -155,7 +155,9 @@ class MemoryManager:
         )
         self._host = host = HostView(given.device, serving, lifecycle.stream_of)
         self._budget = BudgetView(registry, registration, account, groups)
-        self._grouping = GroupsView(registry, registration, groups, account, lifecycle.stream_of, host.wait_for)
+        self._grouping = GroupsView(
+            registry, registration, groups, account, lifecycle.stream_of, host.wait_for, lifecycle.check_closed
+        )
         self._pool = PoolView(registry, account, groups, hooks, release.free_all, LibraryScopes(account, registry))
 
     # -- lifecycle -------------------------------------------------------------------------
