@@ -62,8 +62,9 @@ class PoolView:
         :class:`ManagerStateError` inside a reclaim hook (see :meth:`add_reclaim_hook`).
         """
         self._account.set_resource(allocator_or_resource(name))  # first: an unknown name must not warn of a reset
-        warn(f"set_allocator({name!r}) resets the device context: arrays and compiled kernels from before are invalid")
-        self._fail_in_flight(f"set_allocator({name!r})")
+        said = repr(name if isinstance(name, str) else self._account.resource_name)  # a resource by its name
+        warn(f"set_allocator({said}) resets the device context: arrays and compiled kernels from before are invalid")
+        self._fail_in_flight(f"set_allocator({said})")
         self._account.refuse_in_reclaim("set_allocator()")
         self._registry.renew_streams()
         self._hooks.invalidate()
