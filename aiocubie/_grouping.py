@@ -59,7 +59,7 @@ class GroupsView:
         A group left empty is forgotten, its stream and scheduler task released.
         """
         member = self._registration.member(instance)
-        if group not in self._registry.groups:
+        if isinstance(group, str) and group not in self._registry.groups:  # a bad name: refused by the move
             self._check_closed()
         self._groups.move(member, group)
 
