@@ -54,7 +54,7 @@ class PendingRequest:
     def __init__(
         self,
         serve: Callable[[object, Member, RequestSet, bool, bool, PendingRequest | None], Awaitable[ArrayResponse]],
-        release: Callable[[ArrayResponse], None],
+        release: Callable[[ArrayResponse], object],
         instance: object,
         member: Member,
         requests: RequestSet,

@@ -21,8 +21,8 @@ __all__ = ["Lease", "ReleasedArray", "Releaser"]
 class Releaser(Protocol):
     """What a lease releases through: the account that handed it out."""
 
-    def release(self, response: Any) -> None:
-        """Free the arrays of ``response`` (nothing if it was released)."""
+    def release(self, response: Any) -> object:
+        """Free the arrays of ``response`` (nothing if it was released); what it returns is not used."""
 
 
 class Lease:
