@@ -562,27 +562,18 @@ class GroupScheduler:
             batch, responses = [t for t, _ in kept], [r for _, r in kept]
         now = time.perf_counter()
         chunks = plan.chunks
-        if len(batch) == 1:  # a stream's every batch: one pass over its counters
-            ticket = batch[0]
-            ticket.allocate(responses[0])  # an ordered one is ready now: work on the stream runs after this
+        waiting = False  # a ticket resolves on the event (not stream-ordered)
+        for ticket, response in zip(batch, responses):
+            ticket.allocate(response)  # an ordered one is ready now: work on the stream runs after this
             waited = now - ticket.enqueued
             for counters in ticket.counters:
                 counters.queue_wait.append(waited)
-                counters.batches += 1
-                counters.chunks += chunks
-            waiting = not ticket.ordered  # it resolves on the event
-        else:
-            waiting = False  # a ticket resolves on the event (not stream-ordered)
-            for ticket, response in zip(batch, responses):
-                ticket.allocate(response)
-                waited = now - ticket.enqueued
-                for counters in ticket.counters:
-                    counters.queue_wait.append(waited)
-                if not ticket.ordered:
-                    waiting = True
-            for counters in {id(c): c for t in batch for c in t.counters}.values():
-                counters.batches += 1
-                counters.chunks += chunks
+            if not ticket.ordered:
+                waiting = True
+        counted = batch[0].counters if len(batch) == 1 else {id(c): c for t in batch for c in t.counters}.values()
+        for counters in counted:
+            counters.batches += 1
+            counters.chunks += chunks
         try:
             if not waiting and not self.group.hooks:  # nothing to resolve or call on the event
                 return True
