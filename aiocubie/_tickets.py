@@ -125,7 +125,8 @@ class Ticket:
         """
         if self.state is State.ALLOCATED:
             self.state = State.READY
-            self._wake()
+            if self._signal is not None:  # _wake, inline: every request passes here
+                self._signal.set()
             return None
         return self.response if self.state is State.CANCELLED else None
 
