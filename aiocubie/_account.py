@@ -80,5 +80,5 @@ class Account(Protocol):
     ) -> ArrayResponse:
         """The response for ``allocations`` (none: an empty response)."""
 
-    def release(self, response: ArrayResponse | None) -> None:
-        """Free the arrays of ``response`` (nothing if it holds none, or was released)."""
+    def release(self, response: ArrayResponse | None) -> bool:
+        """Free the arrays of ``response``; whether it held them (False: it holds none, was released, or is not this account's)."""

@@ -488,13 +488,17 @@ class DeviceAccount:
             self._free_delta += vram
         return response
 
-    def release(self, response: ArrayResponse | None) -> None:
-        """Free the arrays of ``response`` (nothing if it holds none, or was released)."""
+    def release(self, response: ArrayResponse | None) -> bool:
+        """Free the arrays of ``response`` (nothing if it holds none, or was released).
+
+        Returns True if the ledger held them (False: this account did not hand them out, or they
+        were released already).
+        """
         if response is None:
-            return
+            return False
         allocations = self.ledger.pop_owner(response)
         if not allocations:
-            return
+            return False
         if self.history is not None:
             self.history.released(allocations)
         # :meth:`free` for one response's allocations (every one has a block), on the release of
@@ -504,6 +508,7 @@ class DeviceAccount:
             self._give_back(allocations, self._generation)
         else:
             lease.after_walks(functools.partial(self._give_back, allocations, self._generation))
+        return True
 
     def release_where(self, predicate: Callable[[Allocation], bool]) -> list[Allocation]:
         """Free every allocation for which ``predicate`` is true; return them."""

@@ -54,7 +54,7 @@ class PendingRequest:
     def __init__(
         self,
         serve: Callable[[object, Member, RequestSet, bool, bool, PendingRequest | None], Awaitable[ArrayResponse]],
-        release: Callable[[ArrayResponse], None],
+        release: Callable[[ArrayResponse], object],
         instance: object,
         member: Member,
         requests: RequestSet,
@@ -202,7 +202,8 @@ class StreamGroups:
             if ticket.state is State.READY or ticket.done:
                 await loop.checkpoint()  # awaiting a request is a checkpoint, even one served at once
             else:
-                if scheduler.polls(ticket):  # its event may be reached soon: poll it a while
+                # its event may be reached soon: poll it a while (a queued ticket, PENDING, has none)
+                if ticket.state is State.ALLOCATED and scheduler.polls(ticket):
                     deadline = time.perf_counter() + SPIN
                     while not ticket.done and time.perf_counter() < deadline:
                         await loop.checkpoint()

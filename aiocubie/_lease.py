@@ -21,8 +21,8 @@ __all__ = ["Lease", "ReleasedArray", "Releaser"]
 class Releaser(Protocol):
     """What a lease releases through: the account that handed it out."""
 
-    def release(self, response: Any) -> None:
-        """Free the arrays of ``response`` (nothing if it was released)."""
+    def release(self, response: Any) -> object:
+        """Free the arrays of ``response`` (nothing if it was released); what it returns is not used."""
 
 
 class Lease:
@@ -62,7 +62,7 @@ class Lease:
     def mark_released(self, labels: Iterable[str]) -> None:
         """The arrays of ``labels`` were freed: each is replaced by a :class:`ReleasedArray` that refuses
         every use (an array keeps its memory alive on a GPU: a response kept after its release must not)."""
-        labels = list(labels)
+        labels = [*labels]  # a copy: the arrays are replaced below
         if self.released is None:
             self.released = {*labels}  # a display, not set(): this runs on every release
         else:

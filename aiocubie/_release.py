@@ -43,25 +43,27 @@ class Release:
             For a request that was never awaited, or anything but a response this manager handed
             out (an array, the ``arrays`` dict, a label, None, another manager's response).
         """
+        # one isinstance and one ledger lookup on the usual call (the release of a stream's every batch):
+        # the account says whether it held the response, so the checks of a bad argument come after
+        if isinstance(response, ArrayResponse):
+            if self._account.release(response) or response.released.issuperset(response.arrays):
+                return  # released here, or released already (twice is a no-op)
+            raise InvalidRequestError(
+                "release() was given a response this manager did not hand out (another manager's, or one "
+                "built by hand): release it with the manager that handed it out"
+            )
         if isinstance(response, PendingRequest):
             raise InvalidRequestError(
                 "release() was given a request that was not awaited, not an ArrayResponse: write "
                 "`response = await mgr.request(...)` first (or `async with mgr.request(...) as response:`, "
                 "which releases on exit)"
             )
-        if not isinstance(response, ArrayResponse):
-            given = "a label" if isinstance(response, str) else f"of type {type(response).__name__}"
-            raise InvalidRequestError(
-                f"release() takes the ArrayResponse a request resolved to, got {shown(response)} ({given}): "
-                "pass the response itself (mgr.release(response)), or free one label's arrays with "
-                "mgr.free(label, instance)"
-            )
-        if not self._account.ledger.holds(response) and not response.released.issuperset(response.arrays):
-            raise InvalidRequestError(
-                "release() was given a response this manager did not hand out (another manager's, or one "
-                "built by hand): release it with the manager that handed it out"
-            )
-        self._account.release(response)
+        given = "a label" if isinstance(response, str) else f"of type {type(response).__name__}"
+        raise InvalidRequestError(
+            f"release() takes the ArrayResponse a request resolved to, got {shown(response)} ({given}): "
+            "pass the response itself (mgr.release(response)), or free one label's arrays with "
+            "mgr.free(label, instance)"
+        )
 
     def free(self, label: str, instance: object | None) -> None:
         """Free the arrays labelled ``label``: ``instance``'s only, or (None) every instance's."""

@@ -12,7 +12,8 @@ from __future__ import annotations
 import copy
 import enum
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any
 
 from ._completion import Signal
 from ._errors import AiocubieError
@@ -33,6 +34,18 @@ class State(enum.Enum):
 
 
 _OPEN = (State.PENDING, State.ALLOCATED)
+
+
+class _Ended:
+    """Awaited, returns at once (what :meth:`Ticket.wait` gives for a ticket that has ended)."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        yield from ()
+
+
+_ENDED = _Ended()
 
 
 class Ticket:
@@ -112,7 +125,8 @@ class Ticket:
         """
         if self.state is State.ALLOCATED:
             self.state = State.READY
-            self._wake()
+            if self._signal is not None:  # _wake, inline: every request passes here
+                self._signal.set()
             return None
         return self.response if self.state is State.CANCELLED else None
 
@@ -166,11 +180,13 @@ class Ticket:
         """True once the ticket has ended (ready, failed or cancelled)."""
         return self.state not in _OPEN
 
-    async def wait(self, make_signal: Callable[[], Signal]) -> None:
-        """Sleep until the ticket ends, on a :class:`Signal` from ``make_signal``."""
+    def wait(self, make_signal: Callable[[], Signal]) -> Awaitable[None]:
+        """What to await until the ticket ends: a :class:`Signal` from ``make_signal`` (nothing to
+        wait for once it has ended). No coroutine of its own: one frame less for a queued request."""
         if self.state in _OPEN:
-            self._signal = make_signal()
-            await self._signal
+            signal = self._signal = make_signal()
+            return signal
+        return _ENDED
 
     def result(self) -> ArrayResponse:
         """The response of an ended ticket, or its error raised (once: the raiser owns it then).
