@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Collection, Hashable, Sequence
 from typing import Any, Protocol
 
-from ._backends import ArrayMaker, Backend, Device, Event, MemoryInfo, MemoryResource, StreamLike
+from ._backends import ArrayMaker, Backend, Device, Event, MemoryInfo, MemoryResource, StreamLike, limiting_adaptors
 from ._backends._allocators import Allocator, make_resource
 from ._backends._resource import on_failure
 from ._budget import Budget, group_available
@@ -103,6 +103,7 @@ class DeviceAccount:
             not isinstance(allocator, str) or self._resolved(allocator) != self.resource.name
         ):
             self.resource = make_resource(self.device, allocator)  # beside the backend's: nothing to reset
+        self._caps = limiting_adaptors(self.resource)  # a user's LimitingAdaptors: what they leave is free
         self.options = options
         total, limit = self.device.memory_info().total, options.memory_limit
         self.budget = Budget(total if limit is None else min(total, limit))
@@ -234,6 +235,7 @@ class DeviceAccount:
         self.forget_all()
         on_failure(self.resource, None)
         self.resource = resource
+        self._caps = limiting_adaptors(resource)
         on_failure(resource, self._library_out_of_memory)
 
     def count_library(self, scope: object, key: Hashable, group: str, label: str, nbytes: int) -> None:
@@ -261,17 +263,22 @@ class DeviceAccount:
     def memory_info(self) -> MemoryInfo:
         """The device's memory now, the blocks the resource caches counted as free (they serve requests).
 
+        A :class:`~aiocubie.mr.LimitingAdaptor` in the stack bounds it: what the adaptor leaves is
+        free, its limit the total (so plans fit it, instead of failing at the allocation).
+
         Under a ``memory_limit``: a device of that many bytes, of which the pool's bytes in use
         (every library's, where the pool says them; else this manager's own) and this manager's
         managed memory (never pool memory) are taken.
         """
         info, pool, limit = self.device.memory_info(), self.resource.pool_facts(), self.options.memory_limit
-        free = info.free + (pool.cached or 0)
+        free, total = info.free + (pool.cached or 0), info.total
+        for cap in self._caps:  # a LimitingAdaptor in the stack: plans fit what it leaves, not the device
+            free, total = min(free, max(0, cap.limit - cap.held)), min(total, cap.limit)
         if limit is None:
-            return MemoryInfo(free=free, total=info.total)
+            return MemoryInfo(free=free, total=total)
         ledger = self.ledger
         used = max(pool.in_use or 0, ledger.bytes_of(MemoryKind.DEVICE)) + ledger.bytes_of(MemoryKind.MANAGED)
-        return MemoryInfo(free=max(0, min(free, limit - used)), total=min(info.total, limit))
+        return MemoryInfo(free=max(0, min(free, limit - used)), total=min(total, limit))
 
     def other_bytes(self, in_use: int | None) -> int | None:
         """Bytes of the pool's ``in_use`` that this manager does not hold (other libraries'); None if unknown."""

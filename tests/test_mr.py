@@ -237,3 +237,22 @@ def test_a_registered_factory_that_hands_out_another_devices_resource_is_refused
     mr.register_allocator("elsewhere", lambda device: mr.StatisticsAdaptor(foreign), backend="simulator")
     with pytest.raises(UnknownAllocatorError, match="made on another device"):
         MemoryManager("simulator", allocator="elsewhere")
+
+
+@pytest.mark.parametrize("mode", ["passive", "active"])
+async def test_a_limiting_adaptor_below_the_device_is_planned_for(mode: str) -> None:
+    # a user's cap inside the stack: batches are planned (chunked) to fit what it leaves, instead of
+    # being planned against the device and failing with OutOfMemoryError at the allocation
+    with SimulatorBackend(1 << 20, granule=0) as sim:
+        capped = mr.LimitingAdaptor(sim.device.create_resource("driver"), 256 << 10)
+        async with MemoryManager(sim, allocator=capped, mode=mode, headroom=0.0) as mgr:
+            assert mgr.pool.memory_info().total == 256 << 10 and mgr.pool.memory_info().free == 256 << 10
+            owner = object()
+            mgr.register(owner)
+            held = await mgr.request(owner, {"kept": ArrayRequest((64 << 10,), "u1", unchunkable=True)})
+            assert mgr.pool.memory_info().free == 192 << 10 and capped.held == 64 << 10
+            async with mgr.request(owner, {"x": ArrayRequest((512 << 10,), "u1")}) as response:
+                assert response.chunks > 1 and response.chunk_length <= 192 << 10  # a byte a run
+                assert capped.held <= capped.limit
+            mgr.release(held)
+            assert capped.held == 0 and mgr.pool.memory_info().free == 256 << 10

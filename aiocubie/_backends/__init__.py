@@ -15,7 +15,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from ._adaptors import FailureCallbackAdaptor, LimitingAdaptor, StatisticsAdaptor
+from ._adaptors import FailureCallbackAdaptor, LimitingAdaptor, StatisticsAdaptor, limiting_adaptors
 from ._allocators import (
     Allocator,
     ResourceFactory,
@@ -84,6 +84,7 @@ __all__ = [
     "device_count",
     "geometry",
     "gpu_status",
+    "limiting_adaptors",
     "make_resource",
     "parse_allocator",
     "parse_array_type",

@@ -15,7 +15,7 @@ from .._names import MemoryKind
 from ._resource import Block, MemoryResource, ResourceAdaptor
 from ._stream import StreamLike
 
-__all__ = ["FailureCallbackAdaptor", "LimitingAdaptor", "StatisticsAdaptor"]
+__all__ = ["FailureCallbackAdaptor", "LimitingAdaptor", "StatisticsAdaptor", "limiting_adaptors"]
 
 _DEVICE, _MANAGED = MemoryKind.DEVICE, MemoryKind.MANAGED
 
@@ -103,6 +103,17 @@ class LimitingAdaptor(ResourceAdaptor):
         self.upstream.deallocate(block)
         if block.kind is _DEVICE or block.kind is _MANAGED:
             self.held -= block.nbytes
+
+
+def limiting_adaptors(resource: MemoryResource) -> tuple[LimitingAdaptor, ...]:
+    """The :class:`LimitingAdaptor` s in ``resource``'s stack (itself, then each adaptor's upstream, down)."""
+    found: list[LimitingAdaptor] = []
+    below: object = resource
+    while isinstance(below, MemoryResource):
+        if isinstance(below, LimitingAdaptor):
+            found.append(below)
+        below = getattr(below, "upstream", None)
+    return tuple(found)
 
 
 class FailureCallbackAdaptor(ResourceAdaptor):
