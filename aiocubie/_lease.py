@@ -75,6 +75,13 @@ class Lease:
             buffers.pop(label, None)
         self.views = None  # device views of the arrays
 
+    def cached_views(self) -> dict[str, Any]:
+        """What walks work out once and ask again (full shapes, copiers, a device view): made on first use."""
+        views = self.views
+        if views is None:
+            views = self.views = {}
+        return views
+
     def walk_started(self) -> None:
         """A walk over the arrays begins: frees of them wait until it has ended (see :meth:`after_walks`)."""
         self.walks += 1

@@ -50,14 +50,11 @@ class BudgetView:
 
     def set_mode(self, mode: LimitMode | str) -> None:
         """Switch between ``"passive"`` and ``"active"`` (:class:`ConfigurationError` for another name)."""
-        self._configure(mode=mode)
+        self._account.configure(mode=mode)  # the account announces the change
 
     def set_policy(self, policy: Policy | str) -> None:
         """Set the policy: ``"chunk"``, ``"wait"`` or ``"fail"`` (:class:`ConfigurationError` else)."""
-        self._configure(policy=policy)
-
-    def _configure(self, **changes: Any) -> None:
-        self._account.configure(**changes)
+        self._account.configure(policy=policy)
 
     def proportion(self, instance: object) -> float:
         """Share of the memory ``instance`` may use."""

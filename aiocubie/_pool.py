@@ -65,7 +65,6 @@ class PoolView:
         said = repr(name if isinstance(name, str) else self._account.resource_name)  # a resource by its name
         warn(f"set_allocator({said}) resets the device context: arrays and compiled kernels from before are invalid")
         self._fail_in_flight(f"set_allocator({said})")
-        self._account.refuse_in_reclaim("set_allocator()")
         self._registry.renew_streams()
         self._hooks.invalidate()
         self._libraries.forget()  # their pools were of the old resource

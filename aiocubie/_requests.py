@@ -535,7 +535,7 @@ class ArrayResponse:
     def _full_shapes(self) -> dict[str, tuple[tuple[int, ...], np.dtype[Any]]]:
         """Label -> (shape, dtype) of the full-size host array a walk takes for it (the run axis at
         ``runs``; an empty run axis stays empty)."""
-        cached = self.lease.views or self._views()
+        cached = self.lease.cached_views()
         found: dict[str, tuple[tuple[int, ...], np.dtype[Any]]] | None = cached.get("full")
         if found is None:
             found = {}
@@ -547,13 +547,6 @@ class ArrayResponse:
                 found[label] = (tuple(full), np.dtype(array.dtype))
             cached["full"] = found
         return found
-
-    def _views(self) -> dict[str, Any]:
-        lease = self.lease
-        views = lease.views
-        if views is None:
-            views = lease.views = {}
-        return views
 
     def buffer_count(self, label: str) -> int:
         """How many chunk buffers ``label`` has (1 unless it asked for more and was chunked)."""

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from .._errors import ConfigurationError, OutOfMemoryError, shown
 from .._names import MemoryKind
-from ._resource import Block, MemoryResource, ResourceAdaptor
+from ._resource import Block, MemoryResource, ResourceAdaptor, stack
 from ._stream import StreamLike
 
 __all__ = ["FailureCallbackAdaptor", "LimitingAdaptor", "StatisticsAdaptor", "limiting_adaptors"]
@@ -107,13 +107,7 @@ class LimitingAdaptor(ResourceAdaptor):
 
 def limiting_adaptors(resource: MemoryResource) -> tuple[LimitingAdaptor, ...]:
     """The :class:`LimitingAdaptor` s in ``resource``'s stack (itself, then each adaptor's upstream, down)."""
-    found: list[LimitingAdaptor] = []
-    below: object = resource
-    while isinstance(below, MemoryResource):
-        if isinstance(below, LimitingAdaptor):
-            found.append(below)
-        below = getattr(below, "upstream", None)
-    return tuple(found)
+    return tuple(each for each in stack(resource) if isinstance(each, LimitingAdaptor))
 
 
 class FailureCallbackAdaptor(ResourceAdaptor):

@@ -9,7 +9,7 @@ and nothing of budgets or ledgers (the device account does).
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -29,6 +29,7 @@ __all__ = [
     "on_failure",
     "require_shared_pool",
     "shared_pool",
+    "stack",
 ]
 
 #: What a resource shared with other libraries calls when one of *their* allocations finds no
@@ -227,14 +228,17 @@ class ResourceAdaptor(MemoryResource):
         return self.upstream.pool_facts()
 
 
+def stack(resource: MemoryResource) -> Iterator[MemoryResource]:
+    """``resource``, then each adaptor's upstream, down to the resource at the bottom."""
+    below: object = resource
+    while isinstance(below, MemoryResource):
+        yield below
+        below = getattr(below, "upstream", None)
+
+
 def shared_pool(resource: MemoryResource) -> SharedPool | None:
     """The :class:`SharedPool` in ``resource``'s stack (itself, or an adaptor's upstream, down), or None."""
-    while not isinstance(resource, SharedPool):
-        upstream = getattr(resource, "upstream", None)
-        if not isinstance(upstream, MemoryResource):
-            return None
-        resource = upstream
-    return resource
+    return next((each for each in stack(resource) if isinstance(each, SharedPool)), None)
 
 
 def on_failure(resource: MemoryResource, handler: FailureHandler | None) -> None:

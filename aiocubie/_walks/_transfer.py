@@ -53,10 +53,7 @@ class Transfer:
         self.loop: Loop = running_loop()
         #: (label, into the device?) -> its copier, bound once a response (on first use: a walk copies
         #: its inputs in and its outputs out only), kept with the response's other views of its arrays
-        lease = response.lease
-        views = lease.views
-        if views is None:  # what every walk of a batch stream asks again, kept with the lease (dropped on release)
-            views = lease.views = {}
+        views = response.lease.cached_views()  # what every walk of a batch stream asks again (dropped on release)
         self.copiers: dict[tuple[str, bool], Copier] = views.setdefault("copiers", {})
         #: The arrays as a walk that fits whole yields them (a live response's: :meth:`live` first)
         view: Mapping[str, Any] | None = views.get("device")
