@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,30 @@ def test_rmm_shared_pool() -> None:
         return
     assert re.search(r"cupy holds 3145728 bytes in the same pool", out)
     assert re.search(r"pool in use: (\d+) = aiocubie 8388608 \+ other libraries (\d+)", out)
+
+
+def _python_blocks() -> list[tuple[str, int, str]]:
+    """Every ```python block of the README and docs/: (file, line, code dedented)."""
+    fence = re.compile(r"^([ \t]*)```python\n(.*?)\n\1```", re.S | re.M)
+    found = []
+    for doc in [EXAMPLES.parent / "README.md", *sorted((EXAMPLES.parent / "docs").glob("*.md"))]:
+        text = doc.read_text()
+        for match in fence.finditer(text):
+            line = text.count("\n", 0, match.start()) + 1
+            found.append((doc.name, line, textwrap.dedent(match.group(2))))
+    return found
+
+
+@pytest.mark.parametrize(
+    "doc, line, code", [pytest.param(*block, id=f"{block[0]}:{block[1]}") for block in _python_blocks()]
+)
+def test_every_python_block_in_the_docs_runs_or_says_it_is_a_fragment(
+    doc: str, line: int, code: str, tmp_path: Path
+) -> None:
+    if code.startswith("# a fragment:"):  # it says which whole program it comes from
+        return
+    (tmp_path / "block.py").write_text(code)
+    result = subprocess.run(
+        [sys.executable, str(tmp_path / "block.py")], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert result.returncode == 0, f"{doc}:{line} failed:\n{result.stderr[-2000:]}"
