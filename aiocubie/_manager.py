@@ -70,6 +70,8 @@ class MemoryManager:
         numba device arrays (the cheapest numba kernel launches). The simulator hands out
         arrays that behave like the chosen type on a GPU.
 
+    Notes
+    -----
     Environment variables (``AIOCUBIE_HISTORY`` too: see :meth:`record_history`) are read
     here; a bad value raises :class:`ConfigurationError` naming the variable.
 
