@@ -18,7 +18,7 @@ import aiocubie  # noqa: E402
 
 project = "aiocubie"
 author = "the aiocubie authors"
-copyright = "the aiocubie authors"  # noqa: A001
+copyright = "the aiocubie authors"
 release = aiocubie.__version__
 version = release
 

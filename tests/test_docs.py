@@ -11,14 +11,21 @@ ROOT = Path(__file__).resolve().parent.parent
 README_LINES = 150
 ENTRY_CHARS = 300
 # the texts that cite scripts, examples and results
-CITING = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "benchmarks" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+CITING = [
+    ROOT / "README.md",
+    ROOT / "CHANGELOG.md",
+    ROOT / "benchmarks" / "README.md",
+    *sorted((ROOT / "docs").rglob("*.md")),
+]
 CITED = re.compile(r"(?<![\w./-])((?:benchmarks|scripts|examples|tests|docs|\.ci)/[\w./*-]*[\w*])")
 BENCH = re.compile(r"(?<![\w./-])(bench_\w+\.py|compare_trees\.py)")
 
 
 def test_the_readme_is_a_front_page() -> None:
     lines = (ROOT / "README.md").read_text().splitlines()
-    assert len(lines) <= README_LINES, f"README.md has {len(lines)} lines (at most {README_LINES}): move prose into docs/"
+    assert len(lines) <= README_LINES, (
+        f"README.md has {len(lines)} lines (at most {README_LINES}): move prose into docs/"
+    )
 
 
 def _entries() -> list[str]:
@@ -39,7 +46,9 @@ def test_the_changelog_has_entries() -> None:
 
 @pytest.mark.parametrize("entry", _entries(), ids=lambda entry: entry[:40])
 def test_no_changelog_entry_is_over_300_characters(entry: str) -> None:
-    assert len(entry) <= ENTRY_CHARS, f"{len(entry)} characters (at most {ENTRY_CHARS}); figures go to docs/performance.md"
+    assert len(entry) <= ENTRY_CHARS, (
+        f"{len(entry)} characters (at most {ENTRY_CHARS}); figures go to docs/performance.md"
+    )
 
 
 def _cited() -> list[tuple[str, str]]:

@@ -69,7 +69,12 @@ def test_a_namespace_is_reached_from_the_package(name: str) -> None:
 def _documented_calls() -> list[tuple[str, str, str]]:
     """Every ``mgr.NAME`` and ``mgr.VIEW.NAME`` the docs, the examples and the package's own text name."""
     root = Path(aiocubie.__file__).parent.parent
-    files = [root / "README.md", *root.glob("docs/**/*.md"), *root.glob("examples/*.py"), *root.glob("aiocubie/**/*.py")]
+    files = [
+        root / "README.md",
+        *root.glob("docs/**/*.md"),
+        *root.glob("examples/*.py"),
+        *root.glob("aiocubie/**/*.py"),
+    ]
     found = set()
     for path in files:
         for first, second in re.findall(r"\bmgr\.([a-z_]+)(?:\.([a-z_]+))?", path.read_text(encoding="utf-8")):
