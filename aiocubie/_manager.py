@@ -327,7 +327,7 @@ class MemoryManager:
             wait behind earlier work on that stream. Work queued on ``response.stream`` runs after
             the allocation; work on another stream must wait for ``response.ready`` first
             (:func:`walk_chunks` does). Ready hooks are still called when the event completes,
-            by which time the requester may have released the arrays (README, "A batch stream").
+            by which time the requester may have released the arrays (docs/concepts/walks.md, "A batch stream").
 
         Returns
         -------
