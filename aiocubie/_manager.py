@@ -70,6 +70,8 @@ class MemoryManager:
         numba device arrays (the cheapest numba kernel launches). The simulator hands out
         arrays that behave like the chosen type on a GPU.
 
+    Notes
+    -----
     Environment variables (``AIOCUBIE_HISTORY`` too: see :meth:`record_history`) are read
     here; a bad value raises :class:`ConfigurationError` naming the variable.
 
@@ -325,7 +327,7 @@ class MemoryManager:
             wait behind earlier work on that stream. Work queued on ``response.stream`` runs after
             the allocation; work on another stream must wait for ``response.ready`` first
             (:func:`walk_chunks` does). Ready hooks are still called when the event completes,
-            by which time the requester may have released the arrays (README, "A batch stream").
+            by which time the requester may have released the arrays (docs/concepts/walks.md, "A batch stream").
 
         Returns
         -------

@@ -141,7 +141,7 @@ def device_of(array: Any) -> int:
     """The GPU a CuPy array's memory is on, as the CUDA runtime says (cudaPointerGetAttributes).
 
     Not the driver's CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, which read 0 for device 1's memory
-    on the two-H200 run (results/h200x2-multigpu.md).
+    on the two-H200 run (results/0.2.0.md, "Two GPUs").
     """
     import cupy
 

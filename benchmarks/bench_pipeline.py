@@ -275,7 +275,7 @@ async def aio_stream(
 ) -> float:
     """Seconds for ``len(xs)`` batches, ``tasks`` tasks each walking its share one batch at a time.
 
-    The loader the README shows: requests built once; each batch requested ``ordered`` (ready
+    The loader docs/concepts/walks.md shows: requests built once; each batch requested ``ordered`` (ready
     once allocated, in stream order) and walked overlapped at ``depth`` 2, so the host waits
     only for its outputs (``depth=1, ordered=False``: the serial walk of a request awaited on
     its event). ``keep``: each task requests once and walks every batch through the same buffers.

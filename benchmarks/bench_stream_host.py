@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The batch stream's host cost without a GPU: Python calls and loop-thread microseconds a batch.
 
-The loaders of ``bench_pipeline --only stream`` (README, "A batch stream") with small batches (64 KiB,
+The loaders of ``bench_pipeline --only stream`` (docs/concepts/walks.md, "A batch stream") with small batches (64 KiB,
 one chunk each), so that what is measured is Python on the loop thread rather than copies, on two
 devices: the simulator (latency 0; its streams are threads, its copies and arrays Python) and the
 zero-latency device of ``aiocubie._bench`` (work done as queued, numpy arrays over memory it reuses

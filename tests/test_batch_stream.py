@@ -153,7 +153,7 @@ async def test_the_walk_of_one_chunk_without_overlap_still_waits_for_its_copy_in
 async def _loader(
     mgr: MemoryManager, sim: SimulatorBackend, xs: list[np.ndarray], ys: list[np.ndarray], k: int, groups: int
 ) -> None:
-    """The loader for batches whose shapes vary (README, "A batch stream"): k tasks, each request -> walk -> release."""
+    """The loader for batches whose shapes vary (docs/concepts/walks.md, "A batch stream"): k tasks, each request -> walk -> release."""
     requests = _requests()
     owners = [object() for _ in range(k)]
     for i, owner in enumerate(owners):
@@ -418,9 +418,9 @@ async def test_a_stream_of_one_request_is_planned_again_once_the_budget_holdings
     assert sim.used == 0
 
 
-def test_the_readme_batch_stream_snippet_runs_as_written(tmp_path: Path) -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    section = readme[readme.index("**A batch stream.**") :]
+def test_the_docs_batch_stream_snippet_runs_as_written(tmp_path: Path) -> None:
+    page = (Path(__file__).parent.parent / "docs" / "concepts" / "walks.md").read_text()
+    section = page[page.index("## A batch stream") :]
     start = section.index("```python\n") + len("```python\n")
     (tmp_path / "snippet.py").write_text(section[start : section.index("\n```", start)])
     result = subprocess.run(

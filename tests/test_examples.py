@@ -137,10 +137,10 @@ def test_dask_chunked_without_the_extra_says_how_to_install_it() -> None:
     assert "pip install 'aiocubie[dask]'" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_the_readme_overlapped_walk_snippet_runs_as_written(tmp_path: Path) -> None:
+def test_the_overlapped_walk_snippet_runs_as_written(tmp_path: Path) -> None:
     # issue 22: the snippet had "y": ... and undefined names; it is now a whole program
-    readme = (EXAMPLES.parent / "README.md").read_text()
-    section = readme[readme.index("**Overlapped walks.**") :]
+    page = (EXAMPLES.parent / "docs" / "concepts" / "walks.md").read_text()
+    section = page[page.index("## Overlapped walks") :]
     start = section.index("```python\n") + len("```python\n")
     snippet = section[start : section.index("\n```", start)]
     (tmp_path / "snippet.py").write_text(snippet)
@@ -159,14 +159,15 @@ def test_rmm_shared_pool() -> None:
 
 
 def _python_blocks() -> list[tuple[str, int, str]]:
-    """Every ```python block of the README and docs/: (file, line, code dedented)."""
+    """Every ```python block of the README and of docs/, its subfolders too: (file, line, code dedented)."""
     fence = re.compile(r"^([ \t]*)```python\n(.*?)\n\1```", re.S | re.M)
     found = []
-    for doc in [EXAMPLES.parent / "README.md", *sorted((EXAMPLES.parent / "docs").glob("*.md"))]:
+    root = EXAMPLES.parent
+    for doc in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]:
         text = doc.read_text()
         for match in fence.finditer(text):
             line = text.count("\n", 0, match.start()) + 1
-            found.append((doc.name, line, textwrap.dedent(match.group(2))))
+            found.append((doc.relative_to(root).as_posix(), line, textwrap.dedent(match.group(2))))
     return found
 
 

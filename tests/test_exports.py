@@ -69,7 +69,12 @@ def test_a_namespace_is_reached_from_the_package(name: str) -> None:
 def _documented_calls() -> list[tuple[str, str, str]]:
     """Every ``mgr.NAME`` and ``mgr.VIEW.NAME`` the docs, the examples and the package's own text name."""
     root = Path(aiocubie.__file__).parent.parent
-    files = [root / "README.md", *root.glob("docs/*.md"), *root.glob("examples/*.py"), *root.glob("aiocubie/**/*.py")]
+    files = [
+        root / "README.md",
+        *root.glob("docs/**/*.md"),
+        *root.glob("examples/*.py"),
+        *root.glob("aiocubie/**/*.py"),
+    ]
     found = set()
     for path in files:
         for first, second in re.findall(r"\bmgr\.([a-z_]+)(?:\.([a-z_]+))?", path.read_text(encoding="utf-8")):
@@ -89,3 +94,8 @@ def test_the_docs_name_only_what_the_manager_has() -> None:
     ]
     sim.close()
     assert not stale, f"names the manager does not have: {stale}"
+
+
+def test_the_docs_check_reads_the_pages_in_docs_subfolders() -> None:
+    # the docs site keeps pages in folders (docs/concepts/, docs/api/): the check above must read them
+    assert any(where.startswith("docs/concepts/") for where, _, _ in _documented_calls())

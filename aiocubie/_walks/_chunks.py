@@ -52,7 +52,7 @@ async def walk_chunks(
     A batch of one chunk is copied on the group's stream itself, in order with the body's
     work. Walked with ``overlap=True`` it is not awaited before the body: a loader that walks
     batch after batch so queues each batch's copy in, work and copy out behind the last
-    one's, and waits only for its outputs (see "A batch stream" in the README). With pinned
+    one's, and waits only for its outputs (see "A batch stream" in docs/concepts/walks.md). With pinned
     host arrays it needs no more than that: one event for the outputs (and one for the copy in
     of a serial walk).
 

@@ -14,7 +14,7 @@ __all__ = ["DEFAULT_DEPTH", "depth_of", "walk_requests"]
 
 #: Chunk buffers (pipeline depth) :func:`walk_requests` asks for by default: 2 overlaps the
 #: next chunk's copy in and the last chunk's copy out with this chunk's work whenever inputs
-#: and outputs are different arrays (benchmarks/README.md has the measurements).
+#: and outputs are different arrays (docs/performance.md has the measurements).
 DEFAULT_DEPTH = 2
 
 

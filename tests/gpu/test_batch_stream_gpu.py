@@ -1,5 +1,5 @@
 """The batch stream on a real GPU: ordered requests that do not wait behind a busy stream, and the
-README's loader with k batches in flight, every output checked, everything freed.
+The loader of docs/concepts/walks.md ("A batch stream") with k batches in flight, every output checked, everything freed.
 
 Skipped without a GPU (see conftest.py).
 """

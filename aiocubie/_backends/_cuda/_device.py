@@ -40,7 +40,7 @@ from ._streams import as_stream, stream_handle
 __all__ = ["DEFAULT_RESOURCE", "CudaDevice", "cuda_usable", "driver_device_count"]
 
 #: The resource ``allocator="default"`` names on a GPU: the device's stream-ordered pool
-#: (benchmarks/README.md has the measurements behind the choice).
+#: (docs/choosing-an-allocator.md and docs/performance.md have the measurements behind the choice).
 DEFAULT_RESOURCE = "driver"
 
 _MEMORY_TYPE = binding.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE
