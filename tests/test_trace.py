@@ -3,6 +3,7 @@ bytes against the history, through the command line, and (where a trace processo
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -148,15 +149,11 @@ async def _workload(mgr: MemoryManager) -> None:
         mgr.release(response)
 
 
-async def _history(sim: SimulatorBackend, recorder: bool = False) -> tuple[History, Recorder | None]:
+async def _history(sim: SimulatorBackend) -> History:
     async with MemoryManager(sim) as mgr:
         mgr.record_history()
-        if recorder:
-            async with Recorder(mgr, interval=0.001) as rec:
-                await _workload(mgr)
-            return mgr.history(), rec
         await _workload(mgr)
-        return mgr.history(), None
+        return mgr.history()
 
 
 def _tracks(events: Iterable[dict[str, Any]]) -> dict[tuple[int, int], str]:
@@ -166,7 +163,7 @@ def _tracks(events: Iterable[dict[str, Any]]) -> dict[tuple[int, int], str]:
 async def test_each_group_and_instance_has_its_track_with_its_requests_and_bytes(
     sim: SimulatorBackend, tmp_path: Path
 ) -> None:
-    history, _ = await _history(sim)
+    history = await _history(sim)
     path = history.to_perfetto(tmp_path / "trace.json")
     events = check_trace_event_format(json.loads(path.read_text()))
     tracks = _tracks(events)
@@ -200,14 +197,22 @@ async def test_each_group_and_instance_has_its_track_with_its_requests_and_bytes
 
 
 async def test_a_recorders_snapshots_add_the_pool_and_other_libraries(sim: SimulatorBackend, tmp_path: Path) -> None:
-    history, recorder = await _history(sim, recorder=True)
-    assert recorder is not None
+    async with MemoryManager(sim) as mgr:
+        mgr.record_history()
+        recorder = Recorder(mgr)
+        recorder.take()
+        part = Part()
+        mgr.register(part, stream_group="g", name="p")
+        async with mgr.request(part, {"x": vec(1000)}):
+            recorder.take()
+        recorder.take()
+        history = mgr.history()
     path = history.to_perfetto(tmp_path / "trace.json", snapshots=recorder.snapshots)
     events = check_trace_event_format(json.loads(path.read_text()))
     device = [e for e in events if e["ph"] == "C" and e["pid"] == 3]
     assert {e["name"] for e in device} == {"device memory", "allocator pool", "other libraries"}
-    held = [e["args"]["held by this manager"] for e in device if e["name"] == "device memory"]
-    assert len(held) == len(recorder.snapshots) and max(held) > 0 and held[-1] == 0
+    assert [e["args"]["held by this manager"] for e in device if e["name"] == "device memory"] == [0, 8000, 0]
+    assert next(e["ts"] for e in device if e["name"] == "device memory") == 0  # the first snapshot is the origin
 
 
 async def test_marks_and_a_context_reset_end_every_span(sim: SimulatorBackend, tmp_path: Path) -> None:
@@ -246,7 +251,7 @@ def test_refusals_name_what_is_wrong(tmp_path: Path) -> None:
 async def test_cli_history_exports_what_the_method_writes(
     sim: SimulatorBackend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    history, _ = await _history(sim)
+    history = await _history(sim)
     history.to_json(tmp_path / "h.json")
     args = ["history", str(tmp_path / "h.json"), "--perfetto", str(tmp_path / "cli.json")]
     assert cli([*args, "--memory-viz", str(tmp_path / "cli.pickle")]) == 0
@@ -268,7 +273,7 @@ async def test_perfetto_trace_processor_reads_the_tracks(sim: SimulatorBackend, 
     if not binary:
         pytest.skip("set AIOCUBIE_TRACE_PROCESSOR to a trace_processor_shell binary to run Perfetto's importer")
     trace_processor = pytest.importorskip("perfetto.trace_processor")
-    history, _ = await _history(sim)
+    history = await _history(sim)
     path = history.to_perfetto(tmp_path / "trace.json")
     config = trace_processor.TraceProcessorConfig(bin_path=binary)
     with trace_processor.TraceProcessor(trace=str(path), config=config) as tp:
@@ -278,3 +283,16 @@ async def test_perfetto_trace_processor_reads_the_tracks(sim: SimulatorBackend, 
     assert {"group solve", "group load", "a", "b", "c"} <= threads
     assert {"batch", "request", "allocate", "x", "p", "y"} <= slices
     assert not errors, [(row.name, row.value) for row in errors]
+
+
+async def test_the_docs_picture_is_drawn_from_a_trace(sim: SimulatorBackend, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    script = Path(__file__).resolve().parent.parent / "scripts" / "trace_picture.py"
+    spec = importlib.util.spec_from_file_location("trace_picture", script)
+    assert spec is not None and spec.loader is not None
+    picture = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(picture)
+    history = await _history(sim)
+    history.to_perfetto(tmp_path / "trace.json")
+    assert picture.main([str(tmp_path / "trace.json"), str(tmp_path / "trace.png")]) == 0
+    assert (tmp_path / "trace.png").read_bytes().startswith(b"\x89PNG")
