@@ -557,6 +557,19 @@ def workload_size(backend: str, total: int, runs: int | None, budget: int | None
     return runs, budget
 
 
+def _manager(backend: str, runs: int | None, budget: int | None) -> tuple[MemoryManager, float, tuple[int, int]]:
+    """The demo's manager on ``backend``, each component's share of the device, and the workload's
+    (runs, budget) sized to it (see :func:`workload_size`)."""
+    if backend == "simulator":
+        size = workload_size(backend, 0, runs, budget)
+        engines = Engines(h2d_bandwidth=SIMULATOR_BANDWIDTH, d2h_bandwidth=SIMULATOR_BANDWIDTH)
+        return MemoryManager(SimulatorBackend(size[1], engines=engines), mode="active"), SHARE, size
+    mgr = MemoryManager("cuda", mode="active")
+    total = mgr.pool.memory_info().total
+    size = workload_size(backend, total, runs, budget)
+    return mgr, SHARE * min(1.0, size[1] / total), size
+
+
 def run_demo(
     backend: str,
     why: str,
@@ -575,18 +588,9 @@ def run_demo(
     ``force``. With ``plot``, draws memory per group over time there (needs matplotlib); with
     ``trace``, records the allocation history and writes it there as a trace (Trace Event format).
     """
-    if backend == "simulator":
-        size = workload_size(backend, 0, runs, budget)
-        engines = Engines(h2d_bandwidth=SIMULATOR_BANDWIDTH, d2h_bandwidth=SIMULATOR_BANDWIDTH)
-        mgr = MemoryManager(SimulatorBackend(size[1], engines=engines), mode="active")
-        share = SHARE
-    else:
-        mgr = MemoryManager("cuda", mode="active")
-        total = mgr.pool.memory_info().total
-        size = workload_size(backend, total, runs, budget)
-        share = SHARE * min(1.0, size[1] / total)
-    runs, budget = size
-    mgr.record_history(enabled=trace is not None)  # --trace: the history, exported at the end
+    mgr, share, (runs, budget) = _manager(backend, runs, budget)
+    if trace is not None:  # exported at the end (and left as it is otherwise: AIOCUBIE_HISTORY may have started it)
+        mgr.record_history()
     workload = FEATURES * runs * batches * 4
     print(f"backend: {mgr.backend.name} ({why}); device: {mgr.backend.device.device_name}")
     print(
