@@ -153,11 +153,15 @@ class _Tracks:
     def metadata(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         for pid, name in _PROCESSES.items():
-            out.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}})
-            out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
+            out.append({"ph": "M", "ts": 0, "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}})
+            out.append(
+                {"ph": "M", "ts": 0, "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}}
+            )
         for (pid, name), tid in self.ids.items():
-            out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
-            out.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+            out.append({"ph": "M", "ts": 0, "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
+            out.append(
+                {"ph": "M", "ts": 0, "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}}
+            )
         return out
 
 
