@@ -93,6 +93,7 @@ def _demo(args: argparse.Namespace) -> int:
         progress=args.progress,
         force=args.force,
         plot=args.plot,
+        trace=args.trace,
     )
 
 
@@ -123,10 +124,18 @@ def _history(args: argparse.Namespace) -> int:
     from ._history import History
     from ._plot import check_out, render
 
-    out = check_out(args.out if args.out is not None else args.file.with_suffix(".html"))
+    exports = args.perfetto is not None or args.memory_viz is not None
+    draw = args.out is not None or not exports  # exports alone: no picture unless --out asks for one
+    out = check_out(args.out if args.out is not None else args.file.with_suffix(".html")) if draw else None
     history = History.load(args.file)
-    written = render(history, out)
-    print(f"{len(history.events)} events ({history.dropped} dropped) drawn in {written}")
+    done = []
+    if out is not None:
+        done.append(f"drawn in {render(history, out)}")
+    if args.perfetto is not None:
+        done.append(f"traced in {history.to_perfetto(args.perfetto)} (open it in ui.perfetto.dev)")
+    if args.memory_viz is not None:
+        done.append(f"written for pytorch.org/memory_viz in {history.to_memory_viz(args.memory_viz)}")
+    print(f"{len(history.events)} events ({history.dropped} dropped) {'; '.join(done)}")
     return 0
 
 
@@ -210,7 +219,7 @@ def _parser() -> argparse.ArgumentParser:
     history = commands.add_parser(
         "history",
         parents=[debug],
-        help="draw an allocation history (mgr.history().to_json(FILE)): memory over time, plans marked",
+        help="draw an allocation history (mgr.history().to_json(FILE)), or export it for Perfetto or torch's viewer",
     )
     history.add_argument("file", type=Path, metavar="FILE.json", help="a history written by History.to_json")
     history.add_argument(
@@ -218,7 +227,22 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="PICTURE",
-        help="page.html (self-contained), or picture.png/.svg/.pdf (needs matplotlib); default FILE.html",
+        help="page.html (self-contained), or picture.png/.svg/.pdf (needs matplotlib); default FILE.html "
+        "(none when only exporting)",
+    )
+    history.add_argument(
+        "--perfetto",
+        type=Path,
+        default=None,
+        metavar="TRACE.json",
+        help="also write a trace in the Trace Event format (ui.perfetto.dev, chrome://tracing)",
+    )
+    history.add_argument(
+        "--memory-viz",
+        type=Path,
+        default=None,
+        metavar="SNAPSHOT.pickle",
+        help="also write a snapshot that torch's memory viewer (pytorch.org/memory_viz) opens",
     )
     return parser
 
@@ -251,6 +275,13 @@ def _demo_parser(
     demo.add_argument("--force", action="store_true", help="run a plan of very many small chunks anyway")
     demo.add_argument(
         "--plot", type=Path, default=None, metavar="FILE", help="draw memory per group over time (needs matplotlib)"
+    )
+    demo.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        metavar="TRACE.json",
+        help="record the allocation history and write it as a trace that ui.perfetto.dev opens",
     )
 
 

@@ -531,6 +531,19 @@ def _plot(recorder: Recorder, snapshot: Snapshot, path: Path) -> str:
     return f"plot: wrote {path}"
 
 
+def _outputs(
+    mgr: MemoryManager, recorder: Recorder, snapshot: Snapshot, plot: Path | None, trace: Path | None
+) -> list[str]:
+    """Draw the plot and write the trace asked for; say what was done, a line each."""
+    lines = []
+    if plot is not None:
+        lines.append(_plot(recorder, snapshot, plot))
+    if trace is not None:  # the history with the recorder's snapshots: the pool's and other libraries' bytes too
+        written = mgr.history().to_perfetto(trace, recorder.snapshots)
+        lines.append(f"trace: wrote {written} (open it in ui.perfetto.dev or chrome://tracing)")
+    return lines
+
+
 def workload_size(backend: str, total: int, runs: int | None, budget: int | None) -> tuple[int, int]:
     """The runs per batch and the budget of a demo on ``backend`` (a device of ``total`` bytes),
     where not given: the simulator's small defaults, or on a GPU sized to the device (see
@@ -544,6 +557,19 @@ def workload_size(backend: str, total: int, runs: int | None, budget: int | None
     return runs, budget
 
 
+def _manager(backend: str, runs: int | None, budget: int | None) -> tuple[MemoryManager, float, tuple[int, int]]:
+    """The demo's manager on ``backend``, each component's share of the device, and the workload's
+    (runs, budget) sized to it (see :func:`workload_size`)."""
+    if backend == "simulator":
+        size = workload_size(backend, 0, runs, budget)
+        engines = Engines(h2d_bandwidth=SIMULATOR_BANDWIDTH, d2h_bandwidth=SIMULATOR_BANDWIDTH)
+        return MemoryManager(SimulatorBackend(size[1], engines=engines), mode="active"), SHARE, size
+    mgr = MemoryManager("cuda", mode="active")
+    total = mgr.pool.memory_info().total
+    size = workload_size(backend, total, runs, budget)
+    return mgr, SHARE * min(1.0, size[1] / total), size
+
+
 def run_demo(
     backend: str,
     why: str,
@@ -554,23 +580,17 @@ def run_demo(
     progress: bool,
     force: bool = False,
     plot: Path | None = None,
+    trace: Path | None = None,
 ) -> int:
     """Run the demo pipeline on ``backend``; print progress, a summary and the check. Return 0 if all match.
 
     Says first how many chunks the plan walks, and refuses more than :data:`MAX_CHUNKS` unless
-    ``force``. With ``plot``, draws memory per group over time there (needs matplotlib).
+    ``force``. With ``plot``, draws memory per group over time there (needs matplotlib); with
+    ``trace``, records the allocation history and writes it there as a trace (Trace Event format).
     """
-    if backend == "simulator":
-        size = workload_size(backend, 0, runs, budget)
-        engines = Engines(h2d_bandwidth=SIMULATOR_BANDWIDTH, d2h_bandwidth=SIMULATOR_BANDWIDTH)
-        mgr = MemoryManager(SimulatorBackend(size[1], engines=engines), mode="active")
-        share = SHARE
-    else:
-        mgr = MemoryManager("cuda", mode="active")
-        total = mgr.pool.memory_info().total
-        size = workload_size(backend, total, runs, budget)
-        share = SHARE * min(1.0, size[1] / total)
-    runs, budget = size
+    mgr, share, (runs, budget) = _manager(backend, runs, budget)
+    if trace is not None:  # exported at the end (and left as it is otherwise: AIOCUBIE_HISTORY may have started it)
+        mgr.record_history()
     workload = FEATURES * runs * batches * 4
     print(f"backend: {mgr.backend.name} ({why}); device: {mgr.backend.device.device_name}")
     print(
@@ -600,11 +620,8 @@ def run_demo(
         mgr.close()
     elapsed = time.perf_counter() - started
     _print_table(summary_rows(snapshot), f"aiocubie demo: {elapsed:.2f} s on {mgr.backend.name}")
-    serial, overlapped = out["walk_seconds"]
-    for line in headlines(snapshot, stages, serial, overlapped):
+    for line in (*headlines(snapshot, stages, *out["walk_seconds"]), *_outputs(mgr, recorder, snapshot, plot, trace)):
         print(line)
-    if plot is not None:
-        print(_plot(recorder, snapshot, plot))
     checked, problems = check(out, runs)
     for problem in problems:
         print("MISMATCH:", problem)

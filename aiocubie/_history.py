@@ -1,8 +1,8 @@
 """The allocation history: every plan, allocation, release, failure, recovery step and reset, in a ring.
 
 Opt-in (``MemoryManager.record_history``): when off, the hot path pays one ``is not None``
-check. Pure: no device and no event loop; the only I/O is the explicit :meth:`History.to_json`
-and :meth:`History.load`.
+check. Pure: no device and no event loop; the only I/O is the explicit :meth:`History.to_json`,
+:meth:`History.load` and the exports (:meth:`History.to_perfetto`, :meth:`History.to_memory_viz`).
 """
 
 from __future__ import annotations
@@ -16,13 +16,16 @@ import os
 import time
 import traceback
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
 
+from . import _memory_viz, _trace
 from ._errors import ConfigurationError, shown
 from ._ledger import Allocation, Ledger
 from ._planner import ChunkPlan
+from ._stats import Snapshot
 
 __all__ = ["EventKind", "History", "HistoryEvent", "HistoryRecorder"]
 
@@ -158,6 +161,57 @@ class History:
         """Write :meth:`to_dict` to ``path`` as JSON."""
         with open(path, "w", encoding="utf-8") as file:
             json.dump(self.to_dict(), file)
+
+    def to_perfetto(self, path: str | os.PathLike[str], snapshots: Sequence[Snapshot] = ()) -> Path:
+        """Write the history as a trace in the Trace Event format: open it in ui.perfetto.dev or chrome://tracing.
+
+        Tracks: a track per stream group with its batches (from the plan to the release of the
+        batch's last array; inside, the allocation), a track per instance with its requests
+        (planned, allocated, released; inside, each array from its allocation to its release),
+        marks for failures, recovery steps, moves and resets, and "live bytes" counters per group
+        and per instance. A track whose spans overlap is drawn in lanes (``loader (2)``).
+
+        Parameters
+        ----------
+        path : str or path
+            The JSON file to write.
+        snapshots : sequence of Snapshot
+            A :class:`~aiocubie.stats.Recorder`'s snapshots (``recorder.snapshots``) of the same run:
+            adds counters of the device's free bytes, the allocator pool's bytes held and in use, and
+            other libraries' bytes in the pool.
+
+        Returns
+        -------
+        Path
+            The file written.
+
+        Raises
+        ------
+        ConfigurationError
+            If ``path`` is not a path or cannot be written, or ``snapshots`` holds something else.
+        """
+        trace = _trace.trace_events(self.events, snapshots, wall_base=self.wall_base, dropped=self.dropped)
+        return _trace.write(trace, path)
+
+    def to_memory_viz(self, path: str | os.PathLike[str]) -> Path:
+        """Write the history's allocations as a memory snapshot that pytorch.org/memory_viz opens.
+
+        A pickle in the format ``torch.cuda.memory._dump_snapshot`` writes (torch's viewer reads
+        nothing else): each stream group a segment of made-up addresses (the history records sizes,
+        not addresses), each array an allocation named ``instance: label`` in its group. Open only
+        pickles you trust: unpickling runs code.
+
+        Returns
+        -------
+        Path
+            The file written.
+
+        Raises
+        ------
+        ConfigurationError
+            If ``path`` is not a path or cannot be written.
+        """
+        return _memory_viz.write(self.events, path)
 
     @classmethod
     def from_dict(cls, data: Any) -> History:

@@ -2,7 +2,8 @@
 
 Typing and abstract classes only, importing nothing of aiocubie's: a response names its stream and
 its ready event with them, and the backends implement them (``aiocubie._backends`` re-exports both);
-out-of-memory recovery records its steps to a :class:`RecoveryLog` (the history recorder is one).
+out-of-memory recovery records its steps to a :class:`RecoveryLog` (the history recorder is one); the
+exporters of a history read its events as :class:`HistoryRecord`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import abc
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Event", "RecoveryLog", "StreamLike"]
+__all__ = ["Event", "HistoryRecord", "RecoveryLog", "StreamLike"]
 
 
 @runtime_checkable
@@ -63,3 +64,39 @@ class RecoveryLog(Protocol):
 
     def dump(self) -> None:
         """Write what was recorded where the user asked for it on a failure (if anywhere)."""
+
+
+class HistoryRecord(Protocol):
+    """One event of an allocation history as its exporters read it (:class:`~aiocubie.stats.HistoryEvent` is one).
+
+    ``kind`` is one of ``"plan"``, ``"allocate"``, ``"release"``, ``"failure"``, ``"recovery"``,
+    ``"reset"`` and ``"regroup"`` (an exporter shows a kind it does not know as a mark); times are
+    ``time.monotonic()`` seconds, sizes bytes.
+    """
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def time(self) -> float: ...
+    @property
+    def group(self) -> str | None: ...
+    @property
+    def instance(self) -> str | None: ...
+    @property
+    def label(self) -> str | None: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def memory_kind(self) -> str | None: ...
+    @property
+    def chunks(self) -> int | None: ...
+    @property
+    def chunk_length(self) -> int | None: ...
+    @property
+    def group_live(self) -> int | None: ...
+    @property
+    def instance_live(self) -> int | None: ...
+    @property
+    def detail(self) -> str: ...
+    @property
+    def stack(self) -> tuple[str, ...] | None: ...

@@ -1,8 +1,9 @@
 """What a manager reports: statistics, snapshots over time, and the allocation history.
 
 ``mgr.stats()`` returns a :class:`Snapshot`, ``mgr.statistics()`` a :class:`ManagerStatistics`,
-``mgr.pool.memory_info()`` a :class:`MemoryInfo` and ``mgr.history()`` a :class:`History`;
-:class:`Recorder` takes snapshots at an interval and :func:`render_history` draws a history.
+``mgr.pool.memory_info()`` a :class:`MemoryInfo` and ``mgr.history()`` a :class:`History` (which
+exports itself for Perfetto and torch's memory viewer); :class:`Recorder` takes snapshots at an
+interval and :func:`render_history` draws a history.
 """
 
 from ._backends import MemoryInfo

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from simkit import needs_numba
+from test_trace import check_trace_event_format
 
 import aiocubie
 from aiocubie import __main__ as _cli
@@ -39,10 +40,10 @@ def _has_matplotlib() -> bool:
 
 @needs_numba
 def test_demo_batches_chunks_overlaps_and_checks_every_element(tmp_path: Path) -> None:
-    plot = tmp_path / "demo.png"
+    plot, trace = tmp_path / "demo.png", tmp_path / "demo.json"
     result = _run(
         "demo", "--backend", "simulator", "--runs", "2000", "--batches", "2", "--budget", "65536", "--no-progress",
-        *(("--plot", str(plot)) if _has_matplotlib() else ()),
+        "--trace", str(trace), *(("--plot", str(plot)) if _has_matplotlib() else ()),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     out = result.stdout
@@ -63,6 +64,14 @@ def test_demo_batches_chunks_overlaps_and_checks_every_element(tmp_path: Path) -
     assert re.search(r"^overlapped walk: .* \(depth 1\) and .* \(depth 2\): speed-up [\d.]+x$", out, re.M)
     if _has_matplotlib():
         assert f"plot: wrote {plot}" in out and plot.stat().st_size > 0
+    assert f"trace: wrote {trace}" in out
+    events = check_trace_event_format(json.loads(trace.read_text()))
+    tracks = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {"group load", "group solve", "group reduce", "loader", "energy", "peak", "reducer"} <= tracks
+    requests = [e for e in events if e["ph"] == "X" and e["name"] == "request"]
+    assert len(requests) == 2 + 4 + 2 + 2  # the loader's, solvers' and reducer's batches, and the two timing walks
+    counters = {e["name"] for e in events if e["ph"] == "C"}
+    assert counters == {"live bytes", "device memory", "allocator pool", "other libraries"}
 
 
 @pytest.mark.skipif(_has_matplotlib(), reason="matplotlib is installed")

@@ -1,0 +1,298 @@
+"""The history as a trace (History.to_perfetto): checked against the Trace Event format, its tracks and
+bytes against the history, through the command line, and (where a trace processor is at hand) by Perfetto."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from simkit import TOTAL, Part, vec
+
+from aiocubie import ArrayResponse, MemoryManager
+from aiocubie.__main__ import main as cli
+from aiocubie.errors import ConfigurationError
+from aiocubie.simulator import SimulatorBackend
+from aiocubie.stats import EventKind, History, Recorder
+
+pytestmark = pytest.mark.anyio
+
+#: The Trace Event format's phases (its spec, "The Trace Event Format", Google, and Perfetto's JSON importer).
+PHASES = set("BEXiIbenCMsftPONDcRrvV")
+METADATA = {"process_name", "process_labels", "process_sort_index", "thread_name", "thread_sort_index"}
+NS = 1e-3  # timestamps are microseconds with three decimals
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_trace_event_format(trace: Any) -> list[dict[str, Any]]:
+    """Assert that ``trace`` is a Trace Event format JSON object a viewer reads whole; return its events.
+
+    Per the spec: the object form with ``traceEvents``; every event a phase, a pid and tid, a name
+    and a timestamp (metadata aside); complete events a duration >= 0, nested on their track (a slice
+    that starts inside another ends inside it); B/E pairs matched, in time order on their track;
+    async events a category and an id, each begun once and ended after; counters numeric series;
+    instants a scope; every track with a slice named by metadata.
+    """
+    assert isinstance(trace, dict) and isinstance(trace.get("traceEvents"), list), "the JSON object form"
+    assert trace.get("displayTimeUnit", "ms") in ("ms", "ns")
+    json.dumps(trace, allow_nan=False)  # plain JSON: no NaN, no infinities, nothing unserialisable
+    events = trace["traceEvents"]
+    named: set[tuple[int, int]] = set()
+    begun: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    last: dict[tuple[int, int], float] = {}
+    opened: dict[tuple[str, object], float] = {}
+    slices: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for event in events:
+        ph = event.get("ph")
+        assert ph in PHASES, f"unknown phase {ph!r}: {event}"
+        assert isinstance(event.get("pid"), int) and isinstance(event.get("tid", 0), int), event
+        track = (event["pid"], event.get("tid", 0))
+        if ph == "M":
+            assert event["name"] in METADATA and isinstance(event.get("args"), dict), event
+            key = "name" if event["name"].endswith("_name") else "sort_index"
+            assert isinstance(event["args"][key], str if key == "name" else int), event
+            if event["name"] == "thread_name":
+                named.add(track)
+            continue
+        assert isinstance(event.get("name"), str) and event["name"], event
+        assert _number(event.get("ts")) and event["ts"] >= 0, event
+        assert isinstance(event.get("args", {}), dict), event
+        if ph == "X":
+            assert _number(event.get("dur")) and event["dur"] >= 0, event
+            slices.setdefault(track, []).append((event["ts"], event["ts"] + event["dur"]))
+        elif ph in "BE":
+            assert event["ts"] >= last.get(track, -math.inf), f"B/E out of time order on {track}: {event}"
+            last[track] = event["ts"]
+            stack = begun.setdefault(track, [])
+            if ph == "B":
+                stack.append(event)
+                slices.setdefault(track, [])
+            else:
+                assert stack, f"an E with no B on {track}: {event}"
+                began = stack.pop()
+                assert event.get("name", began["name"]) == began["name"], (began, event)
+        elif ph in "ben":
+            assert isinstance(event.get("cat"), str) and ("id" in event or "id2" in event), (
+                f"async needs cat, id: {event}"
+            )
+            key = (event["cat"], event.get("id", event.get("id2")))
+            if ph == "b":
+                assert key not in opened, f"async {key} begun twice"
+                opened[key] = event["ts"]
+            elif ph == "e":
+                assert key in opened and opened.pop(key) <= event["ts"], f"async {key} ended before it began"
+        elif ph == "C":
+            series = event.get("args")
+            assert series and all(_number(v) for v in series.values()), f"a counter's series are numbers: {event}"
+        elif ph in "iI":
+            assert event.get("s", "t") in ("g", "p", "t"), event
+    assert not any(begun.values()), f"B events never ended: {begun}"
+    assert not opened, f"async events never ended: {opened}"
+    for track, spans in slices.items():
+        assert track in named, f"track {track} has slices but no thread_name"
+        ends: list[float] = []
+        for start, end in sorted(spans, key=lambda s: (s[0], -s[1])):
+            while ends and ends[-1] <= start + NS:
+                ends.pop()
+            assert not ends or end <= ends[-1] + NS, f"slices overlap without nesting on {track}: ends at {end}"
+            ends.append(end)
+    return events
+
+
+def test_the_validator_refuses_what_a_viewer_would_not_read() -> None:
+    good = {"ph": "X", "name": "a", "ts": 0, "dur": 10, "pid": 1, "tid": 1}
+    name = {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "t"}}
+    check_trace_event_format({"traceEvents": [name, good]})
+    bad = [
+        [good],  # a track without a name
+        [name, good, {**good, "ts": 5, "dur": 10}],  # overlapping, not nested
+        [name, {"ph": "E", "name": "a", "ts": 1, "pid": 1, "tid": 1}],  # E without B
+        [name, {"ph": "B", "name": "a", "ts": 5, "pid": 1, "tid": 1}],  # B never ended
+        [name, {"ph": "b", "name": "a", "cat": "c", "ts": 1, "pid": 1, "tid": 1}],  # async without an id
+        [name, {"ph": "C", "name": "c", "ts": 1, "pid": 1, "tid": 0, "args": {"x": "12"}}],  # not a number
+        [name, {**good, "ts": -1}],
+        [name, {**good, "ph": "Q"}],
+    ]
+    for events in bad:
+        with pytest.raises(AssertionError):
+            check_trace_event_format({"traceEvents": events})
+
+
+async def _workload(mgr: MemoryManager) -> None:
+    """Two members of "solve" asking at once (one batch), one of "load" holding two responses at once,
+    one of them chunked; everything released."""
+    a, b, c = Part(), Part(), Part()
+    mgr.register(a, stream_group="solve", name="a")
+    mgr.register(b, stream_group="solve", name="b")
+    mgr.register(c, stream_group="load", name="c")
+    held: dict[str, ArrayResponse] = {}
+
+    async def ask(part: Part, name: str) -> None:
+        held[name] = await mgr.request(part, {"x": vec(1000), "p": vec(10, unchunkable=True)})
+
+    async with anyio.create_task_group() as both:
+        both.start_soon(ask, a, "a")
+        both.start_soon(ask, b, "b")
+    first = await mgr.request(c, {"y": vec(2000)})
+    async with mgr.request(c, {"y": vec(TOTAL // 8 * 3)}) as big:  # over what is free: chunked
+        assert big.chunks > 1
+    for response in (first, *held.values()):
+        mgr.release(response)
+
+
+async def _history(sim: SimulatorBackend) -> History:
+    async with MemoryManager(sim) as mgr:
+        mgr.record_history()
+        await _workload(mgr)
+        return mgr.history()
+
+
+def _tracks(events: Iterable[dict[str, Any]]) -> dict[tuple[int, int], str]:
+    return {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+
+
+async def test_each_group_and_instance_has_its_track_with_its_requests_and_bytes(
+    sim: SimulatorBackend, tmp_path: Path
+) -> None:
+    history = await _history(sim)
+    path = history.to_perfetto(tmp_path / "trace.json")
+    events = check_trace_event_format(json.loads(path.read_text()))
+    tracks = _tracks(events)
+    # c holds two responses at once: its track, and load's, in two lanes
+    assert set(tracks.values()) == {"group solve", "group load", "group load (2)", "a", "b", "c", "c (2)"}
+    by_track: dict[str, list[dict[str, Any]]] = {}
+    for event in events:
+        if event["ph"] == "X":
+            by_track.setdefault(tracks[event["pid"], event["tid"]], []).append(event)
+    batches = [e for e in by_track["group solve"] if e["name"] == "batch"]
+    assert len(batches) == 1 and batches[0]["args"]["detail"].startswith("2 request(s)")  # a and b: one batch
+    assert [len([e for e in by_track[f"group load{lane}"] if e["name"] == "batch"]) for lane in ("", " (2)")] == [1, 1]
+    allocated: dict[str, int] = {}
+    for event in history.events:
+        if event.kind is EventKind.ALLOCATE:
+            allocated[event.group] = allocated.get(event.group, 0) + event.nbytes
+    traced: dict[str, int] = {}
+    for name in ("a", "b", "c", "c (2)"):
+        for request in (e for e in by_track[name] if e["name"] == "request"):
+            traced[request["args"]["group"]] = traced.get(request["args"]["group"], 0) + request["args"]["bytes"]
+            arrays = {e["name"]: e["args"]["bytes"] for e in by_track[name] if e["name"] in request["args"]["arrays"]}
+            assert arrays == request["args"]["arrays"]
+    assert traced == allocated and allocated["solve"] == 2 * (1000 + 10) * 8
+    solve = by_track["a"][0]  # a's request: planned with the batch, allocated, released
+    assert (solve["name"], solve["ts"]) == ("request", batches[0]["ts"])
+    assert solve["ts"] + solve["dur"] <= batches[0]["ts"] + batches[0]["dur"] + 1e-3
+    live = [e for e in events if e["ph"] == "C" and e["name"] == "live bytes" and e["pid"] == 1]
+    peaks = {g: max(e["args"].get(g, 0) for e in live) for g in ("solve", "load")}
+    assert peaks == {g: max(values) for g, (_, values) in history.series().items()}
+    assert live[-1]["args"] == {"solve": 0, "load": 0}
+
+
+async def test_a_recorders_snapshots_add_the_pool_and_other_libraries(sim: SimulatorBackend, tmp_path: Path) -> None:
+    async with MemoryManager(sim) as mgr:
+        mgr.record_history()
+        recorder = Recorder(mgr)
+        recorder.take()
+        part = Part()
+        mgr.register(part, stream_group="g", name="p")
+        async with mgr.request(part, {"x": vec(1000)}):
+            recorder.take()
+        recorder.take()
+        history = mgr.history()
+    path = history.to_perfetto(tmp_path / "trace.json", snapshots=recorder.snapshots)
+    events = check_trace_event_format(json.loads(path.read_text()))
+    device = [e for e in events if e["ph"] == "C" and e["pid"] == 3]
+    assert {e["name"] for e in device} == {"device memory", "allocator pool", "other libraries"}
+    assert [e["args"]["held by this manager"] for e in device if e["name"] == "device memory"] == [0, 8000, 0]
+    assert next(e["ts"] for e in device if e["name"] == "device memory") == 0  # the first snapshot is the origin
+
+
+async def test_marks_and_a_context_reset_end_every_span(sim: SimulatorBackend, tmp_path: Path) -> None:
+    async with MemoryManager(sim) as mgr:
+        part = Part()
+        mgr.register(part, stream_group="g", name="p")
+        early = await mgr.request(part, {"x": vec(100)})  # allocated before the history: its release is a mark
+        mgr.record_history()
+        sim.faults.inject("allocate")
+        with pytest.raises(Exception, match="injected fault"):
+            await mgr.request(part, {"y": vec(10)})
+        mgr.release(early)
+        await mgr.request(part, {"z": vec(50)})  # held until the context reset
+        with pytest.warns(Warning, match="resets the device context"):
+            mgr.pool.set_allocator("cupy")
+        history = mgr.history()
+    events = check_trace_event_format(json.loads(history.to_perfetto(tmp_path / "t.json").read_text()))
+    marks = {e["name"] for e in events if e["ph"] == "i"}
+    assert {"failure", "reset", "release x"} <= marks
+    (z,) = [e for e in events if e["ph"] == "X" and e["name"] == "z"]
+    reset = next(e for e in events if e["ph"] == "i" and e["name"] == "reset")
+    assert z["args"]["ended by"] == "context reset" and z["ts"] + z["dur"] == pytest.approx(reset["ts"], abs=1e-3)
+
+
+def test_refusals_name_what_is_wrong(tmp_path: Path) -> None:
+    history = History((), 0.0)
+    check_trace_event_format(json.loads(history.to_perfetto(tmp_path / "empty.json").read_text()))
+    with pytest.raises(ConfigurationError, match="pass its path"):
+        history.to_perfetto(3)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"recorder\.snapshots"):
+        history.to_perfetto(tmp_path / "t.json", snapshots=[1])  # type: ignore[list-item]
+    with pytest.raises(ConfigurationError, match="cannot write the trace"):
+        history.to_perfetto(tmp_path / "no" / "such" / "t.json")
+
+
+async def test_cli_history_exports_what_the_method_writes(
+    sim: SimulatorBackend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    history = await _history(sim)
+    history.to_json(tmp_path / "h.json")
+    args = ["history", str(tmp_path / "h.json"), "--perfetto", str(tmp_path / "cli.json")]
+    assert cli([*args, "--memory-viz", str(tmp_path / "cli.pickle")]) == 0
+    out = capsys.readouterr().out
+    assert "traced in" in out and "pytorch.org/memory_viz" in out and "drawn in" not in out
+    assert not (tmp_path / "h.html").exists()  # exports alone: no picture unless --out asks
+    loaded = History.load(tmp_path / "h.json")
+    expected = json.loads(loaded.to_perfetto(tmp_path / "method.json").read_text())
+    assert json.loads((tmp_path / "cli.json").read_text()) == expected
+    check_trace_event_format(expected)
+    assert (tmp_path / "cli.pickle").read_bytes() == loaded.to_memory_viz(tmp_path / "m.pickle").read_bytes()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_perfetto_trace_processor_reads_the_tracks(sim: SimulatorBackend, tmp_path: Path) -> None:
+    """Optional: needs the perfetto package and a trace_processor_shell binary ($AIOCUBIE_TRACE_PROCESSOR),
+    which it would otherwise download."""
+    binary = os.environ.get("AIOCUBIE_TRACE_PROCESSOR")
+    if not binary:
+        pytest.skip("set AIOCUBIE_TRACE_PROCESSOR to a trace_processor_shell binary to run Perfetto's importer")
+    trace_processor = pytest.importorskip("perfetto.trace_processor")
+    history = await _history(sim)
+    path = history.to_perfetto(tmp_path / "trace.json")
+    config = trace_processor.TraceProcessorConfig(bin_path=binary)
+    with trace_processor.TraceProcessor(trace=str(path), config=config) as tp:
+        threads = {row.name for row in tp.query("select name from thread")}
+        slices = {row.name for row in tp.query("select name from slice")}
+        errors = list(tp.query("select name, value from stats where severity = 'error' and value > 0"))
+    assert {"group solve", "group load", "a", "b", "c"} <= threads
+    assert {"batch", "request", "allocate", "x", "p", "y"} <= slices
+    assert not errors, [(row.name, row.value) for row in errors]
+
+
+async def test_the_docs_picture_is_drawn_from_a_trace(sim: SimulatorBackend, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    script = Path(__file__).resolve().parent.parent / "scripts" / "trace_picture.py"
+    spec = importlib.util.spec_from_file_location("trace_picture", script)
+    assert spec is not None and spec.loader is not None
+    picture = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(picture)
+    history = await _history(sim)
+    history.to_perfetto(tmp_path / "trace.json")
+    assert picture.main([str(tmp_path / "trace.json"), str(tmp_path / "trace.png")]) == 0
+    assert (tmp_path / "trace.png").read_bytes().startswith(b"\x89PNG")
