@@ -26,7 +26,6 @@ import types
 from collections.abc import Callable, Generator
 from typing import Any
 
-import numpy as np
 from bridge import Bench, _stats
 
 from aiocubie._backends import _cuda as cu
@@ -270,7 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(report, fh, indent=2)
-    print(f"-- {args.loop}: median / p99 us, GPU stamp -> resumed (floor: callback -> resumed); idle CPU % (1 s kernel)")
+    print(
+        f"-- {args.loop}: median / p99 us, GPU stamp -> resumed (floor: callback -> resumed); idle CPU % (1 s kernel)"
+    )
     print(f"{'mechanism':<16}" + "".join(f"{k + ' us':>16}" for k in report["by_kernel_us"]) + f"{'idle%':>8}")
     for m in MECHANISMS:
         cells = []
@@ -278,7 +279,12 @@ def main(argv: list[str] | None = None) -> int:
             s = cell[m]["latency"] or cell[m]["callback_to_resume"]
             cells.append(f"{s['median_us']:>7.1f}/{s['p99_us']:<7.1f}")
         print(f"{m:<16}" + "".join(f"{c:>16}" for c in cells) + f"{report['idle_cpu_pct'][m]:>8.2f}")
-    print("idle loop asleep:", report["idle_cpu_pct"]["loop_asleep"], "% ; event record+query us:", report["event_costs_us"])
+    print(
+        "idle loop asleep:",
+        report["idle_cpu_pct"]["loop_asleep"],
+        "% ; event record+query us:",
+        report["event_costs_us"],
+    )
     return 0
 
 
