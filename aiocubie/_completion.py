@@ -157,7 +157,10 @@ class Poller:
             if reached:
                 done.append(entry)
             elif now >= deadline:
-                self._hand_off(event, func, args)
+                try:
+                    self._hand_off(event, func, args)
+                except Exception:  # the backend refused the wait: call back, the waiter's query raises it
+                    done.append(entry)
             else:
                 self._pending.append(entry)
         # decided before the callbacks: one that watches another event starts a new repeat

@@ -130,6 +130,21 @@ async def test_a_failing_query_calls_back_and_spares_the_others() -> None:
     assert called == ["bad", "good"]  # the failing one first: its waiter finds the error itself
 
 
+async def test_a_hand_off_the_backend_refuses_calls_back_and_the_poller_goes_on() -> None:
+    class Refused(Polled):
+        def add_done_callback(self, callback):  # type: ignore[no-untyped-def]
+            raise BackendError("the device failed")
+
+    loop = _loop(0.001)
+    called: list[str] = []
+    loop.watch(Refused(), called.append, "refused")  # never completes: past the budget, refused
+    await _until(lambda: called, "called back")
+    loop.poller.budget = HANG_GUARD
+    loop.watch(Polled(after=1), called.append, "next")  # the poller still runs
+    await _until(lambda: len(called) == 2, "the next one called back")
+    assert called == ["refused", "next"]
+
+
 async def test_a_raising_callback_is_logged_and_the_loop_goes_on(caplog: pytest.LogCaptureFixture) -> None:
     loop = _loop()
     called: list[int] = []
