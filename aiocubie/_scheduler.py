@@ -586,10 +586,8 @@ class GroupScheduler:
                 self._completed(flight)
             else:
                 # the callback runs in this task's context, where anyio knows its loop (async
-                # hooks are spawned from it)
-                context = contextvars.copy_context()
-                call = self._loop.call_soon_threadsafe_or_drop
-                event.add_done_callback(lambda: call(context.run, self._completed, flight))
+                # hooks are spawned from it); the loop's poller polls the event, then the thread
+                self._loop.watch(event, contextvars.copy_context().run, self._completed, flight)
         except BaseException:  # the batch never resolves: take it back and free what it holds
             self._inflight = deque(f for f in self._inflight if f.tickets is not batch)
             for ticket in batch:
