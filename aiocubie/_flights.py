@@ -21,14 +21,15 @@ import attrs
 
 from ._account import Account
 from ._completion import Loop
-from ._errors import AiocubieError, AllocationError
+from ._errors import AiocubieError, AllocationError, RegistrationError
 from ._planner import ChunkPlan
 from ._protocols import Event
 from ._registry import Group, Member, await_hook, call_hook
-from ._requests import RequestSet
+from ._requests import ArrayResponse, RequestSet
+from ._stats import Counters
 from ._tickets import State, Ticket
 
-__all__ = ["Flight", "Flights"]
+__all__ = ["Flight", "Flights", "count"]
 
 log = logging.getLogger("aiocubie")
 
@@ -110,16 +111,12 @@ class Flights:
         reading and ``retry`` allows planning again; raises on any other failure.
         """
         account = self._account
-        stream = self.group.stream
         hook_calls = account.recovery.stats.hook_calls
         entries = [(batch[0].key, batch[0].requests)] if len(batch) == 1 else [(t.key, t.requests) for t in batch]
         try:
-            responses, event = account.allocate(entries, self.name, plan, stream, self.group.copy_streams)
+            responses, event = account.allocate(entries, self.name, plan, self.group.stream, self.group.copy_streams)
         except AllocationError:
-            # planned on a cached reading while another process took memory: plan again, once
-            # (nothing is allocated now, so the cached reading is what the plan saw)
-            cached = account.free_memory(fresh=False)
-            if retry and account.free_memory(fresh=True) < cached:
+            if retry and self._stale():
                 return False
             raise
         if account.recovery.stats.hook_calls != hook_calls and (
@@ -136,8 +133,22 @@ class Flights:
             if not kept:
                 return True
             batch, responses = [t for t, _ in kept], [r for _, r in kept]
+        self.land(batch, responses, plan, event)
+        return True
+
+    def _stale(self) -> bool:
+        """True if the device has less free memory than the cached reading a failed allocation was
+        planned on (another process took memory): plan again, once. Nothing is allocated now, so
+        the cached reading is what the plan saw."""
+        cached = self._account.free_memory(fresh=False)
+        return self._account.free_memory(fresh=True) < cached
+
+    def land(self, batch: list[Ticket], responses: list[ArrayResponse], plan: ChunkPlan, event: Event) -> None:
+        """The tickets of an allocated batch get their ``responses``; they resolve now if the device
+        reached ``event`` already, else when it does (in stream order, behind the batches in flight)."""
         now = time.perf_counter()
         chunks = plan.chunks
+        stream = self.group.stream
         waiting = False  # a ticket resolves on the event (not stream-ordered)
         for ticket, response in zip(batch, responses):
             ticket.allocate(response)  # an ordered one is ready now: work on the stream runs after this
@@ -152,10 +163,10 @@ class Flights:
             counters.chunks += chunks
         try:
             if not waiting and not self.group.hooks:  # nothing to resolve or call on the event
-                return True
+                return
             if not self.queue and event.query():  # done already, nothing before it: resolve now
                 self.finish(batch, plan, stream, now)
-                return True
+                return
             flight = Flight(batch, plan, stream, now, event)
             self.queue.append(flight)
             if event.query():
@@ -171,7 +182,56 @@ class Flights:
             for ticket in batch:
                 self._account.release(ticket.response)
             raise
-        return True
+
+    def express(
+        self, member: Member, requests: RequestSet, plan: ChunkPlan, ordered: bool, start: float
+    ) -> ArrayResponse | Ticket | None:
+        """Allocate one request of an idle group with ``plan``, with no ticket where none is needed
+        (see ``GroupScheduler.express``; ``start``: when it was awaited).
+
+        Returns the response when it is ready now (the device reached its event, or it is ordered)
+        and the group has no ready hook; a ticket in flight (or ready, for its hooks) otherwise;
+        None when nothing is allocated and the request must go the ordinary way: the allocation
+        failed on a stale reading, or a reclaim hook moved its member (the response went back).
+        Raises what the allocation raised; a member a reclaim hook unregistered gets a failed ticket.
+        """
+        account, group = self._account, self.group
+        hook_calls = account.recovery.stats.hook_calls
+        try:
+            (response,), event = account.allocate(
+                [(member.key, requests)], self.name, plan, group.stream, group.copy_streams
+            )
+        except AllocationError:
+            if self._stale():
+                return None
+            raise
+        counters = group.counters, member.counters
+        if account.recovery.stats.hook_calls != hook_calls and not (
+            member.key in group.members and self._members.get(member.key) is member
+        ):
+            account.release(response)  # a reclaim hook unregistered or moved its member meanwhile
+            if member.key in self._members:
+                return None  # moved: asked again in its new group
+            count(counters)
+            ticket = Ticket(member.key, requests, counters, ordered=ordered)
+            ticket.fail(RegistrationError(f"{member.name} was unregistered before its request was served"))
+            return ticket
+        if group.hooks or not (ordered or event.query()):  # something to do on the event: a ticket
+            count(counters)
+            ticket = Ticket(member.key, requests, counters, ordered=ordered)
+            ticket.enqueued = start
+            self.land([ticket], [response], plan, event)
+            return ticket
+        # ready now, nothing to call: what land() and finish() count, without the ticket
+        waited = time.perf_counter() - start
+        for each in counters:
+            each.requests += 1
+            each.queue_wait.append(waited)
+            each.batches += 1
+            each.chunks += plan.chunks
+            if not ordered:
+                each.ready_latency.append(0.0)  # the device was there when the event was recorded
+        return response
 
     def poll(self) -> None:
         """Resolve the batches in flight whose events are done now (a waiting task polls)."""
@@ -257,3 +317,9 @@ class Flights:
                     self._spawn(await_hook, result, f"allocation-ready hook of {member.name}")
             except Exception:
                 log.exception("allocation-ready hook of %s raised; the scheduler goes on", member.name)
+
+
+def count(counters: tuple[Counters, ...]) -> None:
+    """One more request asked in the group and by the member of ``counters``."""
+    for each in counters:
+        each.requests += 1

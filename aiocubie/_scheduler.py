@@ -31,12 +31,12 @@ from ._errors import (
     PlanningError,
     warn,
 )
-from ._flights import Flights
+from ._flights import Flights, count
 from ._options import Policy
 from ._planner import ChunkPlan, chunk_axis_hint
 from ._policy import Totals, Wait, check_under_cap, decide, longest_head, waits_on_itself
 from ._registry import Group, Member
-from ._requests import ArrayResponse
+from ._requests import ArrayResponse, RequestSet
 from ._stats import format_bytes
 from ._tickets import State, Ticket
 from ._waiting import WaitingLine
@@ -134,6 +134,34 @@ class GroupScheduler:
             self._failed(batch, exc)
         finally:
             self._planning = []
+
+    def express(self, member: Member, requests: RequestSet, ordered: bool) -> ArrayResponse | Ticket | None:
+        """Serve ``member``'s request in the caller's task, with no ticket where none is needed.
+
+        The express path: it applies when nothing is queued, planned or in flight in the group,
+        ``member`` is its only member, and the last plan applies (the memo of :meth:`_try_plan`:
+        the same request set, free memory, holdings, budget and options). That is what
+        :meth:`submit` does for a ticket of one member alone in an idle group, less the ticket, the
+        checks and the batch of one (see :meth:`Flights.express`). Returns the response (ready), a
+        ticket (in flight, ready for the ready hooks, or failed), or None: the ordinary way.
+        """
+        last = self._memo
+        if last is None or self.queue or self._planning or self._closed or self.flights.queue:
+            return None
+        key, members, account = member.key, self.group.members, self._account
+        if len(members) != 1 or key not in members:
+            return None
+        if last[0] != self._memo_key(requests, key, account.free_memory(fresh=False)):
+            return None
+        start = time.perf_counter()
+        try:
+            return self.flights.express(member, requests, last[1], ordered, start)
+        except Exception as exc:  # nothing allocated: the ticket of a batch of one fails as submit's would
+            counters = self.group.counters, member.counters
+            count(counters)
+            ticket = Ticket(key, requests, counters, ordered=ordered)
+            self._failed([ticket], exc)
+            return ticket
 
     def adopt(self, tickets: list[Ticket]) -> None:
         """Queue ``tickets`` moved here from another group, behind what is queued; they are
@@ -427,15 +455,7 @@ class GroupScheduler:
             # a stream's every batch, alone in its group: the plan of the last batch if what it was
             # worked out from is the same (the request set, its member, what is free and held, the
             # budget and the options: the group's offer is a function of these)
-            key = batch[0].key
-            memo = (
-                requests,
-                key,
-                free,
-                account.ledger.live_by_key.get(key, 0),
-                account.budget.version,
-                account.options,
-            )
+            memo = self._memo_key(requests, batch[0].key, free)
             last = self._memo
             if last is not None and last[0] == memo:
                 return last[1]
@@ -450,6 +470,12 @@ class GroupScheduler:
                 self._memo = (memo, whole)
             return whole
         return self._plan_to_policy(batch, Totals(runs, fixed, per_run, buffered))
+
+    def _memo_key(self, requests: RequestSet, key: int, free: int) -> tuple[Any, ...]:
+        """What the plan of a batch of ``key``'s ``requests`` alone in its group is worked out from
+        (the group's offer is a function of these): the plan memo's key."""
+        account = self._account
+        return (requests, key, free, account.ledger.live_by_key.get(key, 0), account.budget.version, account.options)
 
     def _plan_to_policy(self, batch: list[Ticket], totals: Totals) -> ChunkPlan | None:
         """A batch that does not simply fit: plan it (on a fresh reading where it matters), then let the policy decide."""
