@@ -217,15 +217,16 @@ class Flights:
             ticket.fail(RegistrationError(f"{member.name} was unregistered before its request was served"))
             return ticket
         if group.hooks or not (ordered or event.query()):  # something to do on the event: a ticket
-            count(counters)
             ticket = Ticket(member.key, requests, counters, ordered=ordered)
             ticket.enqueued = start
             self.land([ticket], [response], plan, event)
+            count(counters)  # after: a batch that could not be sent fails as a new ticket (GroupScheduler.express)
             return ticket
         # ready now, nothing to call: what land() and finish() count, without the ticket
         waited = time.perf_counter() - start
         for each in counters:
             each.requests += 1
+            each.express += 1
             each.queue_wait.append(waited)
             each.batches += 1
             each.chunks += plan.chunks
@@ -320,6 +321,7 @@ class Flights:
 
 
 def count(counters: tuple[Counters, ...]) -> None:
-    """One more request asked in the group and by the member of ``counters``."""
+    """One more request asked in the group and by the member of ``counters``, through the express path."""
     for each in counters:
         each.requests += 1
+        each.express += 1
