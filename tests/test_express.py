@@ -185,7 +185,7 @@ async def test_ready_hooks_ordered_requests_and_history_on_the_express_path(kind
         for ordered in (False, True):
             response = await mgr.request(part, REQUEST, ordered=ordered)
             with anyio.fail_after(5):
-                await wait_until(lambda: response in seen)  # noqa: B023 (awaited here)
+                await wait_until(lambda: response in seen)
             mgr.release(response)
         assert express(mgr) == 2 and len(seen) == 3
         kinds = [event.kind.value for event in mgr.history().events]
