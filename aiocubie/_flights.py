@@ -223,13 +223,13 @@ class Flights:
             count(counters)  # after: a batch that could not be sent fails as a new ticket (GroupScheduler.express)
             return ticket
         # ready now, nothing to call: what land() and finish() count, without the ticket
-        waited = time.perf_counter() - start
+        waited, chunks = time.perf_counter() - start, plan.chunks
         for each in counters:
             each.requests += 1
             each.express += 1
             each.queue_wait.append(waited)
             each.batches += 1
-            each.chunks += plan.chunks
+            each.chunks += chunks
             if not ordered:
                 each.ready_latency.append(0.0)  # the device was there when the event was recorded
         return response

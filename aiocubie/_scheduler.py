@@ -151,7 +151,16 @@ class GroupScheduler:
         key, members, account = member.key, self.group.members, self._account
         if len(members) != 1 or key not in members:
             return None
-        if last[0] != self._memo_key(requests, key, account.free_memory(fresh=False)):
+        # the memo's key (_memo_key), inline: every request of a stream passes here
+        memo = (
+            requests,
+            key,
+            account.free_memory(fresh=False),
+            account.ledger.live_by_key.get(key, 0),
+            account.budget.version,
+            account.options,
+        )
+        if last[0] != memo:
             return None
         start = time.perf_counter()
         try:
