@@ -5,7 +5,8 @@ members, the device account and the options it holds, the loop's primitives, a w
 never reaches the manager. A batch closes when the batch window has passed since its first
 request, when every member of the group has asked, or on :meth:`GroupScheduler.flush`. A
 request that can close a batch at once (nothing queued or being planned ahead of it, and
-every member asked or no window) is served in the caller's task: no task switch. Each batch
+every member asked or no window) is served in the caller's task: no task switch; a lone
+member's request whose last plan applies, with no ticket at all (:meth:`GroupScheduler.express`). Each batch
 gets one chunk plan and goes to the group's :class:`~aiocubie._flights.Flights`, which allocates
 it on the group's stream (all or nothing) and resolves its requests when the event recorded after
 the allocation completes, in stream order (ordered requests at once: work on the stream runs after
