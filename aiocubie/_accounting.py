@@ -475,7 +475,10 @@ class DeviceAccount:
                 buffers[a.label] = (*buffers.get(a.label, (arrays[a.label],)), a.array)
         chunk_length = plan.chunk_length
         # copies: a RequestSet is shared by the requests made from one dict (RequestEntry)
-        shapes = dict(requests.shapes) if chunk_length >= requests.runs else requests.chunked_shapes(chunk_length)
+        if chunk_length >= requests.runs:  # whole: the arrays have their full shapes
+            shapes, stand_ins = dict(requests.shapes), requests.stand_ins() if arrays else None
+        else:
+            shapes, stand_ins = requests.chunked_shapes(chunk_length), None
         response = ArrayResponse(  # positional: a call with keywords costs more, and this runs every request
             arrays,
             plan.chunks,
@@ -487,7 +490,7 @@ class DeviceAccount:
             buffers,
             self.device,
             ready,
-            Lease(arrays, buffers, self),
+            Lease(arrays, buffers, self, stand_ins),
             copy_streams,
         )
         if allocations:

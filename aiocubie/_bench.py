@@ -206,6 +206,18 @@ async def _measure(count: int, repeats: int) -> dict[str, float]:
 
         results["one request in a loop"] = await per_request(single, count, repeats)
 
+    # the same loop the ordinary way: a second member that never asks keeps the express path off
+    async with MemoryManager(InstantBackend(), batch_window=0) as mgr:
+        owner, idle = _Owner(), _Owner()
+        for each in (owner, idle):
+            mgr.register(each, stream_group="pair")
+
+        async def ordinary(n: int) -> None:
+            for _ in range(n):
+                mgr.release(await mgr.request(owner, REQUEST))
+
+        results["one request in a loop, not express"] = await per_request(ordinary, count, repeats)
+
     for label, groups in (("64 requesters, one group", False), ("64 requesters, 64 groups", True)):
         async with MemoryManager(InstantBackend()) as mgr:
             owners = [_Owner() for _ in range(64)]

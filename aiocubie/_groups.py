@@ -191,13 +191,29 @@ class StreamGroups:
         withdrawn (queued) or its arrays freed (allocated). ``holder``: the PendingRequest whose
         ``async with`` releases the response on exit (it is handed the response).
         """
-        group = self._registry.groups[member.group]
-        ticket = Ticket(member.key, requests, (group.counters, member.counters), ordered=ordered)
-        group.counters.requests += 1
-        member.counters.requests += 1
-        # queued (or served, when it closes a batch at once) in the order requests are awaited
         scheduler = self.schedulers[member.group]
-        scheduler.submit(ticket)
+        served = scheduler.express(member, requests, ordered)
+        if served.__class__ is ArrayResponse:  # served in this task, ready now: no ticket
+            try:
+                await loop.checkpoint()  # awaiting a request is a checkpoint, even one served at once
+            except BaseException:
+                self._account.release(served)  # as Ticket.cancel() of a ready ticket
+                scheduler.group.counters.cancellations += 1
+                member.counters.cancellations += 1
+                raise
+            if holder is not None:
+                holder._response = served
+            return served
+        if served is None:  # the ordinary way: queued, or served by submit (in its member's group now)
+            group = self._registry.groups[member.group]
+            ticket = Ticket(member.key, requests, (group.counters, member.counters), ordered=ordered)
+            group.counters.requests += 1
+            member.counters.requests += 1
+            # queued (or served, when it closes a batch at once) in the order requests are awaited
+            scheduler = self.schedulers[member.group]
+            scheduler.submit(ticket)
+        else:
+            ticket = served  # type: ignore[assignment]
         try:
             if ticket.state is State.READY or ticket.done:
                 await loop.checkpoint()  # awaiting a request is a checkpoint, even one served at once

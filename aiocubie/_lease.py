@@ -34,6 +34,9 @@ class Lease:
         The response's arrays and chunk buffers (the same dicts): a release replaces what they hold.
     account : Releaser or None
         Where :meth:`release` goes (None: a response built by hand, which holds nothing to free).
+    stand_ins : dict or None
+        Label -> the :class:`ReleasedArray` that replaces each array when all are released at
+        once, made beforehand and shared by responses (None: made on release).
 
     Attributes
     ----------
@@ -45,10 +48,17 @@ class Lease:
         What every walk of a batch stream asks again, worked out on the first (dropped on release).
     """
 
-    __slots__ = ("_account", "_arrays", "_buffers", "_deferred", "released", "views", "walks")
+    __slots__ = ("_account", "_arrays", "_buffers", "_deferred", "_stand_ins", "released", "views", "walks")
 
-    def __init__(self, arrays: dict[str, Any], buffers: dict[str, tuple[Any, ...]], account: Releaser | None) -> None:
+    def __init__(
+        self,
+        arrays: dict[str, Any],
+        buffers: dict[str, tuple[Any, ...]],
+        account: Releaser | None,
+        stand_ins: dict[str, ReleasedArray] | None = None,
+    ) -> None:
         self._arrays, self._buffers, self._account = arrays, buffers, account
+        self._stand_ins = stand_ins
         self.released: set[str] | None = None
         self.walks = 0
         self._deferred: list[Callable[[], None]] | None = None
@@ -62,12 +72,19 @@ class Lease:
     def mark_released(self, labels: Iterable[str]) -> None:
         """The arrays of ``labels`` were freed: each is replaced by a :class:`ReleasedArray` that refuses
         every use (an array keeps its memory alive on a GPU: a response kept after its release must not)."""
+        arrays, stand_ins = self._arrays, self._stand_ins
+        if labels is arrays and self.released is None and stand_ins is not None:  # all at once: the usual release
+            self.released = {*stand_ins}
+            arrays.update(stand_ins)
+            self._buffers.clear()
+            self.views = None
+            return
         labels = [*labels]  # a copy: the arrays are replaced below
         if self.released is None:
             self.released = {*labels}  # a display, not set(): this runs on every release
         else:
             self.released.update(labels)
-        arrays, buffers = self._arrays, self._buffers
+        buffers = self._buffers
         for label in labels:
             if label in arrays:
                 array = arrays[label]  # a hand-built response may hold anything: what it says of itself

@@ -355,7 +355,7 @@ class RequestSet:
         Label -> full (unchunked) shape.
     """
 
-    __slots__ = ("arrays", "buffered", "chunk_axes", "fixed", "per_run", "runs", "shapes")
+    __slots__ = ("_stand_ins", "arrays", "buffered", "chunk_axes", "fixed", "per_run", "runs", "shapes")
 
     def __init__(
         self,
@@ -376,9 +376,20 @@ class RequestSet:
             chunk_axes = {label: None if r.unchunkable else r.chunk_axis for label, r in arrays.items()}
         self.chunk_axes = chunk_axes
         self.shapes = {label: r.shape for label, r in arrays.items()} if shapes is None else shapes
+        self._stand_ins: dict[str, ReleasedArray] | None = None
 
     def __repr__(self) -> str:
         return f"RequestSet({self.arrays!r}, runs={self.runs}, fixed={self.fixed}, per_run={self.per_run})"
+
+    def stand_ins(self) -> dict[str, ReleasedArray]:
+        """Label -> the :class:`ReleasedArray` a released response of these arrays, unchunked, holds
+        in its place; made once (a stand-in holds no memory and never changes: responses share it)."""
+        stand_ins = self._stand_ins
+        if stand_ins is None:
+            stand_ins = self._stand_ins = {
+                label: ReleasedArray(label, r.shape, r.dtype) for label, r in self.arrays.items()
+            }
+        return stand_ins
 
     def chunked_shapes(self, chunk_length: int) -> dict[str, tuple[int, ...]]:
         """Label -> shape of each array when the run axis is cut to ``chunk_length``."""

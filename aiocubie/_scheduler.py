@@ -5,16 +5,16 @@ members, the device account and the options it holds, the loop's primitives, a w
 never reaches the manager. A batch closes when the batch window has passed since its first
 request, when every member of the group has asked, or on :meth:`GroupScheduler.flush`. A
 request that can close a batch at once (nothing queued or being planned ahead of it, and
-every member asked or no window) is served in the caller's task: no task switch. Each batch
-gets one chunk plan, is allocated on the group's stream (all or nothing), and its requests
-resolve when the event recorded after the allocation completes, in stream order (ordered
-requests at once: work on the stream runs after the allocation; the ready hooks still wait).
+every member asked or no window) is served in the caller's task: no task switch; a lone
+member's request whose last plan applies, with no ticket at all (:meth:`GroupScheduler.express`). Each batch
+gets one chunk plan and goes to the group's :class:`~aiocubie._flights.Flights`, which allocates
+it on the group's stream (all or nothing) and resolves its requests when the event recorded after
+the allocation completes, in stream order (ordered requests at once: work on the stream runs after
+the allocation; the ready hooks still wait).
 """
 
 from __future__ import annotations
 
-import contextvars
-import inspect
 import logging
 import time
 from collections import deque
@@ -22,23 +22,21 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
-import attrs
 
 from ._account import Account
 from ._completion import Loop, Signal
 from ._errors import (
     AiocubieError,
-    AllocationError,
     BackendError,
     OutOfMemoryError,
     PlanningError,
     warn,
 )
+from ._flights import Flights, count
 from ._options import Policy
 from ._planner import ChunkPlan, chunk_axis_hint
 from ._policy import Totals, Wait, check_under_cap, decide, longest_head, waits_on_itself
-from ._protocols import Event
-from ._registry import Group, Member, await_hook, call_hook
+from ._registry import Group, Member
 from ._requests import ArrayResponse, RequestSet
 from ._stats import format_bytes
 from ._tickets import State, Ticket
@@ -51,21 +49,6 @@ log = logging.getLogger("aiocubie")
 Spawn = Callable[..., object]
 
 _PENDING = State.PENDING  # read in the hot loops (Ticket.pending, without a call)
-
-#: What a member with nothing in a batch is answered with (its ready hook gets the plan).
-_NOTHING = RequestSet({}, 0, 0, 0)
-
-
-@attrs.define(eq=False)
-class _Flight:
-    """A batch allocated and sent to the device, waiting for its event."""
-
-    tickets: list[Ticket]
-    plan: ChunkPlan
-    stream: Any
-    recorded: float
-    event: Event
-    done: bool = False  # the device reached the event
 
 
 class GroupScheduler:
@@ -110,7 +93,8 @@ class GroupScheduler:
         self._changed = loop.signal()  # memory released or a waiting ticket withdrawn
         self._flush = False
         self._planning: list[Ticket] = []  # the batch being planned or waiting for memory
-        self._inflight: deque[_Flight] = deque()  # allocated batches, in stream order
+        # allocated batches, in stream order (a reclaim hook may take tickets out of the batch planned)
+        self.flights = Flights(group, members, account, loop, spawn, lambda: self._planning)
         self._closed = False
         self._scope: anyio.CancelScope | None = None  # the scope of :meth:`run`, once it started
         self._warned: set[int] = set()  # ids of waiting tickets warned that they wait on their own members
@@ -145,12 +129,49 @@ class GroupScheduler:
                     self.queue.append(ticket)
                     self._wake.set()
                     return
-                if self._dispatch(batch, plan, retry=not attempt):
+                if self.flights.dispatch(batch, plan, retry=not attempt):
                     return
         except Exception as exc:
             self._failed(batch, exc)
         finally:
             self._planning = []
+
+    def express(self, member: Member, requests: RequestSet, ordered: bool) -> ArrayResponse | Ticket | None:
+        """Serve ``member``'s request in the caller's task, with no ticket where none is needed.
+
+        The express path: it applies when nothing is queued, planned or in flight in the group,
+        ``member`` is its only member, and the last plan applies (the memo of :meth:`_try_plan`:
+        the same request set, free memory, holdings, budget and options). That is what
+        :meth:`submit` does for a ticket of one member alone in an idle group, less the ticket, the
+        checks and the batch of one (see :meth:`Flights.express`). Returns the response (ready), a
+        ticket (in flight, ready for the ready hooks, or failed), or None: the ordinary way.
+        """
+        last = self._memo
+        if last is None or self.queue or self._planning or self._closed or self.flights.queue:
+            return None
+        key, members, account = member.key, self.group.members, self._account
+        if len(members) != 1 or key not in members:
+            return None
+        # the memo's key (_memo_key), inline: every request of a stream passes here
+        memo = (
+            requests,
+            key,
+            account.free_memory(fresh=False),
+            account.ledger.live_by_key.get(key, 0),
+            account.budget.version,
+            account.options,
+        )
+        if last[0] != memo:
+            return None
+        start = time.perf_counter()
+        try:
+            return self.flights.express(member, requests, last[1], ordered, start)
+        except Exception as exc:  # nothing allocated: the ticket of a batch of one fails as submit's would
+            counters = self.group.counters, member.counters
+            count(counters)
+            ticket = Ticket(key, requests, counters, ordered=ordered)
+            self._failed([ticket], exc)
+            return ticket
 
     def adopt(self, tickets: list[Ticket]) -> None:
         """Queue ``tickets`` moved here from another group, behind what is queued; they are
@@ -194,13 +215,12 @@ class GroupScheduler:
     def pending(self) -> list[Ticket]:
         """Every ticket not yet through: queued, being planned, or in flight (cancelled ones too,
         until the device is done with their arrays)."""
-        inflight = [t for flight in self._inflight for t in flight.tickets]
-        return [t for t in (*self.queue, *self._planning) if t.pending] + inflight
+        return [t for t in (*self.queue, *self._planning) if t.pending] + self.flights.tickets()
 
     def census(self) -> tuple[int, int, int, int]:
         """Tickets held now: queued, being planned (or waiting for memory), allocated in flight,
         and ended (cancelled or failed) in flight, their arrays kept until the device is done."""
-        flying = [t for flight in self._inflight for t in flight.tickets]
+        flying = self.flights.tickets()
         allocated = sum(t.state is State.ALLOCATED for t in flying)
         queued = sum(t.pending for t in self.queue)
         return queued, sum(t.pending for t in self._planning), allocated, len(flying) - allocated
@@ -219,7 +239,7 @@ class GroupScheduler:
 
     def fail_in_flight(self, owners: set[int], error: AiocubieError) -> list[ArrayResponse]:
         """Fail the in-flight tickets whose response (by id) is in ``owners``; return the responses."""
-        tickets = [t for flight in self._inflight for t in flight.tickets if not t.done and id(t.response) in owners]
+        tickets = [t for t in self.flights.tickets() if not t.done and id(t.response) in owners]
         return self.fail(tickets, error)
 
     def reset(self, error: AiocubieError) -> None:
@@ -227,9 +247,7 @@ class GroupScheduler:
 
         Queued and planning tickets stay: they are served on the new context.
         """
-        for flight in self._inflight:
-            self.fail(flight.tickets, error)
-        self._inflight.clear()  # their events' late callbacks find nothing to do
+        self.flights.fail(error)
         self.changed()
 
     def close(self, error: AiocubieError) -> list[ArrayResponse]:
@@ -237,7 +255,7 @@ class GroupScheduler:
         self._closed = True
         held = self.fail(self.pending(), error)
         self.queue.clear()
-        self._inflight.clear()  # late event callbacks find nothing to resolve, no hook to call
+        self.flights.queue.clear()  # late event callbacks find nothing to resolve, no hook to call
         self.stop()
         return held
 
@@ -318,7 +336,7 @@ class GroupScheduler:
                         continue
                     raise
                 batch = self._planning = [t for t in self._planning if t.state is _PENDING]
-                if plan is None or not batch or self._dispatch(batch, plan, retry=not attempt):
+                if plan is None or not batch or self.flights.dispatch(batch, plan, retry=not attempt):
                     return
                 attempt += 1
         except Exception as exc:
@@ -447,15 +465,7 @@ class GroupScheduler:
             # a stream's every batch, alone in its group: the plan of the last batch if what it was
             # worked out from is the same (the request set, its member, what is free and held, the
             # budget and the options: the group's offer is a function of these)
-            key = batch[0].key
-            memo = (
-                requests,
-                key,
-                free,
-                account.ledger.live_by_key.get(key, 0),
-                account.budget.version,
-                account.options,
-            )
+            memo = self._memo_key(requests, batch[0].key, free)
             last = self._memo
             if last is not None and last[0] == memo:
                 return last[1]
@@ -470,6 +480,12 @@ class GroupScheduler:
                 self._memo = (memo, whole)
             return whole
         return self._plan_to_policy(batch, Totals(runs, fixed, per_run, buffered))
+
+    def _memo_key(self, requests: RequestSet, key: int, free: int) -> tuple[Any, ...]:
+        """What the plan of a batch of ``key``'s ``requests`` alone in its group is worked out from
+        (the group's offer is a function of these): the plan memo's key."""
+        account = self._account
+        return (requests, key, free, account.ledger.live_by_key.get(key, 0), account.budget.version, account.options)
 
     def _plan_to_policy(self, batch: list[Ticket], totals: Totals) -> ChunkPlan | None:
         """A batch that does not simply fit: plan it (on a fresh reading where it matters), then let the policy decide."""
@@ -526,156 +542,11 @@ class GroupScheduler:
         except PlanningError:
             return None, offered, free
 
-    # -- allocation and resolution -------------------------------------------------------------
-    def _dispatch(self, batch: list[Ticket], plan: ChunkPlan, *, retry: bool) -> bool:
-        """Allocate ``batch`` with ``plan`` and send it to the device.
-
-        Returns False (nothing allocated) when the allocation failed on a stale free-memory
-        reading and ``retry`` allows planning again; raises on any other failure.
-        """
-        account = self._account
-        stream = self.group.stream
-        hook_calls = account.recovery.stats.hook_calls
-        entries = [(batch[0].key, batch[0].requests)] if len(batch) == 1 else [(t.key, t.requests) for t in batch]
-        try:
-            responses, event = account.allocate(entries, self.name, plan, stream, self.group.copy_streams)
-        except AllocationError:
-            # planned on a cached reading while another process took memory: plan again, once
-            # (nothing is allocated now, so the cached reading is what the plan saw)
-            cached = account.free_memory(fresh=False)
-            if retry and account.free_memory(fresh=True) < cached:
-                return False
-            raise
-        if account.recovery.stats.hook_calls != hook_calls and (
-            any(not t.pending for t in batch) or len(self._planning) != len(batch)
-        ):
-            # a reclaim hook, called while the batch was allocated, unregistered or moved a
-            # member: its tickets ended or left this group, so what they were given goes back
-            # (nothing else runs user code during an allocation: a batch no hook ran for skips this)
-            ours = {id(t) for t in self._planning}
-            kept = [(t, r) for t, r in zip(batch, responses) if t.pending and id(t) in ours]
-            for ticket, response in zip(batch, responses):
-                if not (ticket.pending and id(ticket) in ours):
-                    account.release(response)
-            if not kept:
-                return True
-            batch, responses = [t for t, _ in kept], [r for _, r in kept]
-        now = time.perf_counter()
-        chunks = plan.chunks
-        waiting = False  # a ticket resolves on the event (not stream-ordered)
-        for ticket, response in zip(batch, responses):
-            ticket.allocate(response)  # an ordered one is ready now: work on the stream runs after this
-            waited = now - ticket.enqueued
-            for counters in ticket.counters:
-                counters.queue_wait.append(waited)
-            if not ticket.ordered:
-                waiting = True
-        counted = batch[0].counters if len(batch) == 1 else {id(c): c for t in batch for c in t.counters}.values()
-        for counters in counted:
-            counters.batches += 1
-            counters.chunks += chunks
-        try:
-            if not waiting and not self.group.hooks:  # nothing to resolve or call on the event
-                return True
-            if not self._inflight and event.query():  # done already, nothing before it: resolve now
-                self._finish(batch, plan, stream, now)
-                return True
-            flight = _Flight(batch, plan, stream, now, event)
-            self._inflight.append(flight)
-            if event.query():
-                self._completed(flight)
-            else:
-                # the callback runs in this task's context, where anyio knows its loop (async
-                # hooks are spawned from it); the loop's poller polls the event, then the thread
-                self._loop.watch(event, contextvars.copy_context().run, self._completed, flight)
-        except BaseException:  # the batch never resolves: take it back and free what it holds
-            self._inflight = deque(f for f in self._inflight if f.tickets is not batch)
-            for ticket in batch:
-                self._account.release(ticket.response)
-            raise
-        return True
-
+    # -- in flight -----------------------------------------------------------------------------
     def poll(self) -> None:
         """Resolve the batches in flight whose events are done now (a waiting task polls)."""
-        reached = None
-        for flight in self._inflight:  # events of one stream complete in order
-            if not flight.event.query():
-                break
-            reached = flight
-        if reached is not None:
-            self._completed(reached)
+        self.flights.poll()
 
     def polls(self, ticket: Ticket) -> bool:
         """True if ``ticket`` waits in flight on an event worth polling (a GPU's)."""
-        return ticket.state is State.ALLOCATED and any(
-            flight.event.pollable for flight in self._inflight if ticket in flight.tickets
-        )
-
-    def _completed(self, flight: _Flight) -> None:
-        """The device reached ``flight``'s event: resolve every completed batch at the head.
-
-        Runs in the loop thread (no task per batch). Events of one stream complete in order,
-        so every flight before this one is done too; batches resolve first in, first out.
-        """
-        if flight not in self._inflight:  # failed by a reset or a close meanwhile
-            return
-        for each in self._inflight:
-            each.done = True
-            if each is flight:
-                break
-        try:
-            while self._inflight and self._inflight[0].done:
-                done = self._inflight.popleft()
-                self._finish(done.tickets, done.plan, done.stream, done.recorded)
-        except Exception:  # a loop callback must not raise: trio would crash the whole run
-            log.exception("group %r: resolving a batch failed", self.name)
-
-    def _finish(self, tickets: list[Ticket], plan: ChunkPlan, stream: Any, recorded: float) -> None:
-        """The device is done with a batch: resolve its tickets, then call the ready hooks."""
-        latency = time.perf_counter() - recorded
-        for ticket in tickets:
-            unclaimed = ticket.ready()
-            if unclaimed is not None:  # cancelled while in flight
-                self._account.release(unclaimed)
-            elif ticket.state is State.READY:
-                for counters in ticket.counters:
-                    counters.ready_latency.append(latency)
-        if self.group.hooks:
-            self._run_hooks(tickets, plan, stream)
-
-    def _run_hooks(self, tickets: list[Ticket], plan: ChunkPlan, stream: Any) -> None:
-        """Call the ready hooks: members with nothing in the batch get the plan with no arrays
-        (those registered with an owner only when a member of their owner asked in it).
-
-        Async hooks run as tasks of the manager, so a slow hook never holds up resolution.
-        """
-        served = [(t.key, t.response) for t in tickets if t.state is State.READY]
-        asked = {key for key, _ in served}
-        owners: set[int] | None = None  # the owners that asked, worked out when a scoped member needs them
-        for key in self.group.members - asked:
-            member = self._members.get(key)
-            if member is not None and member.has_ready_hook:
-                if member.owner is not None:
-                    if owners is None:
-                        owners = {m.owner_key for k in asked if (m := self._members.get(k)) is not None}
-                    if member.owner not in owners:
-                        continue
-                served.append((key, self._account.respond(_NOTHING, [], plan, stream)))
-        for key, response in served:
-            member = self._members.get(key)
-            if member is None or response is None:
-                continue
-            hook = member.ready_hook  # None once the instance of a weakly held hook is gone
-            if hook is None:
-                continue
-            if member.ready_async:
-                # called inside its task: a task cancelled before it starts leaves no coroutine
-                # behind that was never awaited
-                self._spawn(call_hook, hook, (response,), f"allocation-ready hook of {member.name}")
-                continue
-            try:
-                result = hook(response)
-                if inspect.isawaitable(result):  # a plain callable that returned an awaitable
-                    self._spawn(await_hook, result, f"allocation-ready hook of {member.name}")
-            except Exception:
-                log.exception("allocation-ready hook of %s raised; the scheduler goes on", member.name)
+        return self.flights.polls(ticket)

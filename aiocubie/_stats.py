@@ -63,6 +63,7 @@ class Counters:
 
     def __init__(self) -> None:
         self.requests = 0
+        self.express = 0  # of the requests, those served by the express path (GroupScheduler.express)
         self.batches = 0
         self.chunks = 0
         self.failures = 0
@@ -126,7 +127,9 @@ class UsageStats:
     """A frozen view of one group's or instance's activity.
 
     ``queue_wait``: from ``await request`` to the batch being allocated. ``ready_latency``:
-    from the allocation's event being recorded to the request resolving.
+    from the allocation's event being recorded to the request resolving. ``express``: of the
+    ``requests``, those served by the express path (in the awaiting task, no queue, the last plan:
+    docs/performance-notes-request.md); each is a batch of one.
     """
 
     live_bytes: int
@@ -140,6 +143,7 @@ class UsageStats:
     ready_latency: Percentiles
     #: Active mode: the group's cap (sum of its members' caps) or the instance's cap; else None.
     cap_bytes: int | None = None
+    express: int = 0
 
     @property
     def over_cap(self) -> bool:
@@ -162,6 +166,7 @@ class UsageStats:
             Percentiles.of(counters.queue_wait),
             Percentiles.of(counters.ready_latency),
             cap,
+            counters.express,
         )
 
 
