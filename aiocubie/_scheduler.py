@@ -36,6 +36,7 @@ from ._errors import (
 )
 from ._options import Policy
 from ._planner import ChunkPlan, chunk_axis_hint
+from ._priority import outranks, rank
 from ._policy import Totals, Wait, check_under_cap, decide, longest_head, waits_on_itself
 from ._protocols import Event
 from ._registry import Group, Member, await_hook, call_hook
@@ -114,6 +115,9 @@ class GroupScheduler:
         self._closed = False
         self._scope: anyio.CancelScope | None = None  # the scope of :meth:`run`, once it started
         self._warned: set[int] = set()  # ids of waiting tickets warned that they wait on their own members
+        self._mixed = False  # the queue may hold requests of several priorities (see _collect)
+        self._short = 0  # bytes the batch being planned lacks, when it asked for room to be made (_plan)
+        self._relieved = False  # room was made for the batch being planned: the policy decides now
         # the last one-chunk plan of a batch of one request, and what it was worked out from (_try_plan)
         self._memo: tuple[tuple[Any, ...], ChunkPlan] | None = None
 
@@ -130,8 +134,14 @@ class GroupScheduler:
                 (len(members) <= 1 and (not members or ticket.key in members)) or not self._account.options.batch_window
             )
         ):
-            self.queue.append(ticket)
+            queue = self.queue
+            queue.append(ticket)
             self._wake.set()
+            planning = self._planning
+            if ticket.priority != queue[0].priority or (planning and ticket.priority != planning[0].priority):
+                self._mixed = True  # the next batch is picked by priority (see _collect)
+                if planning:
+                    self._changed.set()  # the batch waiting for memory may have to make way (see _plan)
             return
         # a batch of this ticket alone, served in the caller's task (or queued to wait for memory)
         batch = self._planning = [ticket]
@@ -140,7 +150,9 @@ class GroupScheduler:
                 if ticket.state is not _PENDING:  # ended by a reclaim hook of the last attempt (its member left)
                     return
                 plan = self._try_plan(batch)
-                if plan is None:  # it must wait for memory (it is in no waiting line): the group's task does that
+                # it must wait for memory, or behind a batch of another group that outranks it: the
+                # group's task does that (it joins the waiting line)
+                if plan is None or (self._line.entries and self._behind()):
                     ticket.leftover = True
                     self.queue.append(ticket)
                     self._wake.set()
@@ -159,6 +171,7 @@ class GroupScheduler:
             ticket.regroup(self.group.counters)
         if tickets:
             self.queue.extend(tickets)
+            self._mixed = True
             self._wake.set()
 
     def take(self, key: int) -> list[Ticket]:
@@ -261,6 +274,7 @@ class GroupScheduler:
                 finally:
                     self._planning = []
                     self._warned.clear()
+                    self._relieved = False
 
     async def _sleep(self, which: str) -> None:
         signal: Signal = getattr(self, which)
@@ -282,7 +296,10 @@ class GroupScheduler:
                 while not (self._flush or self._everyone_asked()):
                     await self._sleep("_wake")
         self._flush = False
-        limit = self._account.options.max_batch or len(self.queue)
+        options = self._account.options
+        limit = options.max_batch or len(self.queue)
+        if self._mixed:
+            self._mixed = self._by_priority(options.priority_aging)
         batch: list[Ticket] = []
         runs = 0
         while self._live_queue() and len(batch) < limit:
@@ -290,12 +307,21 @@ class GroupScheduler:
             head = self.queue[0]
             if head.runs > 1 and runs > 1 and head.runs != runs:  # 0 or 1 run agrees with any length
                 break
+            if batch and head.priority != batch[0].priority:  # one priority a batch: another starts the next
+                break
             runs = max(runs, head.runs)
             batch.append(self.queue.popleft())
         for ticket in self.queue:
             ticket.leftover = True
         self._planning = batch
         return batch
+
+    def _by_priority(self, aging: float | None) -> bool:
+        """Order the queue by rank: higher effective priority first, first come first served within
+        (:func:`~aiocubie._priority.rank`). True if it holds requests of several priorities."""
+        now = time.perf_counter()
+        self.queue = deque(sorted(self.queue, key=lambda t: rank(t.priority, t.enqueued, now, aging)))
+        return len({t.priority for t in self.queue}) > 1
 
     def _live_queue(self) -> bool:
         while self.queue and self.queue[0].state is not _PENDING:  # ended while queued
@@ -391,16 +417,29 @@ class GroupScheduler:
         for (a component that holds memory and asks again before releasing it): a batch that fits
         when it is planned never waits behind the line, and a waiting batch whose members hold
         memory is served as soon as it fits (see :meth:`_behind`). The price: steady traffic of
-        batches that fit may serve ahead of a large waiting one.
+        batches of its priority that fit may serve ahead of a large waiting one.
+
+        Priorities: the line goes by rank (:mod:`aiocubie._priority`), and a batch that waits
+        makes way for a request of its group that outranks it (its requests go back to the queue).
+        A batch that does not fit whole first awaits the account's ``make_room`` once (the async
+        reclaim hooks), then plans again and lets the policy decide.
         """
+        self._short = 0
         try:
             while batch := [t for t in self._planning if t.state is _PENDING]:
                 plan = self._try_plan(batch)
                 if plan is not None and not self._behind():
                     return plan
                 options = self._account.options
+                if plan is None and self._short:  # it does not fit whole: make room, then plan again
+                    short, self._short, self._relieved = self._short, 0, True
+                    await self._account.recovery.make_room(short, batch[0].priority, self.name, options.reclaim_timeout)
+                    continue
+                if self._mixed and self._outranked(batch, options.priority_aging):
+                    self._make_way(batch)
+                    return None
                 if options.waits and not options.active:
-                    self._line.join(self)
+                    self._line.join(self, batch[0].priority, min(t.enqueued for t in batch))
                 # not enough room yet: wait for a release (or re-read the device now and then)
                 with anyio.move_on_after(0.05):
                     await self._sleep("_changed")
@@ -411,16 +450,37 @@ class GroupScheduler:
     def _behind(self) -> bool:
         """True if this group's batch waits for memory behind another group's (passive, policy wait).
 
-        A batch whose members hold memory is never behind: the batches ahead may wait for what
-        they hold, which they would release only after this batch is served.
+        Behind a waiting batch that goes first (:meth:`WaitingLine.ahead`: for a batch not in
+        line, only one of another priority that outranks it). A batch whose members hold memory
+        is never behind: the batches ahead may wait for what they hold, which they would release
+        only after this batch is served.
         """
         line = self._line
-        if not line or self not in line or line.first(self):
+        batch = [t for t in self._planning if t.state is _PENDING]
+        if not line.entries or not batch:
             return False
         options = self._account.options
         if options.active or not options.waits:  # the mode or policy changed while it waited
             return False
-        return not self._account.ledger.held({t.key for t in self._planning})
+        since, now = min(t.enqueued for t in batch), time.perf_counter()
+        if not line.ahead(self, batch[0].priority, since, now, options.priority_aging):
+            return False
+        return not self._account.ledger.held({t.key for t in batch})
+
+    def _outranked(self, batch: list[Ticket], aging: float | None) -> bool:
+        """True if a queued request outranks the waiting ``batch`` (another priority, it goes first)."""
+        now = time.perf_counter()
+        mine = (batch[0].priority, min(t.enqueued for t in batch))
+        return any(t.pending and outranks((t.priority, t.enqueued), mine, now, aging) for t in self.queue)
+
+    def _make_way(self, batch: list[Ticket]) -> None:
+        """The waiting ``batch`` goes back to the front of the queue; the next batch is picked by rank."""
+        for ticket in batch:
+            ticket.leftover = True  # they had their window
+        self.queue.extendleft(reversed(batch))
+        self._planning = []
+        self._mixed = True
+        self._wake.set()
 
     def _try_plan(self, batch: list[Ticket]) -> ChunkPlan | None:
         """The plan for ``batch`` now, or None if it must wait for memory (policy wait).
@@ -479,6 +539,10 @@ class GroupScheduler:
         # free (where another process's allocation since would bite): read the device again.
         if plan is None or plan.chunks > 1 or 2 * plan.planned_bytes > free:
             plan, offered, free = self._plan_against(totals, fresh=True)
+        if (plan is None or plan.chunks > 1) and not self._relieved and account.recovery.can_make_room:
+            # not whole: the group's task makes room first (see _plan), then the policy decides
+            self._short = max(1, totals.fixed + totals.per_run * totals.runs - offered)
+            return None
         options = account.options
         if plan is None and options.active and options.policy is not Policy.WAIT:
             check_under_cap(self.name, account.ledger.held(members), account.budget.group_cap(members))
@@ -568,6 +632,8 @@ class GroupScheduler:
             waited = now - ticket.enqueued
             for counters in ticket.counters:
                 counters.queue_wait.append(waited)
+            if ticket.waits is not None:
+                ticket.waits.append(waited)
             if not ticket.ordered:
                 waiting = True
         counted = batch[0].counters if len(batch) == 1 else {id(c): c for t in batch for c in t.counters}.values()
