@@ -159,14 +159,17 @@ def test_rmm_shared_pool() -> None:
 
 
 def _python_blocks() -> list[tuple[str, int, str]]:
-    """Every ```python block of the README and docs/: (file, line, code dedented)."""
+    """Every ```python block of the README and docs/ (its folders too): (file, line, code dedented)."""
     fence = re.compile(r"^([ \t]*)```python\n(.*?)\n\1```", re.S | re.M)
     found = []
-    for doc in [EXAMPLES.parent / "README.md", *sorted((EXAMPLES.parent / "docs").glob("*.md"))]:
+    root = EXAMPLES.parent
+    docs = root / "docs"
+    for doc in [root / "README.md", *sorted(docs.rglob("*.md"))]:  # docs/concepts/*.md too
+        name = doc.name if doc.parent == root else doc.relative_to(docs).as_posix()
         text = doc.read_text()
         for match in fence.finditer(text):
             line = text.count("\n", 0, match.start()) + 1
-            found.append((doc.name, line, textwrap.dedent(match.group(2))))
+            found.append((name, line, textwrap.dedent(match.group(2))))
     return found
 
 
