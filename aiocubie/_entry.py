@@ -99,9 +99,7 @@ class RequestEntry:
             checked = self._checked(requests)
         member = self._registration.member(instance)
         # an `async with` releases its response through the account: it is an ArrayResponse
-        return PendingRequest(
-            self._serve, self._account.release, instance, member, checked, replace, ordered, priority
-        )
+        return PendingRequest(self._serve, self._account.release, instance, member, checked, replace, ordered, priority)
 
     def _checked(self, requests: Mapping[str, ArrayRequest]) -> RequestSet:
         """``requests`` checked (see :func:`check_requests`), kept for the next request of the same dict.

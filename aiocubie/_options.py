@@ -26,9 +26,9 @@ __all__ = [
     "Policy",
     "Setup",
     "from_environment",
-    "parse_priority",
     "parse_history",
     "parse_mode",
+    "parse_priority",
 ]
 
 T = TypeVar("T")

@@ -7,8 +7,24 @@ has waited. The group's queue and the waiting line across groups both order by i
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
+from typing import Protocol, TypeVar
 
-__all__ = ["effective", "outranks", "rank"]
+__all__ = ["Waiter", "effective", "outranked", "outranks", "rank", "ranked", "standing"]
+
+
+class Waiter(Protocol):
+    """A request waiting for memory, as this rule reads it (a ticket is one)."""
+
+    priority: int
+    enqueued: float
+
+    @property
+    def pending(self) -> bool:
+        """True while it waits."""
+
+
+W = TypeVar("W", bound=Waiter)
 
 
 def effective(priority: int, since: float, now: float, aging: float | None) -> int:
@@ -55,3 +71,19 @@ def outranks(waiter: tuple[int, float], other: tuple[int, float], now: float, ag
     if waiter[0] == other[0]:
         return False
     return rank(*waiter, now, aging) < rank(*other, now, aging)
+
+
+def ranked(waiters: Iterable[W], now: float, aging: float | None) -> list[W]:
+    """``waiters`` in the order they go: by :func:`rank` as of ``now``."""
+    return sorted(waiters, key=lambda w: rank(w.priority, w.enqueued, now, aging))
+
+
+def standing(batch: Sequence[Waiter]) -> tuple[int, float]:
+    """A batch's place in a line: its priority (one a batch: its first request's) and when its oldest request came."""
+    return batch[0].priority, min(w.enqueued for w in batch)
+
+
+def outranked(batch: Sequence[Waiter], queue: Iterable[Waiter], now: float, aging: float | None) -> bool:
+    """True if a request still waiting in ``queue`` goes before the waiting ``batch`` (:func:`outranks`)."""
+    mine = standing(batch)
+    return any(w.pending and outranks((w.priority, w.enqueued), mine, now, aging) for w in queue)

@@ -14,7 +14,7 @@ import logging
 import numbers
 import threading
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import anyio
 import attrs
@@ -37,7 +37,7 @@ T = TypeVar("T")
 #: context (see :meth:`Recovery.refuse_in_reclaim`). An ``async def`` one is awaited by the
 #: group's task before a batch that does not fit whole waits, chunks or fails
 #: (:meth:`Recovery.make_room`).
-ReclaimHook = Callable[[int], "int | None | Awaitable[int | None]"]
+ReclaimHook = Callable[[int], "int | Awaitable[int | None] | None"]
 
 #: What a reclaim hook may call, named in the refusal of anything else.
 RECLAIM_MAY = "mgr.release, mgr.free, mgr.free_all, mgr.unregister and mgr.groups.move"
@@ -211,7 +211,7 @@ class Recovery:
             for hook in hooks:
                 called += 1
                 try:
-                    freed = await hook(nbytes)
+                    freed = await cast("Awaitable[int | None]", hook(nbytes))
                 except Exception:
                     log.exception("async reclaim hook %r raised (%s); going on with the next one", hook, what)
                     continue

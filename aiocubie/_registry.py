@@ -15,7 +15,7 @@ import inspect
 import logging
 import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 import attrs
@@ -35,6 +35,7 @@ __all__ = [
     "Registry",
     "await_hook",
     "call_hook",
+    "call_ready_hooks",
     "is_async_callable",
 ]
 
@@ -433,3 +434,47 @@ async def await_hook(awaitable: Awaitable[Any], what: str) -> None:
         await awaitable
     except Exception:
         log.exception("%s raised; the service goes on", what)
+
+
+def call_ready_hooks(
+    group: Group,
+    members: Mapping[int, Member],
+    served: list[tuple[int, ArrayResponse | None]],
+    nothing: Callable[[], ArrayResponse],
+    spawn: Callable[..., object],
+) -> None:
+    """Call the ready hooks of a batch of ``group`` that resolved: ``served`` holds (member key,
+    response) of its requests; members with nothing in the batch get ``nothing()`` (the plan with no
+    arrays; those registered with an owner only when a member of their owner asked in it).
+
+    Async hooks run as tasks of the manager (``spawn``), so a slow hook never holds up resolution.
+    """
+    asked = {key for key, _ in served}
+    owners: set[int] | None = None  # the owners that asked, worked out when a scoped member needs them
+    for key in group.members - asked:
+        member = members.get(key)
+        if member is not None and member.has_ready_hook:
+            if member.owner is not None:
+                if owners is None:
+                    owners = {m.owner_key for k in asked if (m := members.get(k)) is not None}
+                if member.owner not in owners:
+                    continue
+            served.append((key, nothing()))
+    for key, response in served:
+        member = members.get(key)
+        if member is None or response is None:
+            continue
+        hook = member.ready_hook  # None once the instance of a weakly held hook is gone
+        if hook is None:
+            continue
+        if member.ready_async:
+            # called inside its task: a task cancelled before it starts leaves no coroutine
+            # behind that was never awaited
+            spawn(call_hook, hook, (response,), f"allocation-ready hook of {member.name}")
+            continue
+        try:
+            result = hook(response)
+            if inspect.isawaitable(result):  # a plain callable that returned an awaitable
+                spawn(await_hook, result, f"allocation-ready hook of {member.name}")
+        except Exception:
+            log.exception("allocation-ready hook of %s raised; the scheduler goes on", member.name)

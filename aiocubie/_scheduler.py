@@ -14,7 +14,6 @@ requests at once: work on the stream runs after the allocation; the ready hooks 
 from __future__ import annotations
 
 import contextvars
-import inspect
 import logging
 import time
 from collections import deque
@@ -36,12 +35,11 @@ from ._errors import (
 )
 from ._options import Policy
 from ._planner import ChunkPlan, chunk_axis_hint
-from ._priority import outranks, rank
-from ._policy import Totals, Wait, check_under_cap, decide, longest_head, waits_on_itself
+from ._policy import Totals, Wait, check_under_cap, decide, longest_head, self_wait_warning, waits_on_itself
+from ._priority import outranked, ranked, standing
 from ._protocols import Event
-from ._registry import Group, Member, await_hook, call_hook
+from ._registry import Group, Member, call_ready_hooks
 from ._requests import ArrayResponse, RequestSet
-from ._stats import format_bytes
 from ._tickets import State, Ticket
 from ._waiting import WaitingLine
 
@@ -134,14 +132,11 @@ class GroupScheduler:
                 (len(members) <= 1 and (not members or ticket.key in members)) or not self._account.options.batch_window
             )
         ):
-            queue = self.queue
-            queue.append(ticket)
+            self.queue.append(ticket)
             self._wake.set()
-            planning = self._planning
-            if ticket.priority != queue[0].priority or (planning and ticket.priority != planning[0].priority):
+            if ticket.priority != self.queue[0].priority or self._planning:
                 self._mixed = True  # the next batch is picked by priority (see _collect)
-                if planning:
-                    self._changed.set()  # the batch waiting for memory may have to make way (see _plan)
+                self._changed.set()  # a batch waiting for memory may have to make way (see _plan)
             return
         # a batch of this ticket alone, served in the caller's task (or queued to wait for memory)
         batch = self._planning = [ticket]
@@ -298,8 +293,9 @@ class GroupScheduler:
         self._flush = False
         options = self._account.options
         limit = options.max_batch or len(self.queue)
-        if self._mixed:
-            self._mixed = self._by_priority(options.priority_aging)
+        if self._mixed:  # higher (effective) priority first, first come first served within
+            self.queue = deque(ranked(self.queue, time.perf_counter(), options.priority_aging))
+            self._mixed = len({t.priority for t in self.queue}) > 1
         batch: list[Ticket] = []
         runs = 0
         while self._live_queue() and len(batch) < limit:
@@ -315,13 +311,6 @@ class GroupScheduler:
             ticket.leftover = True
         self._planning = batch
         return batch
-
-    def _by_priority(self, aging: float | None) -> bool:
-        """Order the queue by rank: higher effective priority first, first come first served within
-        (:func:`~aiocubie._priority.rank`). True if it holds requests of several priorities."""
-        now = time.perf_counter()
-        self.queue = deque(sorted(self.queue, key=lambda t: rank(t.priority, t.enqueued, now, aging)))
-        return len({t.priority for t in self.queue}) > 1
 
     def _live_queue(self) -> bool:
         while self.queue and self.queue[0].state is not _PENDING:  # ended while queued
@@ -380,13 +369,17 @@ class GroupScheduler:
             return True
 
         fits = longest_head(len(live), plannable)  # the head alone can be planned (just checked); all cannot
-        rest = live[fits:]
-        for ticket in rest:
-            ticket.leftover = True  # they had their window: the next batch closes at once
-        self.queue.extendleft(reversed(rest))
-        self._planning = live[:fits]
-        self._wake.set()
+        self._requeue(live[fits:], keep=live[:fits])
         return True
+
+    def _requeue(self, tickets: list[Ticket], keep: list[Ticket]) -> None:
+        """``tickets`` of the batch go back to the front of the queue, in order; the batch keeps ``keep``."""
+        for ticket in tickets:
+            ticket.leftover = True  # they had their window: the next batch closes at once
+        self.queue.extendleft(reversed(tickets))
+        self._planning = keep
+        self._mixed = True
+        self._wake.set()
 
     def _failed(self, batch: list[Ticket], exc: Exception) -> None:
         if isinstance(exc, AiocubieError):
@@ -435,11 +428,11 @@ class GroupScheduler:
                     short, self._short, self._relieved = self._short, 0, True
                     await self._account.recovery.make_room(short, batch[0].priority, self.name, options.reclaim_timeout)
                     continue
-                if self._mixed and self._outranked(batch, options.priority_aging):
-                    self._make_way(batch)
+                if self._mixed and outranked(batch, self.queue, time.perf_counter(), options.priority_aging):
+                    self._requeue(batch, keep=[])  # it makes way: the next batch is picked by rank
                     return None
                 if options.waits and not options.active:
-                    self._line.join(self, batch[0].priority, min(t.enqueued for t in batch))
+                    self._line.join(self, *standing(batch))
                 # not enough room yet: wait for a release (or re-read the device now and then)
                 with anyio.move_on_after(0.05):
                     await self._sleep("_changed")
@@ -462,25 +455,9 @@ class GroupScheduler:
         options = self._account.options
         if options.active or not options.waits:  # the mode or policy changed while it waited
             return False
-        since, now = min(t.enqueued for t in batch), time.perf_counter()
-        if not line.ahead(self, batch[0].priority, since, now, options.priority_aging):
+        if not line.ahead(self, *standing(batch), time.perf_counter(), options.priority_aging):
             return False
         return not self._account.ledger.held({t.key for t in batch})
-
-    def _outranked(self, batch: list[Ticket], aging: float | None) -> bool:
-        """True if a queued request outranks the waiting ``batch`` (another priority, it goes first)."""
-        now = time.perf_counter()
-        mine = (batch[0].priority, min(t.enqueued for t in batch))
-        return any(t.pending and outranks((t.priority, t.enqueued), mine, now, aging) for t in self.queue)
-
-    def _make_way(self, batch: list[Ticket]) -> None:
-        """The waiting ``batch`` goes back to the front of the queue; the next batch is picked by rank."""
-        for ticket in batch:
-            ticket.leftover = True  # they had their window
-        self.queue.extendleft(reversed(batch))
-        self._planning = []
-        self._mixed = True
-        self._wake.set()
 
     def _try_plan(self, batch: list[Ticket]) -> ChunkPlan | None:
         """The plan for ``batch`` now, or None if it must wait for memory (policy wait).
@@ -573,14 +550,7 @@ class GroupScheduler:
             return
         self._warned.update(id(t) for t in batch)
         names = ", ".join(sorted({self._members[k].name for k in keys if k in self._members}))
-        message = (
-            f"group {self.name!r}, policy 'wait': a request of {names} waits for memory its own requester(s) "
-            f"hold ({format_bytes(own)}): it needs {format_bytes(wait.best.planned_bytes)} of the "
-            f"{format_bytes(wait.offered)} the group could offer, and is served only once they release. If the task "
-            "that awaits it holds those arrays (a request nested in another's `async with`), it waits forever: "
-            "release them first, ask for less, or use policy 'chunk'"
-        )
-        warn(message)  # a warning, not a log line too: printed once
+        warn(self_wait_warning(self.name, names, own, wait))  # a warning, not a log line too: printed once
 
     def _plan_against(self, totals: Totals, *, fresh: bool) -> tuple[ChunkPlan | None, int, int]:
         free = self._account.free_memory(fresh=fresh)
@@ -709,41 +679,7 @@ class GroupScheduler:
                 for counters in ticket.counters:
                     counters.ready_latency.append(latency)
         if self.group.hooks:
-            self._run_hooks(tickets, plan, stream)
-
-    def _run_hooks(self, tickets: list[Ticket], plan: ChunkPlan, stream: Any) -> None:
-        """Call the ready hooks: members with nothing in the batch get the plan with no arrays
-        (those registered with an owner only when a member of their owner asked in it).
-
-        Async hooks run as tasks of the manager, so a slow hook never holds up resolution.
-        """
-        served = [(t.key, t.response) for t in tickets if t.state is State.READY]
-        asked = {key for key, _ in served}
-        owners: set[int] | None = None  # the owners that asked, worked out when a scoped member needs them
-        for key in self.group.members - asked:
-            member = self._members.get(key)
-            if member is not None and member.has_ready_hook:
-                if member.owner is not None:
-                    if owners is None:
-                        owners = {m.owner_key for k in asked if (m := self._members.get(k)) is not None}
-                    if member.owner not in owners:
-                        continue
-                served.append((key, self._account.respond(_NOTHING, [], plan, stream)))
-        for key, response in served:
-            member = self._members.get(key)
-            if member is None or response is None:
-                continue
-            hook = member.ready_hook  # None once the instance of a weakly held hook is gone
-            if hook is None:
-                continue
-            if member.ready_async:
-                # called inside its task: a task cancelled before it starts leaves no coroutine
-                # behind that was never awaited
-                self._spawn(call_hook, hook, (response,), f"allocation-ready hook of {member.name}")
-                continue
-            try:
-                result = hook(response)
-                if inspect.isawaitable(result):  # a plain callable that returned an awaitable
-                    self._spawn(await_hook, result, f"allocation-ready hook of {member.name}")
-            except Exception:
-                log.exception("allocation-ready hook of %s raised; the scheduler goes on", member.name)
+            # members with nothing in the batch get the plan with no arrays (see call_ready_hooks)
+            served = [(t.key, t.response) for t in tickets if t.state is State.READY]
+            nothing = lambda: self._account.respond(_NOTHING, [], plan, stream)  # noqa: E731 - made only when asked
+            call_ready_hooks(self.group, self._members, served, nothing, self._spawn)
