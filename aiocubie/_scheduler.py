@@ -166,7 +166,7 @@ class GroupScheduler:
             ticket.regroup(self.group.counters)
         if tickets:
             self.queue.extend(tickets)
-            self._mixed = True
+            self._mixed = self._mixed or len({t.priority for t in self.queue}) > 1
             self._wake.set()
 
     def take(self, key: int) -> list[Ticket]:
@@ -378,7 +378,6 @@ class GroupScheduler:
             ticket.leftover = True  # they had their window: the next batch closes at once
         self.queue.extendleft(reversed(tickets))
         self._planning = keep
-        self._mixed = True
         self._wake.set()
 
     def _failed(self, batch: list[Ticket], exc: Exception) -> None:
