@@ -134,7 +134,8 @@ class GroupScheduler:
         ):
             self.queue.append(ticket)
             self._wake.set()
-            if ticket.priority != self.queue[0].priority or self._planning:
+            planning = self._planning
+            if ticket.priority != self.queue[0].priority or (planning and planning[0].priority != ticket.priority):
                 self._mixed = True  # the next batch is picked by priority (see _collect)
                 self._changed.set()  # a batch waiting for memory may have to make way (see _plan)
             return
