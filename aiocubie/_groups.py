@@ -203,13 +203,11 @@ class StreamGroups:
         among requests waiting for memory, higher first (None: the member's).
         """
         group = self._registry.groups[member.group]
-        if priority is None:
-            priority, waits = member.priority, member.waits
+        counters = (group.counters, member.counters)
+        if priority is None:  # positional: every request passes here
+            ticket = Ticket(member.key, requests, counters, ordered, member.priority, member.waits)
         else:
-            waits = self._registry.waits(priority)
-        ticket = Ticket(
-            member.key, requests, (group.counters, member.counters), ordered=ordered, priority=priority, waits=waits
-        )
+            ticket = Ticket(member.key, requests, counters, ordered, priority, self._registry.waits(priority))
         group.counters.requests += 1
         member.counters.requests += 1
         # queued (or served, when it closes a batch at once) in the order requests are awaited

@@ -91,7 +91,6 @@ class Ticket:
         key: int,
         requests: RequestSet,
         counters: tuple[Counters, ...],
-        *,
         ordered: bool = False,
         priority: int = 0,
         waits: deque[float] | None = None,
