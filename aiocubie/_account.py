@@ -22,11 +22,19 @@ __all__ = ["Account", "RecoverySteps"]
 
 
 class RecoverySteps(Protocol):
-    """What a scheduler reads of the account's out-of-memory recovery: the steps taken so far."""
+    """What a scheduler uses of the account's recovery: the steps taken so far, and the one
+    seam it awaits before a batch that does not fit whole waits, chunks or fails."""
 
     @property
     def stats(self) -> RecoveryStats:
         """The recovery steps taken so far (reclaim hook calls among them)."""
+
+    @property
+    def can_make_room(self) -> bool:
+        """True if :meth:`make_room` may free something (an async reclaim hook is registered)."""
+
+    async def make_room(self, nbytes: int, priority: int, group: str, timeout: float) -> int:
+        """Try to free ``nbytes`` for a batch of ``priority`` in ``group`` before it waits, chunks or fails."""
 
 
 class Account(Protocol):

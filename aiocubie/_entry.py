@@ -17,6 +17,7 @@ from ._accounting import DeviceAccount
 from ._completion import Loop
 from ._errors import InvalidRequestError, ManagerStateError, shown
 from ._groups import PendingRequest, StreamGroups
+from ._options import parse_priority
 from ._registry import Member, Members
 from ._requests import ArrayRequest, ArrayResponse, RequestSet, check_requests
 from ._serving import Serving
@@ -72,13 +73,20 @@ class RequestEntry:
         self._checked_sets: dict[int, tuple[object, tuple[str, ...], tuple[ArrayRequest, ...], RequestSet]] = {}
 
     def request(
-        self, instance: object, requests: Mapping[str, ArrayRequest], replace: bool, ordered: bool
+        self,
+        instance: object,
+        requests: Mapping[str, ArrayRequest],
+        replace: bool,
+        ordered: bool,
+        priority: int | None = None,
     ) -> PendingRequest:
         """A request checked now, submitted when awaited (see ``MemoryManager.request``)."""
         if replace is not False and replace is not True:  # the flags checked without a call when plain
             replace = _flag("replace", replace)
         if ordered is not False and ordered is not True:
             ordered = _flag("ordered", ordered)
+        if priority is not None:
+            priority = parse_priority(priority, InvalidRequestError)
         cached = self._checked_sets.get(id(requests))  # the hit of _checked, inline: a stream's every batch
         if (
             cached is not None
@@ -91,7 +99,7 @@ class RequestEntry:
             checked = self._checked(requests)
         member = self._registration.member(instance)
         # an `async with` releases its response through the account: it is an ArrayResponse
-        return PendingRequest(self._serve, self._account.release, instance, member, checked, replace, ordered)
+        return PendingRequest(self._serve, self._account.release, instance, member, checked, replace, ordered, priority)
 
     def _checked(self, requests: Mapping[str, ArrayRequest]) -> RequestSet:
         """``requests`` checked (see :func:`check_requests`), kept for the next request of the same dict.
@@ -117,6 +125,7 @@ class RequestEntry:
         replace: bool = False,
         ordered: bool = False,
         holder: PendingRequest | None = None,
+        priority: int | None = None,
     ) -> Awaitable[ArrayResponse]:
         """What PendingRequest awaits: the request submitted and waited for (no coroutine of its own:
         one level less on the hot path)."""
@@ -126,7 +135,7 @@ class RequestEntry:
         member = self._registration.current(instance, member)  # unregistered since request()?
         if replace:
             self._replace(member, requests)
-        return self._groups.serve(member, requests, loop, ordered, holder)
+        return self._groups.serve(member, requests, loop, ordered, holder, priority)
 
     def allocate_all(self, instance: object, requests: Mapping[str, ArrayRequest], replace: bool) -> ArrayResponse:
         """Allocate ``requests`` now, unbatched and unchunked (see ``MemoryManager.allocate``)."""

@@ -155,6 +155,8 @@ class Flights:
             waited = now - ticket.enqueued
             for counters in ticket.counters:
                 counters.queue_wait.append(waited)
+            if ticket.waits is not None:
+                ticket.waits.append(waited)
             if not ticket.ordered:
                 waiting = True
         counted = batch[0].counters if len(batch) == 1 else {id(c): c for t in batch for c in t.counters}.values()
@@ -211,11 +213,11 @@ class Flights:
             if member.key in self._members:
                 return None  # moved: asked again in its new group
             count(counters)
-            ticket = Ticket(member.key, requests, counters, ordered=ordered)
+            ticket = Ticket(member.key, requests, counters, ordered, member.priority, member.waits)
             ticket.fail(RegistrationError(f"{member.name} was unregistered before its request was served"))
             return ticket
         if group.hooks or not (ordered or event.query()):  # something to do on the event: a ticket
-            ticket = Ticket(member.key, requests, counters, ordered=ordered)
+            ticket = Ticket(member.key, requests, counters, ordered, member.priority, member.waits)
             ticket.enqueued = start
             self.land([ticket], [response], plan, event)
             count(counters)  # after: a batch that could not be sent fails as a new ticket (GroupScheduler.express)
@@ -230,6 +232,8 @@ class Flights:
             each.chunks += chunks
             if not ordered:
                 each.ready_latency.append(0.0)  # the device was there when the event was recorded
+        if member.waits is not None:
+            member.waits.append(waited)
         return response
 
     def poll(self) -> None:

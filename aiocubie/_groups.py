@@ -44,6 +44,7 @@ class PendingRequest:
         "_instance",
         "_member",
         "_ordered",
+        "_priority",
         "_release",
         "_replace",
         "_requests",
@@ -53,13 +54,16 @@ class PendingRequest:
 
     def __init__(
         self,
-        serve: Callable[[object, Member, RequestSet, bool, bool, PendingRequest | None], Awaitable[ArrayResponse]],
+        serve: Callable[
+            [object, Member, RequestSet, bool, bool, PendingRequest | None, int | None], Awaitable[ArrayResponse]
+        ],
         release: Callable[[ArrayResponse], object],
         instance: object,
         member: Member,
         requests: RequestSet,
         replace: bool = False,
         ordered: bool = False,
+        priority: int | None = None,
     ) -> None:
         self._serve = serve  # submits the request when it is awaited, and waits for it (see StreamGroups.serve)
         self._release = release
@@ -68,6 +72,7 @@ class PendingRequest:
         self._requests = requests
         self._replace = replace  # free the instance's arrays of these labels first
         self._ordered = ordered  # ready once allocated, in stream order
+        self._priority = priority  # None: the member's
         self._response: ArrayResponse | None = None
         self._awaited = False
 
@@ -75,14 +80,18 @@ class PendingRequest:
         if self._awaited:
             raise ManagerStateError(_AWAITED_TWICE)
         self._awaited = True
-        return self._serve(self._instance, self._member, self._requests, self._replace, self._ordered, None).__await__()
+        return self._serve(
+            self._instance, self._member, self._requests, self._replace, self._ordered, None, self._priority
+        ).__await__()
 
     def __aenter__(self) -> Awaitable[ArrayResponse]:
         # the serving coroutine itself, no coroutine of its own: it hands the response here for __aexit__
         if self._awaited:
             raise ManagerStateError(_AWAITED_TWICE)
         self._awaited = True
-        return self._serve(self._instance, self._member, self._requests, self._replace, self._ordered, self)
+        return self._serve(
+            self._instance, self._member, self._requests, self._replace, self._ordered, self, self._priority
+        )
 
     if not TYPE_CHECKING:  # at run time only: a type checker flags a missing await itself
 
@@ -172,7 +181,7 @@ class StreamGroups:
 
     def statistics(self) -> tuple[dict[str, GroupStatistics], int]:
         """Each live group's requests by stage, and how many emptied groups still have batches in flight."""
-        groups = {name: GroupStatistics(*s.census()) for name, s in self.schedulers.items()}
+        groups = {name: GroupStatistics(*s.census(), _by_priority(s.pending())) for name, s in self.schedulers.items()}
         return groups, sum(1 for s in self._draining if s.pending())
 
     # -- requests ------------------------------------------------------------------------------
@@ -183,16 +192,19 @@ class StreamGroups:
         loop: Loop,
         ordered: bool = False,
         holder: PendingRequest | None = None,
+        priority: int | None = None,
     ) -> ArrayResponse:
         """Submit ``member``'s request to its group's scheduler and wait for it (in ``loop``'s thread).
 
         ``ordered``: ready once allocated, ordered on the group's stream, rather than once the
         device reaches the allocation's event. Cancelled while it waits, the request is
         withdrawn (queued) or its arrays freed (allocated). ``holder``: the PendingRequest whose
-        ``async with`` releases the response on exit (it is handed the response).
+        ``async with`` releases the response on exit (it is handed the response). ``priority``:
+        among requests waiting for memory, higher first (None: the member's).
         """
         scheduler = self.schedulers[member.group]
-        served = scheduler.express(member, requests, ordered)
+        # the express path serves a member's own priority (an idle group has no one to order)
+        served = scheduler.express(member, requests, ordered) if priority is None else None
         if served.__class__ is ArrayResponse:  # served in this task, ready now: no ticket
             try:
                 await loop.checkpoint()  # awaiting a request is a checkpoint, even one served at once
@@ -206,7 +218,11 @@ class StreamGroups:
             return served
         if served is None:  # the ordinary way: queued, or served by submit (in its member's group now)
             group = self._registry.groups[member.group]
-            ticket = Ticket(member.key, requests, (group.counters, member.counters), ordered=ordered)
+            counters = (group.counters, member.counters)
+            if priority is None:  # positional: every request passes here
+                ticket = Ticket(member.key, requests, counters, ordered, member.priority, member.waits)
+            else:
+                ticket = Ticket(member.key, requests, counters, ordered, priority, self._registry.waits(priority))
             group.counters.requests += 1
             member.counters.requests += 1
             # queued (or served, when it closes a batch at once) in the order requests are awaited
@@ -343,3 +359,12 @@ class StreamGroups:
             if old.name not in self._registry.groups:
                 self.retire(old.name)
         self.changed()
+
+
+def _by_priority(tickets: list[Ticket]) -> dict[int, int]:
+    """How many of ``tickets`` are queued or being planned, by priority."""
+    counts: dict[int, int] = {}
+    for ticket in tickets:
+        if ticket.pending:
+            counts[ticket.priority] = counts.get(ticket.priority, 0) + 1
+    return counts

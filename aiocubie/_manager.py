@@ -59,6 +59,11 @@ class MemoryManager:
     memory_limit : int, optional
         The device bytes this manager budgets (None: the whole device): caps are proportions of
         it and plans fit in it, other libraries' bytes in the pool taken (see :class:`Options`).
+    priority_aging : float or None
+        Seconds a waiting request takes to gain one priority level (None: strict priorities;
+        see :class:`Options` and docs/concepts/priorities.md).
+    reclaim_timeout : float
+        Seconds a round of async reclaim hooks may take before the batch goes on without them.
     allocator : str, MemoryResource or callable, optional
         The memory resource to start with: a registered name (``"default"``, ``"driver"``,
         ``"cupy"``, ``"cupy_async"``, ``"numba"``, ``"rmm"``, or one registered with
@@ -102,6 +107,8 @@ class MemoryManager:
         max_batch: int | None = None,
         free_cache_seconds: float = 0.05,
         memory_limit: int | None = None,
+        priority_aging: float | None = 0.1,
+        reclaim_timeout: float = 1.0,
         allocator: Allocator | None = None,
         array_type: str | None = None,
     ) -> None:
@@ -120,6 +127,8 @@ class MemoryManager:
             max_batch=max_batch,
             free_cache_seconds=free_cache_seconds,
             memory_limit=memory_limit,
+            priority_aging=priority_aging,
+            reclaim_timeout=reclaim_timeout,
         )
         owns_backend = given is None
         if given is None:
@@ -223,6 +232,7 @@ class MemoryManager:
         ready_hook: ReadyHook | None = None,
         name: str | None = None,
         owner: object = None,
+        priority: int = 0,
     ) -> None:
         """Register ``instance``: give it a VRAM budget and a stream group.
 
@@ -253,12 +263,15 @@ class MemoryManager:
             the same owner asked in it (a member registered without an owner counts as its own
             owner). Not given, it is told the plan of every batch of its group. Only ``id(owner)``
             is kept: the owner is not held.
+        priority : int
+            The priority of its requests that name none (``mgr.request(..., priority=)``):
+            among requests waiting for memory, higher first (docs/concepts/priorities.md).
 
         Raises
         ------
         RegistrationError
-            If ``instance`` is already registered, or a hook is not callable or the group
-            name not a non-empty string.
+            If ``instance`` is already registered, a hook is not callable, the group
+            name not a non-empty string or the priority not an int.
         BudgetError
             If ``proportion`` is outside (0, 1] or does not fit the budget.
         """
@@ -270,6 +283,7 @@ class MemoryManager:
             ready_hook=ready_hook,
             name=name,
             owner=owner,
+            priority=priority,
         )
 
     def unregister(self, instance: object) -> None:
@@ -303,7 +317,13 @@ class MemoryManager:
 
     # -- requests --------------------------------------------------------------------------
     def request(
-        self, instance: object, requests: Mapping[str, ArrayRequest], *, replace: bool = False, ordered: bool = False
+        self,
+        instance: object,
+        requests: Mapping[str, ArrayRequest],
+        *,
+        replace: bool = False,
+        ordered: bool = False,
+        priority: int | None = None,
     ) -> PendingRequest:
         """Ask for arrays: ``await`` the result, or ``async with`` it to free them on exit.
 
@@ -328,6 +348,10 @@ class MemoryManager:
             the allocation; work on another stream must wait for ``response.ready`` first
             (:func:`walk_chunks` does). Ready hooks are still called when the event completes,
             by which time the requester may have released the arrays (docs/concepts/walks.md, "A batch stream").
+        priority : int, optional
+            Among requests waiting for memory (in the group's queue, and across groups for the
+            free memory), higher first; first come, first served within a priority (None: the
+            instance's, given to :meth:`register`). See docs/concepts/priorities.md.
 
         Returns
         -------
@@ -337,13 +361,14 @@ class MemoryManager:
         Raises
         ------
         InvalidRequestError
-            For a malformed mapping, or arrays of one request that disagree on the run length.
+            For a malformed mapping, arrays of one request that disagree on the run length, or
+            a priority that is not an int.
         RegistrationError
             If ``instance`` is not registered.
         PlanningError, AllocationError, ContextResetError, ManagerStateError
             When awaited, if the batch could not be served.
         """
-        return self._entry.request(instance, requests, replace, ordered)
+        return self._entry.request(instance, requests, replace, ordered, priority)
 
     def allocate(
         self, instance: object, requests: Mapping[str, ArrayRequest], *, replace: bool = False

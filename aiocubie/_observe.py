@@ -15,7 +15,16 @@ from ._backends import Device
 from ._errors import ConfigurationError
 from ._history import History, HistoryRecorder
 from ._registry import Member, Registry
-from ._stats import GroupStatistics, ManagerStatistics, MemberStatistics, PinnedStats, Snapshot, Telemetry, UsageStats
+from ._stats import (
+    GroupStatistics,
+    ManagerStatistics,
+    MemberStatistics,
+    Percentiles,
+    PinnedStats,
+    Snapshot,
+    Telemetry,
+    UsageStats,
+)
 
 __all__ = ["Observer"]
 
@@ -77,6 +86,7 @@ class Observer:
             facts,
             self._account.recovery.stats,
             self._account.other_bytes(facts.in_use),
+            {p: Percentiles.of(samples) for p, samples in self._telemetry.priorities.items() if samples},
         )
 
     def statistics(self, running: bool, groups: dict[str, GroupStatistics], draining: int) -> ManagerStatistics:

@@ -17,7 +17,7 @@ import attrs
 
 from ._backends._allocators import Allocator, allocator_or_resource, parse_allocator
 from ._budget import LimitMode
-from ._errors import ConfigurationError, shown
+from ._errors import AiocubieError, ConfigurationError, shown
 from ._names import parse_array_type, parse_backend, parse_device
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "from_environment",
     "parse_history",
     "parse_mode",
+    "parse_priority",
 ]
 
 T = TypeVar("T")
@@ -109,6 +110,43 @@ def _free_cache_seconds(value: Any) -> float:
     return _seconds("free_cache_seconds", value)
 
 
+def _priority_aging(value: Any) -> float | None:
+    if value is None:
+        return None
+    number = _real(value)
+    if not 0.0 < number < math.inf:  # NaN fails too
+        raise ConfigurationError(
+            "priority_aging must be the seconds a waiting request takes to gain one priority level, a "
+            f"finite number > 0 (e.g. 0.1), or None (no aging: strict priorities), got {shown(value)}"
+        )
+    return number
+
+
+def _reclaim_timeout(value: Any) -> float:
+    number = _real(value)
+    if not 0.0 < number < math.inf:
+        raise ConfigurationError(
+            f"reclaim_timeout must be a finite number of seconds > 0 (e.g. 1.0), got {shown(value)}"
+        )
+    return number
+
+
+def parse_priority(value: Any, error: type[AiocubieError] = ConfigurationError) -> int:
+    """A request's or a member's priority: an int (numpy's too), higher first.
+
+    Raises
+    ------
+    AiocubieError
+        ``error`` (a ConfigurationError unless given) for anything else: a bool, a float, a string.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise error(
+            f"priority must be an int (higher is served first among requests waiting for memory; "
+            f"default 0), got {shown(value)}"
+        )
+    return int(value)
+
+
 def _memory_limit(value: Any) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0):
         raise ConfigurationError(
@@ -154,6 +192,13 @@ class Options:
         ``memory_limit`` minus what the pool has in use (every library's bytes where the pool
         says them, else the manager's own) and the manager's managed memory. For a share of a GPU, an RMM pool's maximum size,
         or dask-cuda's ``device_memory_limit`` (``aiocubie.dask.ManagerPlugin(budget=...)``).
+    priority_aging : float or None
+        Seconds a request waiting for memory takes to gain one priority level (None: never,
+        strict priorities). A request of priority ``p`` is served before every request of a
+        higher priority ``q`` that comes more than ``(q - p) * priority_aging`` seconds after it.
+    reclaim_timeout : float
+        Seconds the async reclaim hooks of one round may take, together, before the batch
+        that waits for them goes on without them.
 
     Examples
     --------
@@ -168,6 +213,8 @@ class Options:
     max_batch: int | None = attrs.field(default=None, converter=_max_batch)
     free_cache_seconds: float = attrs.field(default=0.05, converter=_free_cache_seconds)
     memory_limit: int | None = attrs.field(default=None, converter=_memory_limit)
+    priority_aging: float | None = attrs.field(default=0.1, converter=_priority_aging)
+    reclaim_timeout: float = attrs.field(default=1.0, converter=_reclaim_timeout)
 
     #: True in active mode.
     active: bool = attrs.field(init=False, eq=False, repr=False)

@@ -106,9 +106,17 @@ class PoolView:
         The hook frees what it can (``mgr.release``, ``mgr.free``, spilling to the host) and
         returns the bytes it freed, or None if it cannot say; the allocation is then tried once
         more. Hooks run in the order added, synchronously on the allocation's path: they must
-        not block long, and cannot await. One that raises is logged and skipped. The manager
-        holds ``hook`` until :meth:`remove_reclaim_hook`; :class:`ConfigurationError` if it is
-        not callable.
+        not block long. One that raises is logged and skipped. The manager holds ``hook`` until
+        :meth:`remove_reclaim_hook`; :class:`ConfigurationError` if it is not callable.
+
+        An ``async def hook(nbytes) -> int`` (or an object with ``async def __call__``) is
+        awaited instead, in the group's task, before a batch that does not fit whole in what
+        it is offered waits, chunks or fails (once a batch; ``nbytes``: what it lacks); then the
+        batch is planned again. A round of async hooks ends after the manager's
+        ``reclaim_timeout`` (default 1 s): the hook awaited then is cancelled and logged, and
+        the batch goes on. It may do anything a task may, but a request it awaits in the same
+        group waits behind the batch it runs for (until the deadline). See
+        docs/concepts/priorities.md.
 
         A hook may release memory: ``mgr.release``, ``mgr.free``, ``mgr.free_all``,
         ``mgr.unregister``, ``mgr.groups.move`` (a request of a member it unregisters fails

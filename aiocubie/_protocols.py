@@ -3,16 +3,24 @@
 Typing and abstract classes only, importing nothing of aiocubie's: a response names its stream and
 its ready event with them, and the backends implement them (``aiocubie._backends`` re-exports both);
 out-of-memory recovery records its steps to a :class:`RecoveryLog` (the history recorder is one); the
-exporters of a history read its events as :class:`HistoryRecord`.
+exporters of a history read its events as :class:`HistoryRecord`; whether a hook is async.
 """
 
 from __future__ import annotations
 
 import abc
+import inspect
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Event", "HistoryRecord", "RecoveryLog", "StreamLike"]
+__all__ = ["Event", "HistoryRecord", "RecoveryLog", "StreamLike", "is_async_callable"]
+
+
+def is_async_callable(hook: object) -> bool:
+    """True for an ``async def`` function (or partial of one) or an object with ``async def __call__``."""
+    return inspect.iscoroutinefunction(hook) or (
+        not inspect.isroutine(hook) and inspect.iscoroutinefunction(getattr(hook, "__call__", None))  # noqa: B004 - the method itself, to ask whether it is async
+    )
 
 
 @runtime_checkable

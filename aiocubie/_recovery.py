@@ -1,8 +1,10 @@
 """Out-of-memory recovery: free the pool's cached blocks, then call the reclaim hooks, then give up clearly.
 
-Handed what it frees through (the resource) and how to try again, on each call: it holds only the
-hooks, the steps taken so far and whether hooks are running. It allocates nothing itself and
-knows nothing of the ledger, the schedulers or the manager.
+Also the one place a scheduler awaits before a batch that does not fit whole waits, chunks or
+fails (:meth:`Recovery.make_room`: the async reclaim hooks, with a deadline). Handed what it frees
+through (the resource) and how to try again, on each call: it holds only the hooks, the steps
+taken so far and whether hooks are running. It allocates nothing itself and knows nothing of the
+ledger, the schedulers or the manager.
 """
 
 from __future__ import annotations
@@ -11,14 +13,15 @@ import inspect
 import logging
 import numbers
 import threading
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TypeVar, cast
 
+import anyio
 import attrs
 
 from ._backends import MemoryResource
 from ._errors import ManagerStateError, OutOfMemoryError
-from ._protocols import RecoveryLog
+from ._protocols import RecoveryLog, is_async_callable
 from ._stats import RecoveryStats, format_bytes
 
 __all__ = ["RECLAIM_MAY", "ReclaimHook", "Recovery"]
@@ -28,10 +31,13 @@ log = logging.getLogger("aiocubie")
 T = TypeVar("T")
 
 #: A reclaim hook: called with the bytes an allocation needs, it frees what it can (releases
-#: arrays, spills) and returns the bytes it freed, or None if it cannot say. It may release
-#: (``release``, ``free``, ``free_all``, ``unregister``, ``groups.move``); it may not
-#: allocate or reset the context (see :meth:`Recovery.refuse_in_reclaim`).
-ReclaimHook = Callable[[int], "int | None"]
+#: arrays, spills) and returns the bytes it freed, or None if it cannot say. A plain one runs on
+#: the allocation's path when the device is out of memory: it may release (``release``,
+#: ``free``, ``free_all``, ``unregister``, ``groups.move``); it may not allocate or reset the
+#: context (see :meth:`Recovery.refuse_in_reclaim`). An ``async def`` one is awaited by the
+#: group's task before a batch that does not fit whole waits, chunks or fails
+#: (:meth:`Recovery.make_room`).
+ReclaimHook = Callable[[int], "int | Awaitable[int | None] | None"]
 
 #: What a reclaim hook may call, named in the refusal of anything else.
 RECLAIM_MAY = "mgr.release, mgr.free, mgr.free_all, mgr.unregister and mgr.groups.move"
@@ -120,7 +126,7 @@ class Recovery:
             return self._retried(retry, group)
         except OutOfMemoryError as exc:
             error = exc
-        hooks = list(self.hooks)
+        hooks = self._plain()
         if hooks:
             reclaimed = self._call_hooks(
                 hooks, asked, group, f"group {group!r} is out of memory for {format_bytes(asked)} ({batch})", cap
@@ -160,7 +166,7 @@ class Recovery:
         log.warning("%s: freeing the pool's cached blocks and calling the reclaim hooks", what)
         freed = resource.release_cached()
         self._count(cache_releases=1, cache_bytes_freed=freed)
-        hooks, reclaimed = list(self.hooks), 0
+        hooks, reclaimed = self._plain(), 0
         if hooks:
             try:
                 reclaimed = self._call_hooks(hooks, nbytes, "(other libraries)", what, cap)
@@ -178,6 +184,47 @@ class Recovery:
             return True
         self._count(failed=1)
         return False
+
+    def _plain(self) -> list[ReclaimHook]:
+        """The hooks called on the allocation's path: the plain ones (async ones are :meth:`make_room`'s)."""
+        return [hook for hook in self.hooks if not is_async_callable(hook)]
+
+    @property
+    def can_make_room(self) -> bool:
+        """True if :meth:`make_room` has something to await (an async reclaim hook)."""
+        return any(is_async_callable(hook) for hook in self.hooks)
+
+    async def make_room(self, nbytes: int, priority: int, group: str, timeout: float) -> int:
+        """Await the async reclaim hooks, in order, for a batch of ``group`` that lacks ``nbytes``.
+
+        Called by the group's task before a batch that does not fit whole waits, chunks or fails
+        (``priority`` is the batch's: what would spill for it must not be of a higher one). The
+        round ends after ``timeout`` seconds: the hook awaited then is cancelled and logged, the
+        rest are not called. A hook that raises is logged and skipped. Returns the bytes the
+        hooks say they freed (the scheduler plans again on what the device says, not on this).
+        Cancelled itself (the manager closes), it cancels the hook it awaits and lets that through.
+        """
+        hooks = [hook for hook in self.hooks if is_async_callable(hook)]
+        what = f"group {group!r} lacks {format_bytes(nbytes)} for a batch of priority {priority}"
+        called = reclaimed = 0
+        with anyio.move_on_after(timeout) as deadline:
+            for hook in hooks:
+                called += 1
+                try:
+                    freed = await cast("Awaitable[int | None]", hook(nbytes))
+                except Exception:
+                    log.exception("async reclaim hook %r raised (%s); going on with the next one", hook, what)
+                    continue
+                reclaimed += self._said(hook, freed, group)
+        if deadline.cancelled_caught:
+            log.warning(
+                "async reclaim hook %r took longer than reclaim_timeout=%ss (%s): the batch goes on without it",
+                hooks[called - 1],
+                timeout,
+                what,
+            )
+        self._count(hook_calls=called, hook_bytes_freed=reclaimed, hook_timeouts=int(deadline.cancelled_caught))
+        return reclaimed
 
     def _call_hooks(self, hooks: list[ReclaimHook], nbytes: int, group: str, why: str, cap: int) -> int:
         """Call ``hooks`` in order for ``why``; the bytes they say they freed (a refusal fails the batch)."""
@@ -213,12 +260,19 @@ class Recovery:
             return 0
         if inspect.isawaitable(freed):  # not awaited on the allocation path: refuse it loudly
             getattr(freed, "close", lambda: None)()
-            log.error("reclaim hook %r returned an awaitable: reclaim hooks must be plain functions", hook)
+            log.error(
+                "reclaim hook %r returned an awaitable: a hook called on the allocation's path must be a "
+                "plain function (an `async def` hook is awaited before a batch waits, chunks or fails)",
+                hook,
+            )
             return 0
-        # what it says it freed: a whole number of bytes (numpy's too), at most the device's total;
-        # anything else (None, True, a float, a negative number) counts as "cannot say"
+        return self._said(hook, freed, group, cap)
+
+    def _said(self, hook: object, freed: object, group: str, cap: int | None = None) -> int:
+        """What ``hook`` says it freed: a whole number of bytes (numpy's too), at most ``cap``, recorded;
+        anything else (None, True, a float, a negative number) counts as "cannot say": 0."""
         said = int(freed) if isinstance(freed, numbers.Integral) and not isinstance(freed, bool) else 0
-        nbytes = min(said, cap) if said > 0 else 0
+        nbytes = max(said, 0) if cap is None else min(max(said, 0), cap)
         if self.history is not None:
             self.history.recovery(group, nbytes, f"reclaim hook {getattr(hook, '__qualname__', hook)!r}")
         return nbytes

@@ -14,6 +14,7 @@ from typing import Any
 from ._accounting import DeviceAccount
 from ._errors import RegistrationError
 from ._groups import StreamGroups
+from ._options import parse_priority
 from ._protocols import StreamLike
 from ._registry import InvalidateHook, Member, ReadyHook, Registry
 
@@ -59,14 +60,16 @@ class Registration:
         ready_hook: ReadyHook | None,
         name: str | None,
         owner: object,
+        priority: int = 0,
     ) -> None:
         """Register ``instance`` (see ``MemoryManager.register``); nothing is half-registered on an error."""
+        priority = parse_priority(priority, RegistrationError)
         self.reap()
         registry = self._registry
         settings: dict[str, Any] = dict(group=group, name=name, invalidate_hook=invalidate_hook, ready_hook=ready_hook)
         registry.check_new(instance, **settings)
         self._account.join(id(instance), proportion)  # validates the proportion
-        member = registry.add(instance, **settings)
+        member = registry.add(instance, **settings, priority=priority)
         if owner is not None:
             member.owner = id(owner)
         self._groups.scheduler_of(member.group)

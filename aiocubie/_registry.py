@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import attrs
 
 from ._errors import RegistrationError
-from ._protocols import StreamLike
+from ._protocols import StreamLike, is_async_callable
 from ._requests import ArrayResponse
 from ._stats import Counters, Telemetry
 
@@ -67,6 +67,9 @@ class Member:
     has_ready_hook: bool = False
     #: ``id`` of the owner it was registered with (None: no owner, told every batch's plan).
     owner: int | None = None
+    #: Its requests' priority when they name none, and where their queue waits are sampled.
+    priority: int = 0
+    waits: deque[float] | None = None
 
     @property
     def owner_key(self) -> int:
@@ -111,13 +114,6 @@ def _hold(hook: Any, instance: object) -> Any:
     except TypeError:  # not weak-referenceable: the member holds the instance anyway
         pass
     return hook
-
-
-def is_async_callable(hook: object) -> bool:
-    """True for an ``async def`` function (or partial of one) or an object with ``async def __call__``."""
-    return inspect.iscoroutinefunction(hook) or (
-        not inspect.isroutine(hook) and inspect.iscoroutinefunction(getattr(hook, "__call__", None))  # noqa: B004 - the method itself, to ask whether it is async
-    )
 
 
 class CopyStreams:
@@ -251,6 +247,7 @@ class Registry:
         name: str | None,
         invalidate_hook: InvalidateHook | None,
         ready_hook: ReadyHook | None,
+        priority: int = 0,
     ) -> Member:
         """Record ``instance`` as a member of ``group`` (made if new), after :meth:`check_new`."""
         self.check_new(instance, group=group, name=name, invalidate_hook=invalidate_hook, ready_hook=ready_hook)
@@ -274,10 +271,16 @@ class Registry:
             invalidate_async=is_async_callable(invalidate_hook),
             ready_async=is_async_callable(ready_hook),
             has_ready_hook=ready_hook is not None,
+            priority=priority,
+            waits=self._telemetry.waits(priority),
         )
         self.members[key] = member
         self._join(member, self.ensure_group(group))
         return member
+
+    def waits(self, priority: int) -> deque[float]:
+        """Where the queue waits of requests of ``priority`` are sampled."""
+        return self._telemetry.waits(priority)
 
     def _default_name(self, instance: object) -> str:
         """``Type#n`` with the next ``n`` no member is called (an explicit name may be ``Type#n``)."""

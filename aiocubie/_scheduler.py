@@ -35,10 +35,10 @@ from ._errors import (
 from ._flights import Flights, count
 from ._options import Policy
 from ._planner import ChunkPlan, chunk_axis_hint
-from ._policy import Totals, Wait, check_under_cap, decide, longest_head, waits_on_itself
+from ._policy import Totals, Wait, check_under_cap, decide, longest_head, self_wait_warning, waits_on_itself
+from ._priority import outranked, ranked, standing
 from ._registry import Group, Member
 from ._requests import ArrayResponse, RequestSet
-from ._stats import format_bytes
 from ._tickets import State, Ticket
 from ._waiting import WaitingLine
 
@@ -98,6 +98,9 @@ class GroupScheduler:
         self._closed = False
         self._scope: anyio.CancelScope | None = None  # the scope of :meth:`run`, once it started
         self._warned: set[int] = set()  # ids of waiting tickets warned that they wait on their own members
+        self._mixed = False  # the queue may hold requests of several priorities (see _collect)
+        self._short = 0  # bytes the batch being planned lacks, when it asked for room to be made (_plan)
+        self._relieved = False  # room was made for the batch being planned: the policy decides now
         # the last one-chunk plan of a batch of one request, and what it was worked out from (_try_plan)
         self._memo: tuple[tuple[Any, ...], ChunkPlan] | None = None
 
@@ -116,6 +119,10 @@ class GroupScheduler:
         ):
             self.queue.append(ticket)
             self._wake.set()
+            planning = self._planning
+            if ticket.priority != self.queue[0].priority or (planning and planning[0].priority != ticket.priority):
+                self._mixed = True  # the next batch is picked by priority (see _collect)
+                self._changed.set()  # a batch waiting for memory may have to make way (see _plan)
             return
         # a batch of this ticket alone, served in the caller's task (or queued to wait for memory)
         batch = self._planning = [ticket]
@@ -124,7 +131,9 @@ class GroupScheduler:
                 if ticket.state is not _PENDING:  # ended by a reclaim hook of the last attempt (its member left)
                     return
                 plan = self._try_plan(batch)
-                if plan is None:  # it must wait for memory (it is in no waiting line): the group's task does that
+                # it must wait for memory, or behind a batch of another group that outranks it: the
+                # group's task does that (it joins the waiting line)
+                if plan is None or (self._line.entries and self._behind()):
                     ticket.leftover = True
                     self.queue.append(ticket)
                     self._wake.set()
@@ -169,7 +178,7 @@ class GroupScheduler:
         except Exception as exc:  # nothing allocated: the ticket of a batch of one fails as submit's would
             counters = self.group.counters, member.counters
             count(counters)
-            ticket = Ticket(key, requests, counters, ordered=ordered)
+            ticket = Ticket(key, requests, counters, ordered, member.priority, member.waits)
             self._failed([ticket], exc)
             return ticket
 
@@ -180,6 +189,7 @@ class GroupScheduler:
             ticket.regroup(self.group.counters)
         if tickets:
             self.queue.extend(tickets)
+            self._mixed = self._mixed or len({t.priority for t in self.queue}) > 1
             self._wake.set()
 
     def take(self, key: int) -> list[Ticket]:
@@ -279,6 +289,7 @@ class GroupScheduler:
                 finally:
                     self._planning = []
                     self._warned.clear()
+                    self._relieved = False
 
     async def _sleep(self, which: str) -> None:
         signal: Signal = getattr(self, which)
@@ -300,13 +311,19 @@ class GroupScheduler:
                 while not (self._flush or self._everyone_asked()):
                     await self._sleep("_wake")
         self._flush = False
-        limit = self._account.options.max_batch or len(self.queue)
+        options = self._account.options
+        limit = options.max_batch or len(self.queue)
+        if self._mixed:  # higher (effective) priority first, first come first served within
+            self.queue = deque(ranked(self.queue, time.perf_counter(), options.priority_aging))
+            self._mixed = len({t.priority for t in self.queue}) > 1
         batch: list[Ticket] = []
         runs = 0
         while self._live_queue() and len(batch) < limit:
             # one plan walks one run axis: a request of another length starts the next batch
             head = self.queue[0]
             if head.runs > 1 and runs > 1 and head.runs != runs:  # 0 or 1 run agrees with any length
+                break
+            if batch and head.priority != batch[0].priority:  # one priority a batch: another starts the next
                 break
             runs = max(runs, head.runs)
             batch.append(self.queue.popleft())
@@ -372,13 +389,16 @@ class GroupScheduler:
             return True
 
         fits = longest_head(len(live), plannable)  # the head alone can be planned (just checked); all cannot
-        rest = live[fits:]
-        for ticket in rest:
-            ticket.leftover = True  # they had their window: the next batch closes at once
-        self.queue.extendleft(reversed(rest))
-        self._planning = live[:fits]
-        self._wake.set()
+        self._requeue(live[fits:], keep=live[:fits])
         return True
+
+    def _requeue(self, tickets: list[Ticket], keep: list[Ticket]) -> None:
+        """``tickets`` of the batch go back to the front of the queue, in order; the batch keeps ``keep``."""
+        for ticket in tickets:
+            ticket.leftover = True  # they had their window: the next batch closes at once
+        self.queue.extendleft(reversed(tickets))
+        self._planning = keep
+        self._wake.set()
 
     def _failed(self, batch: list[Ticket], exc: Exception) -> None:
         if isinstance(exc, AiocubieError):
@@ -409,16 +429,29 @@ class GroupScheduler:
         for (a component that holds memory and asks again before releasing it): a batch that fits
         when it is planned never waits behind the line, and a waiting batch whose members hold
         memory is served as soon as it fits (see :meth:`_behind`). The price: steady traffic of
-        batches that fit may serve ahead of a large waiting one.
+        batches of its priority that fit may serve ahead of a large waiting one.
+
+        Priorities: the line goes by rank (:mod:`aiocubie._priority`), and a batch that waits
+        makes way for a request of its group that outranks it (its requests go back to the queue).
+        A batch that does not fit whole first awaits the account's ``make_room`` once (the async
+        reclaim hooks), then plans again and lets the policy decide.
         """
+        self._short = 0
         try:
             while batch := [t for t in self._planning if t.state is _PENDING]:
                 plan = self._try_plan(batch)
                 if plan is not None and not self._behind():
                     return plan
                 options = self._account.options
+                if plan is None and self._short:  # it does not fit whole: make room, then plan again
+                    short, self._short, self._relieved = self._short, 0, True
+                    await self._account.recovery.make_room(short, batch[0].priority, self.name, options.reclaim_timeout)
+                    continue
+                if self._mixed and outranked(batch, self.queue, time.perf_counter(), options.priority_aging):
+                    self._requeue(batch, keep=[])  # it makes way: the next batch is picked by rank
+                    return None
                 if options.waits and not options.active:
-                    self._line.join(self)
+                    self._line.join(self, *standing(batch))
                 # not enough room yet: wait for a release (or re-read the device now and then)
                 with anyio.move_on_after(0.05):
                     await self._sleep("_changed")
@@ -429,16 +462,21 @@ class GroupScheduler:
     def _behind(self) -> bool:
         """True if this group's batch waits for memory behind another group's (passive, policy wait).
 
-        A batch whose members hold memory is never behind: the batches ahead may wait for what
-        they hold, which they would release only after this batch is served.
+        Behind a waiting batch that goes first (:meth:`WaitingLine.ahead`: for a batch not in
+        line, only one of another priority that outranks it). A batch whose members hold memory
+        is never behind: the batches ahead may wait for what they hold, which they would release
+        only after this batch is served.
         """
         line = self._line
-        if not line or self not in line or line.first(self):
+        batch = [t for t in self._planning if t.state is _PENDING]
+        if not line.entries or not batch:
             return False
         options = self._account.options
         if options.active or not options.waits:  # the mode or policy changed while it waited
             return False
-        return not self._account.ledger.held({t.key for t in self._planning})
+        if not line.ahead(self, *standing(batch), time.perf_counter(), options.priority_aging):
+            return False
+        return not self._account.ledger.held({t.key for t in batch})
 
     def _try_plan(self, batch: list[Ticket]) -> ChunkPlan | None:
         """The plan for ``batch`` now, or None if it must wait for memory (policy wait).
@@ -495,6 +533,10 @@ class GroupScheduler:
         # free (where another process's allocation since would bite): read the device again.
         if plan is None or plan.chunks > 1 or 2 * plan.planned_bytes > free:
             plan, offered, free = self._plan_against(totals, fresh=True)
+        if (plan is None or plan.chunks > 1) and not self._relieved and account.recovery.can_make_room:
+            # not whole: the group's task makes room first (see _plan), then the policy decides
+            self._short = max(1, totals.fixed + totals.per_run * totals.runs - offered)
+            return None
         options = account.options
         if plan is None and options.active and options.policy is not Policy.WAIT:
             check_under_cap(self.name, account.ledger.held(members), account.budget.group_cap(members))
@@ -525,14 +567,7 @@ class GroupScheduler:
             return
         self._warned.update(id(t) for t in batch)
         names = ", ".join(sorted({self._members[k].name for k in keys if k in self._members}))
-        message = (
-            f"group {self.name!r}, policy 'wait': a request of {names} waits for memory its own requester(s) "
-            f"hold ({format_bytes(own)}): it needs {format_bytes(wait.best.planned_bytes)} of the "
-            f"{format_bytes(wait.offered)} the group could offer, and is served only once they release. If the task "
-            "that awaits it holds those arrays (a request nested in another's `async with`), it waits forever: "
-            "release them first, ask for less, or use policy 'chunk'"
-        )
-        warn(message)  # a warning, not a log line too: printed once
+        warn(self_wait_warning(self.name, names, own, wait))  # a warning, not a log line too: printed once
 
     def _plan_against(self, totals: Totals, *, fresh: bool) -> tuple[ChunkPlan | None, int, int]:
         free = self._account.free_memory(fresh=fresh)

@@ -88,6 +88,17 @@ class Telemetry:
         self._limit = departed
         self._departed_groups: dict[str, None] = {}  # insertion-ordered sets, oldest first
         self._departed_instances: dict[str, None] = {}
+        #: priority -> its requests' queue waits (the ``departed`` most recently made priorities)
+        self.priorities: dict[int, deque[float]] = {}
+
+    def waits(self, priority: int) -> deque[float]:
+        """The queue-wait samples of requests of ``priority``, made on first use."""
+        samples = self.priorities.get(priority)
+        if samples is None:
+            samples = self.priorities[priority] = deque(maxlen=SAMPLES)
+            while len(self.priorities) > self._limit:
+                del self.priorities[next(iter(self.priorities))]
+        return samples
 
     def group(self, name: str) -> Counters:
         """The counters of group ``name``."""
@@ -192,7 +203,9 @@ class RecoveryStats:
     ``out_of_memory``: allocations that found no room at first; ``cache_releases`` and
     ``cache_bytes_freed``: step 1, the pool's cached blocks given back to the device;
     ``hook_calls`` and ``hook_bytes_freed``: step 2, reclaim hooks called and the bytes they
-    said they freed; ``recovered``: allocations that succeeded on a retry (another library's:
+    said they freed (async hooks, awaited before a batch that does not fit whole waits, chunks
+    or fails, count here too; ``hook_timeouts``: rounds of them cut off by ``reclaim_timeout``);
+    ``recovered``: allocations that succeeded on a retry (another library's:
     retried once the recovery freed pool memory; one that finds no room again is a new
     out-of-memory); ``failed``: those that failed after every step.
     """
@@ -202,6 +215,7 @@ class RecoveryStats:
     cache_bytes_freed: int = 0
     hook_calls: int = 0
     hook_bytes_freed: int = 0
+    hook_timeouts: int = 0
     recovered: int = 0
     failed: int = 0
 
@@ -231,6 +245,9 @@ class Snapshot:
         The device allocator's pool: bytes held against bytes in use, largest cached block.
     recovery : RecoveryStats
         Out-of-memory recovery steps taken so far.
+    waits_by_priority : dict
+        Priority -> :class:`Percentiles` of its requests' queue waits (from ``await request`` to
+        the batch being allocated), over every group.
     other_bytes : int or None
         Device bytes the allocator's pool has in use that this manager does not hold: what other
         libraries drawing from the same pool hold (CuPy, numba, torch through ``mgr.pool.share``; RAPIDS
@@ -250,6 +267,7 @@ class Snapshot:
     pool: PoolFacts = PoolFacts()  # noqa: RUF009 - frozen
     recovery: RecoveryStats = RecoveryStats()
     other_bytes: int | None = None
+    waits_by_priority: dict[int, Percentiles] = attrs.field(factory=dict)
 
     @staticmethod
     def now() -> float:
@@ -276,13 +294,15 @@ class GroupStatistics:
 
     ``queued``: waiting for a batch; ``planning``: in the batch being planned or waiting for
     memory; ``in_flight``: allocated, waiting for the device; ``ending``: cancelled or failed
-    while in flight, their arrays kept until the device is done with them.
+    while in flight, their arrays kept until the device is done with them; ``by_priority``:
+    the queued and planning ones by priority.
     """
 
     queued: int = 0
     planning: int = 0
     in_flight: int = 0
     ending: int = 0
+    by_priority: dict[int, int] = attrs.field(factory=dict)
 
     @property
     def pending(self) -> int:
@@ -401,12 +421,25 @@ def _caps_note(snapshot: Snapshot) -> list[str]:
     return []
 
 
+def _priorities(snapshot: Snapshot) -> list[str]:
+    """One line of queue waits per priority (none when every request had priority 0)."""
+    waits = snapshot.waits_by_priority
+    if not waits or list(waits) == [0]:
+        return []
+    return [
+        f"priority {priority}: {p.count} waits, p50 {format_seconds(p.p50)}, p90 {format_seconds(p.p90)}, "
+        f"p99 {format_seconds(p.p99)}"
+        for priority, p in sorted(waits.items(), reverse=True)
+    ]
+
+
 def summary(snapshot: Snapshot) -> str:
     """A table of ``snapshot`` a person reads at a glance (see :meth:`MemoryManager.summary`).
 
     Device memory and the pool first, then one row per stream group and per instance: live,
     peak and cap bytes, requests, batches, chunks, failures, and the queue-wait and ready
-    latencies (median / 99th percentile). Then the pinned staging pool and recovery counts.
+    latencies (median / 99th percentile). Then the pinned staging pool, the queue waits per
+    priority (when a request had another priority than 0) and recovery counts.
     """
     pool, pinned, rec = snapshot.pool, snapshot.pinned, snapshot.recovery
     used = snapshot.total - snapshot.free
@@ -431,6 +464,7 @@ def summary(snapshot: Snapshot) -> str:
         "",
         f"pinned staging: {format_bytes(pinned.held)} held, {format_bytes(pinned.in_use)} in use, "
         f"{format_bytes(pinned.peak_in_use)} peak",
+        *_priorities(snapshot),
         f"out of memory: {rec.out_of_memory} times; freed {format_bytes(rec.cache_bytes_freed)} cached in "
         f"{rec.cache_releases} releases, {format_bytes(rec.hook_bytes_freed)} by {rec.hook_calls} reclaim-hook "
         f"calls; {rec.recovered} recovered, {rec.failed} failed",

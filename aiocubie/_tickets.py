@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import enum
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
@@ -63,6 +64,10 @@ class Ticket:
     ordered : bool
         Ready as soon as its arrays are allocated (stream-ordered: work on the group's stream
         runs after the allocation), not when the device reaches the batch's event.
+    priority : int
+        Among requests waiting for memory, higher first (see :mod:`aiocubie._priority`).
+    waits : deque, optional
+        Where its wait is sampled, besides its counters: its priority's samples.
     """
 
     __slots__ = (
@@ -73,17 +78,27 @@ class Ticket:
         "key",
         "leftover",
         "ordered",
+        "priority",
         "requests",
         "response",
         "runs",
         "state",
+        "waits",
     )
 
     def __init__(
-        self, key: int, requests: RequestSet, counters: tuple[Counters, ...], *, ordered: bool = False
+        self,
+        key: int,
+        requests: RequestSet,
+        counters: tuple[Counters, ...],
+        ordered: bool = False,
+        priority: int = 0,
+        waits: deque[float] | None = None,
     ) -> None:
         self.key = key
         self.ordered = ordered
+        self.priority = priority
+        self.waits = waits
         self.requests = requests
         self.runs = requests.runs  # the run length its chunkable arrays share (0: none)
         self.counters = counters

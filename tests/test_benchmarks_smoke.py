@@ -118,3 +118,15 @@ def test_stream_host_benchmark_counts_calls_and_checks_every_output(tmp_path: Pa
     assert len(figures) == 8  # two devices, four loaders
     assert any(name.endswith("walk_batches, 4 in flight") for name in figures)
     assert all(f["calls"] > 0 and f["cpu_us"] > 0 and f["wall_us"] > 0 for f in figures.values())
+
+
+def test_bench_pressure_measures_the_high_priority_wait_against_an_idle_manager(tmp_path: Path) -> None:
+    result = _bench("bench_pressure.py", "--quick", "--only", "c", "--out", str(tmp_path), "--name", "pressure")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads((tmp_path / "pressure.json").read_text())["rows"]
+    assert [row["case"] for row in rows] == [
+        "idle manager",
+        "6 low streams, high priority",
+        "6 low streams, same priority",
+    ]
+    assert all(row["n"] == 5 and row["p50_s"] > 0 for row in rows)

@@ -437,7 +437,7 @@ async def test_statistics_is_a_frozen_view_of_requests_members_and_arrays() -> N
                     await anyio.sleep(0.001)
             stats = mgr.statistics()
             assert stats.running and stats.pending == 1
-            assert stats.groups == {"default": GroupStatistics(queued=1), "solo": GroupStatistics()}
+            assert stats.groups == {"default": GroupStatistics(queued=1, by_priority={0: 1}), "solo": GroupStatistics()}
             mgr.groups.flush()
         assert mgr.statistics().pending == 0
     assert held is not None and mgr.statistics().allocations == 0  # leaving `async with` frees all

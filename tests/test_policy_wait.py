@@ -252,18 +252,31 @@ def test_a_warning_from_a_batch_the_group_task_closed_points_at_the_programs_lin
     assert result.stdout.strip() == str((str(script), 18)), result.stdout
 
 
-def test_the_waiting_line_is_one_fifo_that_wakes_the_next_when_its_head_leaves() -> None:
+def test_the_waiting_line_is_first_come_first_served_within_a_priority_and_wakes_the_rest_when_one_leaves() -> None:
     woken: list[None] = []
     line = WaitingLine(lambda: woken.append(None))
     first, second, third = object(), object(), object()
     assert line.first(first) and not line  # an empty line holds no one back
-    for batch in (first, second, third, first):  # joining twice keeps the first place
-        line.join(batch)
+    for since, batch in enumerate((first, second, third)):
+        line.join(batch, 0, float(since))
+    line.join(first, 0, 9.0)  # joining twice keeps the first place
     assert len(line) == 3 and line.first(first) and not line.first(second)
-    line.leave(second)  # withdrawn from the middle: nobody new at the head, nobody woken
-    assert len(line) == 2 and not woken
-    line.leave(first)  # the head went: the next may fit now
-    assert line.first(third) and len(woken) == 1
+    line.leave(second)  # withdrawn: the rest check again (one of them may go first now)
+    assert len(line) == 2 and len(woken) == 1
+    line.leave(first)
+    assert line.first(third) and len(woken) == 2
     line.leave(third)
     line.leave(third)  # leaving twice is harmless
-    assert not line and len(woken) == 1  # nobody left to wake
+    assert not line and len(woken) == 2  # nobody left to wake
+
+
+def test_the_waiting_line_puts_a_higher_priority_first_and_holds_back_a_lower_newcomer() -> None:
+    line = WaitingLine(lambda: None)
+    low, high, newcomer = object(), object(), object()
+    line.join(low, 0, 1.0)
+    line.join(high, 5, 2.0)
+    assert line.first(high, 2.0) and not line.first(low, 2.0)
+    assert line.ahead(newcomer, 0, 3.0, 3.0, None)  # a newcomer of a lower priority waits behind high
+    assert not line.ahead(newcomer, 5, 3.0, 3.0, None)  # one of high's priority that fits is not held back
+    # aging: low gains a level every 0.1 s; by 1.0 s after it came it has overtaken a 5 that came later
+    assert line.first(low, 1.6, aging=0.1) and not line.first(high, 1.6, aging=0.1)
