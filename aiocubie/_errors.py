@@ -95,11 +95,6 @@ class InsufficientMemoryError(PlanningError):
     """Not even one run of the batch fits, or (policy "fail") the batch does not fit unchunked."""
 
 
-class LeaseError(InsufficientMemoryError):
-    """The node broker could not lease the bytes a batch needs now (policy ``fail``, or ``chunk`` with no room
-    for one run); the message names the broker's socket and what its other clients hold."""
-
-
 # MemoryError first: copies and pickles go through MemoryError.__new__ where tblib (which distributed
 # installs) handles exceptions, and that refuses a subclass whose layout comes from another base.
 class AllocationError(MemoryError, AiocubieError):
@@ -118,6 +113,11 @@ class BackendError(AiocubieError):
 class BrokerError(AiocubieError):
     """The node broker (``broker=PATH``) cannot be reached, refused this client, or speaks another protocol
     version. Arrays held already stay valid; the next lease tries to connect again."""
+
+
+class LeaseError(BrokerError):
+    """The node broker could not lease the bytes a batch needs now (policy ``fail``, or ``chunk`` with no room
+    for one run); the message names the broker's socket and what its other clients hold."""
 
 
 class ReleasedError(AiocubieError):

@@ -26,15 +26,8 @@ import attrs
 
 from ._account import Account
 from ._completion import Loop, Signal
-from ._errors import (
-    AiocubieError,
-    AllocationError,
-    BackendError,
-    LeaseError,
-    OutOfMemoryError,
-    PlanningError,
-    warn,
-)
+from ._errors import AiocubieError, AllocationError, BackendError, OutOfMemoryError, PlanningError, warn
+from ._leasing import BatchLease
 from ._options import Policy
 from ._planner import ChunkPlan, chunk_axis_hint
 from ._policy import Totals, Wait, check_under_cap, decide, longest_head, waits_on_itself
@@ -117,11 +110,8 @@ class GroupScheduler:
         self._warned: set[int] = set()  # ids of waiting tickets warned that they wait on their own members
         # the last one-chunk plan of a batch of one request, and what it was worked out from (_try_plan)
         self._memo: tuple[tuple[Any, ...], ChunkPlan] | None = None
-        # the node broker's lease (broker=PATH): what the batch must lease before it is planned
-        # (the bytes for it whole, and for one run), whether it just leased, and the wait for it
-        self._short: tuple[int, int] | None = None
-        self._leased = False
-        self._leasing: anyio.CancelScope | None = None
+        # what a batch leases from the node broker before it is planned (broker=PATH)
+        self._lease = BatchLease(account)
 
     # -- called from the loop thread (sync) ----------------------------------------------------
     def submit(self, ticket: Ticket) -> None:
@@ -157,7 +147,6 @@ class GroupScheduler:
             self._failed(batch, exc)
         finally:
             self._planning = []
-            self._leased = False
 
     def adopt(self, tickets: list[Ticket]) -> None:
         """Queue ``tickets`` moved here from another group, behind what is queued; they are
@@ -176,7 +165,7 @@ class GroupScheduler:
         if taken:
             self.queue = deque(t for t in self.queue if t.key != key)
             self._planning = [t for t in self._planning if t.key != key]
-            self._lease_again()
+            self._lease.again()
             self.changed()  # a batch waiting for memory may fit without them
         return taken
 
@@ -197,7 +186,7 @@ class GroupScheduler:
             self.queue.remove(ticket)
         except ValueError:
             if ticket in self._planning:  # a batch waiting for memory may fit without it
-                self._lease_again()
+                self._lease.again()
                 self.changed()
 
     def pending(self) -> list[Ticket]:
@@ -270,7 +259,7 @@ class GroupScheduler:
                 finally:
                     self._planning = []
                     self._warned.clear()
-                    self._short, self._leased = None, False
+                    self._lease.reset()
 
     async def _sleep(self, which: str) -> None:
         signal: Signal = getattr(self, which)
@@ -323,10 +312,9 @@ class GroupScheduler:
             while attempt < 2:
                 try:
                     plan = await self._plan()
-                except PlanningError as exc:
-                    # a lease refused is the broker's answer for the whole batch, not one request's size
-                    if not isinstance(exc, LeaseError) and self._drop_unplannable():
-                        continue  # the others may fit without them: plan again
+                except PlanningError:
+                    if self._drop_unplannable():  # the others may fit without them: plan again
+                        continue
                     raise
                 batch = self._planning = [t for t in self._planning if t.state is _PENDING]
                 if plan is None or not batch or self._dispatch(batch, plan, retry=not attempt):
@@ -407,8 +395,8 @@ class GroupScheduler:
         try:
             while batch := [t for t in self._planning if t.state is _PENDING]:
                 plan = self._try_plan(batch)
-                if plan is None and self._short is not None:
-                    await self._lease(*self._short)
+                if plan is None and self._lease.short is not None:
+                    await self._lease.take()
                     continue
                 if plan is not None and not self._behind():
                     return plan
@@ -421,30 +409,6 @@ class GroupScheduler:
             return None
         finally:
             self._line.leave(self)
-
-    async def _lease(self, whole: int, one_run: int) -> None:
-        """Lease from the node broker what the batch lacks, as the policy says; then plan against it.
-
-        ``wait`` waits for the whole batch's bytes (priority, then first come first served across
-        the node); ``chunk`` (and ``fail`` in passive mode) takes what there is, at least one run's;
-        ``fail`` in active mode takes them whole or fails. Refused: :class:`LeaseError`.
-        """
-        self._short = None
-        lease, options = self._account.lease, self._account.options
-        assert lease is not None
-        whole_only = options.waits or (options.policy is Policy.FAIL and options.active)
-        priority = 0  # the batch's priority, once requests carry one (s7-prio)
-        with anyio.CancelScope() as scope:
-            self._leasing = scope
-            await lease.grow(whole if whole_only else one_run, whole, wait=options.waits, priority=priority)
-        self._leasing = None
-        # plan against what was granted (chunk, or decide); withdrawn from the wait: lease again if need be
-        self._leased = not scope.cancelled_caught
-
-    def _lease_again(self) -> None:
-        """The batch changed while it waits for a lease: stop waiting, plan it again."""
-        if self._leasing is not None:
-            self._leasing.cancel()
 
     def _behind(self) -> bool:
         """True if this group's batch waits for memory behind another group's (passive, policy wait).
@@ -512,19 +476,13 @@ class GroupScheduler:
     def _plan_to_policy(self, batch: list[Ticket], totals: Totals) -> ChunkPlan | None:
         """A batch that does not simply fit: plan it (on a fresh reading where it matters), then let the policy decide."""
         account, members = self._account, self.group.members
-        self._short = None
         plan, offered, free = self._plan_against(totals, fresh=False)
         # About to chunk or fail, or to take over half of what the cached reading says is
         # free (where another process's allocation since would bite): read the device again.
         if plan is None or plan.chunks > 1 or 2 * plan.planned_bytes > free:
             plan, offered, free = self._plan_against(totals, fresh=True)
-        if account.lease is not None and (plan is None or plan.chunks > 1):
-            if self._leased:  # leased for this plan already: what there is now is what there is
-                self._leased = False
-            elif short := account.lease_shortfall(totals.fixed + totals.per_run * totals.runs):
-                # the lease does not cover it whole: lease first, in the group's task (never inline)
-                self._short = (short, account.lease_shortfall(totals.fixed + totals.per_run))
-                return None
+        if (plan is None or plan.chunks > 1) and self._lease.lacks(totals):
+            return None  # the lease does not cover it whole: lease first, in the group's task (never inline)
         options = account.options
         if plan is None and options.active and options.policy is not Policy.WAIT:
             check_under_cap(self.name, account.ledger.held(members), account.budget.group_cap(members))

@@ -175,7 +175,11 @@ class BrokerLease:
         else:
             return
         # not serving (the manager is closing): nothing can be sent; the lease ends with the connection
-        if extra > 0 and self._stream is not None and self._spawn(self._send, {"op": "return", "bytes": extra}, name="aiocubie broker return"):
+        if (
+            extra > 0
+            and self._stream is not None
+            and self._spawn(self._send, {"op": "return", "bytes": extra}, name="aiocubie broker return")
+        ):
             self.granted -= extra
             self._returns += 1
             self._changed()
@@ -196,7 +200,14 @@ class BrokerLease:
             if self._stream is not None:
                 return self._stream
             hold = self._used()
-            hello = {"op": "hello", "v": VERSION, "role": "client", "pid": os.getpid(), "name": self._name, "hold": hold}
+            hello = {
+                "op": "hello",
+                "v": VERSION,
+                "role": "client",
+                "pid": os.getpid(),
+                "name": self._name,
+                "hold": hold,
+            }
             stream, buffer, welcome = await _connect(self.path, hello)
             self._stream, self._slab, self.granted = stream, welcome["slab"], hold
             if not self._spawn(self._read, stream, buffer, name="aiocubie broker reader"):

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import anyio.abc
 
-from .._errors import AiocubieError
+from .._errors import AiocubieError, shown
 
 __all__ = ["MAX_FRAME", "VERSION", "ProtocolError", "check", "decode", "encode", "receive", "send"]
 
@@ -84,10 +84,10 @@ def check(message: object) -> dict[str, Any]:
         value = message.get(field)
         if type(value) is not kind:  # exact: a bool is no int here
             raise ProtocolError(f"field {field!r} of {op!r} must be {kind.__name__}, got {type(value).__name__}")
-        if kind is int and not 0 <= value < 1 << 62 and field != "priority":
-            raise ProtocolError(f"field {field!r} of {op!r} is out of range: {value}")
-        if kind is int and field == "priority" and not -(1 << 31) <= value < 1 << 31:
-            raise ProtocolError(f"field 'priority' of {op!r} is out of range: {value}")
+        if isinstance(value, int) and not isinstance(value, bool):
+            low, high = (-(1 << 31), 1 << 31) if field == "priority" else (0, 1 << 62)
+            if not low <= value < high:
+                raise ProtocolError(f"field {field!r} of {op!r} is out of range: {shown(value)}")
     if op == "hello" and message["role"] not in _ROLES:
         raise ProtocolError(f"role must be one of {_ROLES}, got {message['role'][:20]!r}")
     if op == "lease" and message["min"] > message["want"]:

@@ -118,7 +118,9 @@ class Broker:
             listener.bind(str(self.path))
         finally:
             os.umask(mask)
-        log.info("broker on %s: budget %d bytes, slab %d, device %d", self.path, self.leases.budget, self.slab, self.device)
+        log.info(
+            "broker on %s: budget %d bytes, slab %d, device %d", self.path, self.leases.budget, self.slab, self.device
+        )
         try:
             with listener:
                 listener.listen(128)
@@ -161,7 +163,9 @@ class Broker:
                     await send(stream, self._welcome())
                     await self._report(stream, buffer)
                     return
-                client = Client(hello["pid"] if peer is None else peer[0], None if peer is None else peer[1], hello["name"])
+                client = Client(
+                    hello["pid"] if peer is None else peer[0], None if peer is None else peer[1], hello["name"]
+                )
                 await self._serve_client(stream, buffer, client, hello["hold"])
         except ProtocolError as exc:
             log.warning("%s broke the protocol (%s): connection closed", who, exc)
@@ -216,7 +220,9 @@ class Broker:
             message = await receive(stream, buffer)
             op = message["op"]
             if op == "lease":
-                out = leases.ask(client, message["id"], message["min"], message["want"], message["wait"], message["priority"])
+                out = leases.ask(
+                    client, message["id"], message["min"], message["want"], message["wait"], message["priority"]
+                )
             elif op == "cancel":
                 out = leases.cancel(client, message["id"])
             elif op == "return":
