@@ -27,8 +27,6 @@ log = logging.getLogger("aiocubie.broker")
 
 #: Seconds to wait for the broker's welcome.
 CONNECT_TIMEOUT = 5.0
-#: Idle slabs kept when no client waits (hysteresis: give back down to one slab once over two).
-KEEP_SLABS = 2
 
 Spawn = Callable[..., object]
 
@@ -166,20 +164,19 @@ class BrokerLease:
         return ask.granted
 
     def released(self) -> None:
-        """Memory was freed: give idle slabs back (past two, down to one; all of them while a client waits)."""
-        slab, slack = self._slab, self.granted - self._used()
+        """Memory was freed: while another client waits, give the idle part of the lease back.
+
+        Otherwise the lease stays at its high-water mark (the hysteresis: requests like the last
+        ones need no round trip); a broker short of room asks for it (``pressure``, ``reclaim``).
+        """
         if self._pressure:
-            extra = slack
-        elif slack > KEEP_SLABS * slab:
-            extra = slack - slab
-        else:
-            return
+            self._give_back()
+
+    def _give_back(self) -> None:
+        extra = self.granted - self._used()
         # not serving (the manager is closing): nothing can be sent; the lease ends with the connection
-        if (
-            extra > 0
-            and self._stream is not None
-            and self._spawn(self._send, {"op": "return", "bytes": extra}, name="aiocubie broker return")
-        ):
+        message = {"op": "return", "bytes": extra}
+        if extra > 0 and self._stream is not None and self._spawn(self._send, message, name="aiocubie broker return"):
             self.granted -= extra
             self._returns += 1
             self._changed()
@@ -257,6 +254,8 @@ class BrokerLease:
         elif op == "pressure":
             self._pressure = message["on"]
             if self._pressure:
-                self.released()
+                self._give_back()
+        elif op == "reclaim":
+            self._give_back()
         elif op != "report":
             raise ProtocolError(f"a broker may not send {op!r}")

@@ -92,11 +92,17 @@ class Leases:
             self._waiters.sort(key=lambda w: (-w.priority, w.seq))
             return self._serve()
         room = self.budget - self.leased - sum(w.least for w in self._waiters)
+        out: Outbox = []
         if room >= least:
             grant = max(0, min(want, room))
             self._add(client, grant)
-            return [(client, {"op": "granted", "id": id, "bytes": grant})]
-        return [(client, {"op": "denied", "id": id, "reason": self.why(client, least)})]
+            out.append((client, {"op": "granted", "id": id, "bytes": grant}))
+        else:
+            grant = 0
+            out.append((client, {"op": "denied", "id": id, "reason": self.why(client, least)}))
+        if grant < want:  # short: the others give back their idle slabs, for its next ask
+            out += [(c, {"op": "reclaim"}) for c in self.clients if c is not client and c.lease]
+        return out
 
     def cancel(self, client: Client, id: int) -> Outbox:
         """``client`` no longer waits for request ``id`` (no answer); serve who waits behind it."""

@@ -38,6 +38,7 @@ SCHEMAS: Final[dict[str, dict[str, type]]] = {
     "granted": {"id": int, "bytes": int},
     "denied": {"id": int, "reason": str},
     "pressure": {"on": bool},
+    "reclaim": {},
     "report": {"status": dict},
 }
 _ROLES = ("client", "status")
