@@ -11,6 +11,7 @@ import anyio
 
 from ._account import Account
 from ._options import Policy
+from ._planner import ChunkPlan
 from ._policy import Totals
 
 __all__ = ["BatchLease"]
@@ -33,14 +34,15 @@ class BatchLease:
         self._leased = False  # it just leased: plan against what there is (chunk, or decide)
         self._scope: anyio.CancelScope | None = None
 
-    def lacks(self, totals: Totals) -> bool:
-        """True if a batch of ``totals`` that does not fit whole must lease first (see :attr:`short`)."""
+    def lacks(self, totals: Totals, plan: ChunkPlan | None) -> bool:
+        """True if a batch of ``totals`` whose ``plan`` now is not whole must lease first (see :attr:`short`)."""
         self.short = None
         if self._account.lease is None:
             return False
-        if self._leased:  # leased for this plan already: what there is now is what there is
+        if self._leased:  # leased for this plan already: what there is now is what there is (if a run fits)
             self._leased = False
-            return False
+            if plan is not None:
+                return False
         account = self._account
         whole = account.lease_shortfall(totals.fixed + totals.per_run * totals.runs)
         if whole:
@@ -51,8 +53,8 @@ class BatchLease:
         """Lease what the batch lacks, as the policy says; then it is planned against the lease.
 
         ``wait`` waits for the whole batch's bytes (priority, then first come first served across the
-        node); ``chunk`` (and ``fail`` in passive mode) takes what there is, at least one run's; ``fail``
-        in active mode takes them whole or fails.
+        node; at most the node budget); ``chunk`` (and ``fail`` in passive mode) waits for one run's and
+        takes what there is beyond; ``fail`` in active mode takes them whole now or fails.
 
         Raises
         ------
@@ -65,11 +67,11 @@ class BatchLease:
         (whole, one_run), self.short = self.short, None
         lease, options = self._account.lease, self._account.options
         assert lease is not None
-        whole_only = options.waits or (options.policy is Policy.FAIL and options.active)
+        fails = options.policy is Policy.FAIL and options.active
         priority = 0  # the batch's priority, once requests carry one (s7-prio)
         with anyio.CancelScope() as scope:
             self._scope = scope
-            await lease.grow(whole if whole_only else one_run, whole, wait=options.waits, priority=priority)
+            await lease.grow(whole if fails or options.waits else one_run, whole, wait=not fails, priority=priority)
         self._scope = None
         self._leased = not scope.cancelled_caught  # withdrawn from the wait: lease again if need be
 

@@ -481,7 +481,7 @@ class GroupScheduler:
         # free (where another process's allocation since would bite): read the device again.
         if plan is None or plan.chunks > 1 or 2 * plan.planned_bytes > free:
             plan, offered, free = self._plan_against(totals, fresh=True)
-        if (plan is None or plan.chunks > 1) and self._lease.lacks(totals):
+        if (plan is None or plan.chunks > 1) and self._lease.lacks(totals, plan):
             return None  # the lease does not cover it whole: lease first, in the group's task (never inline)
         options = account.options
         if plan is None and options.active and options.policy is not Policy.WAIT:

@@ -65,7 +65,9 @@ def wait_for_socket(path: Path, process: subprocess.Popen[str], timeout: float =
             except OSError:
                 pass
         if process.poll() is not None:
-            raise RuntimeError(f"the broker exited ({process.returncode}): {process.stderr.read() if process.stderr else ''}")
+            raise RuntimeError(
+                f"the broker exited ({process.returncode}): {process.stderr.read() if process.stderr else ''}"
+            )
         if time.monotonic() > deadline:
             raise TimeoutError(f"no broker answers at {path} after {timeout} s")
         time.sleep(0.02)

@@ -66,11 +66,19 @@ def block(nbytes: int) -> dict[str, ArrayRequest]:
 
 # -- the protocol -----------------------------------------------------------------------------
 messages = st.one_of(
-    st.builds(lambda i, m, w, p: {"op": "lease", "id": i, "min": m, "want": m + w, "wait": p % 2 == 0, "priority": p},
-              st.integers(0, 2**40), st.integers(0, 2**40), st.integers(0, 2**40), st.integers(-100, 100)),
+    st.builds(
+        lambda i, m, w, p: {"op": "lease", "id": i, "min": m, "want": m + w, "wait": p % 2 == 0, "priority": p},
+        st.integers(0, 2**40),
+        st.integers(0, 2**40),
+        st.integers(0, 2**40),
+        st.integers(-100, 100),
+    ),
     st.builds(lambda i: {"op": "cancel", "id": i}, st.integers(0, 2**61)),
-    st.builds(lambda n, t: {"op": "hello", "v": VERSION, "role": "client", "pid": 1, "name": t, "hold": n},
-              st.integers(0, 2**50), st.text(max_size=30)),
+    st.builds(
+        lambda n, t: {"op": "hello", "v": VERSION, "role": "client", "pid": 1, "name": t, "hold": n},
+        st.integers(0, 2**50),
+        st.text(max_size=30),
+    ),
 )
 
 
@@ -267,8 +275,24 @@ def test_hostile_bytes_close_only_their_connection(where: Path) -> None:
             st.binary(max_size=64),
             st.builds(lambda body: struct.pack(">I", len(body)) + body, st.binary(max_size=64)),
             st.builds(lambda n: struct.pack(">I", n), st.integers(MAX_FRAME + 1, 2**32 - 1)),
-            st.builds(lambda m: encode(m), st.dictionaries(st.sampled_from(["op", "id", "v", "min"]), st.integers() | st.text(max_size=5) | st.none(), max_size=4)),
-            st.builds(lambda m: encode({"op": "hello", "v": VERSION, "role": "client", "pid": 1, "name": "", "hold": 0}) + encode(m), st.dictionaries(st.sampled_from(["op", "id", "bytes", "want"]), st.integers(-2, 2**64) | st.sampled_from(["lease", "return", "cancel", "steal"]), max_size=4)),
+            st.builds(
+                lambda m: encode(m),
+                st.dictionaries(
+                    st.sampled_from(["op", "id", "v", "min"]),
+                    st.integers() | st.text(max_size=5) | st.none(),
+                    max_size=4,
+                ),
+            ),
+            st.builds(
+                lambda m: (
+                    encode({"op": "hello", "v": VERSION, "role": "client", "pid": 1, "name": "", "hold": 0}) + encode(m)
+                ),
+                st.dictionaries(
+                    st.sampled_from(["op", "id", "bytes", "want"]),
+                    st.integers(-2, 2**64) | st.sampled_from(["lease", "return", "cancel", "steal"]),
+                    max_size=4,
+                ),
+            ),
         )
 
         @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -115,6 +115,7 @@ class BrokerLease:
         self._ids = itertools.count(1)
         self._slab = 0
         self._pressure = False
+        self._reserved = 0  # granted to an ask whose batch has not been planned yet: not idle
         self._leases = 0
         self._returns = 0
 
@@ -159,6 +160,7 @@ class BrokerLease:
             raise
         finally:
             del self._asks[id]
+            self._reserved -= ask.granted  # the caller plans and allocates now, with no await between
         if ask.error is not None:
             raise ask.error
         return ask.granted
@@ -173,7 +175,7 @@ class BrokerLease:
             self._give_back()
 
     def _give_back(self) -> None:
-        extra = self.granted - self._used()
+        extra = self.granted - self._used() - self._reserved
         # not serving (the manager is closing): nothing can be sent; the lease ends with the connection
         message = {"op": "return", "bytes": extra}
         if extra > 0 and self._stream is not None and self._spawn(self._send, message, name="aiocubie broker return"):
@@ -240,11 +242,14 @@ class BrokerLease:
     def _take(self, message: dict[str, Any]) -> None:
         op = message["op"]
         if op == "granted":
-            self.granted += message["bytes"]  # a grant crossing a cancel is still this client's
+            self.granted += message["bytes"]
             ask = self._asks.get(message["id"])
             if ask is not None:
                 ask.granted = message["bytes"]
+                self._reserved += ask.granted
                 ask.done.set()
+            elif self._pressure:  # it crossed a cancel: idle, and someone waits
+                self._give_back()
             self._changed()
         elif op == "denied":
             ask = self._asks.get(message["id"])

@@ -67,10 +67,11 @@ class Leases:
         self._seq = itertools.count()
         self._pressure = False
 
-    def join(self, client: Client, hold: int) -> None:
+    def join(self, client: Client, hold: int) -> Outbox:
         """``client`` connected, holding ``hold`` bytes already (it reconnects after a broker restart)."""
         self.clients.append(client)
         self._add(client, hold)
+        return [(client, {"op": "pressure", "on": True})] if self._pressure else []
 
     def leave(self, client: Client) -> Outbox:
         """``client``'s connection closed: its lease and its waits end; serve who waits."""
@@ -88,10 +89,12 @@ class Leases:
         waits (``wait``) or is denied, with what the other clients hold.
         """
         if wait:
+            # never more than the budget could give it: a batch larger than the node waits for all of it
+            least = max(0, min(least, self.budget - client.lease))
             self._waiters.append(_Waiter(client, id, least, want, priority, next(self._seq), time.monotonic()))
             self._waiters.sort(key=lambda w: (-w.priority, w.seq))
             return self._serve()
-        room = self.budget - self.leased - sum(w.least for w in self._waiters)
+        room = self.budget - self.leased - (self._waiters[0].least if self._waiters else 0)  # the head goes first
         out: Outbox = []
         if room >= least:
             grant = max(0, min(want, room))

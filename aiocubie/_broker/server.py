@@ -193,14 +193,14 @@ class Broker:
 
     async def _serve_client(self, stream: anyio.abc.SocketStream, buffer: bytearray, client: Client, hold: int) -> None:
         outbox, inbox = anyio.create_memory_object_stream[dict[str, Any]](OUTBOX)
-        self.leases.join(client, hold)
+        joined = self.leases.join(client, hold)
         self._outboxes[client] = outbox
         log.info("client pid %d (%s) joined holding %d bytes", client.pid, client.name, hold)
         error: Exception | None = None  # raised outside the task group: not wrapped in an ExceptionGroup
         try:
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(self._write, stream, inbox, tasks.cancel_scope)
-                self._post([(client, self._welcome())])
+                self._post([(client, self._welcome()), *joined])
                 try:
                     await self._read(stream, buffer, client)
                 except Exception as exc:
