@@ -199,10 +199,11 @@ class Broker:
         error: Exception | None = None  # raised outside the task group: not wrapped in an ExceptionGroup
         try:
             async with anyio.create_task_group() as tasks:
-                tasks.start_soon(self._write, stream, inbox, tasks.cancel_scope)
+                writing = anyio.Lock()  # the reader answers its client inline; the writer sends the rest
+                tasks.start_soon(self._write, stream, inbox, writing, tasks.cancel_scope)
                 self._post([(client, self._welcome()), *joined])
                 try:
-                    await self._read(stream, buffer, client)
+                    await self._read(stream, buffer, client, writing)
                 except Exception as exc:
                     error = exc
                 tasks.cancel_scope.cancel()
@@ -214,7 +215,9 @@ class Broker:
             self._post(self.leases.leave(client))
             log.info("client pid %d left; its lease is back", client.pid)
 
-    async def _read(self, stream: anyio.abc.SocketStream, buffer: bytearray, client: Client) -> None:
+    async def _read(
+        self, stream: anyio.abc.SocketStream, buffer: bytearray, client: Client, writing: anyio.Lock
+    ) -> None:
         leases = self.leases
         while True:
             message = await receive(stream, buffer)
@@ -231,7 +234,11 @@ class Broker:
                 out = [(client, {"op": "report", "status": self.status()})]
             else:
                 raise ProtocolError(f"a client may not send {op!r}")
-            self._post(out)
+            if out and out[0][0] is client and len(out) == 1:  # its own answer alone: written now, no task switch
+                async with writing:
+                    await send(stream, out[0][1])
+            else:
+                self._post(out)
 
     def _post(self, out: Outbox) -> None:
         """Queue each message for its client; a client too slow to read is disconnected."""
@@ -251,12 +258,14 @@ class Broker:
         self,
         stream: anyio.abc.SocketStream,
         inbox: anyio.abc.ObjectReceiveStream[dict[str, Any]],
+        writing: anyio.Lock,
         scope: anyio.CancelScope,
     ) -> None:
         try:
             async with inbox:
                 async for message in inbox:
-                    await send(stream, message)
+                    async with writing:
+                        await send(stream, message)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             pass
         scope.cancel()  # the outbox closed (a slow reader) or the peer left: end the connection
