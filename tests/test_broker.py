@@ -237,6 +237,8 @@ def test_a_killed_client_s_lease_is_back_within_a_second(where: Path) -> None:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         record = status(where)
         assert [c["pid"] for c in record["clients"]] == [holder.pid] and record["leased"] >= 8 * MiB  # type: ignore[index]
+        shown = spawn("-m", "aiocubie", "broker", "status", "--socket", str(where)).communicate(timeout=30)[0]
+        assert "clients (1):" in shown and f"pid {holder.pid}" in shown and "waiters (0):" in shown
         holder.send_signal(signal.SIGKILL)
         killed = time.monotonic()
         holder.wait()
@@ -338,3 +340,10 @@ def test_eight_clients_storm_one_node_budget(where: Path) -> None:
     served = sum(r["correct"] for r in results)
     assert served >= 0.5 * 40 * (clients - 1), results
     assert {r["policy"] for r in results} == {"chunk", "wait"}
+
+
+def test_the_command_needs_a_budget_and_a_broker(where: Path) -> None:
+    _, err = spawn("-m", "aiocubie", "broker", "--socket", str(where)).communicate(timeout=30)
+    assert "needs --budget BYTES" in err
+    _, err = spawn("-m", "aiocubie", "broker", "status", "--socket", str(where)).communicate(timeout=30)
+    assert f"no broker answers at {where}" in err
