@@ -1,7 +1,8 @@
 """Real processes for the broker's tests: a broker (``python -m aiocubie broker``) and storm clients.
 
-``python tests/brokerkit.py storm SOCKET SEED REQUESTS`` runs one client's seeded request storm (mixed
-sizes, policies and cancellations) against the broker and prints what happened as one JSON line;
+``python tests/brokerkit.py storm SOCKET SEED REQUESTS [cuda]`` runs one client's seeded request storm
+(mixed sizes, policies and cancellations; on the simulator, or the GPU) against the broker and prints
+what happened as one JSON line;
 ``python tests/brokerkit.py hold SOCKET BYTES`` leases and holds an array until killed.
 """
 
@@ -80,7 +81,7 @@ def status(path: Path) -> dict[str, object]:
     return result
 
 
-async def storm(socket: str, seed: int, count: int) -> dict[str, object]:
+async def storm(socket: str, seed: int, count: int, backend: str = "simulator") -> dict[str, object]:
     """One client's storm; returns its counts (correct outputs, cancellations, errors by type)."""
     from aiocubie import ArrayRequest, MemoryManager
     from aiocubie.simulator import SimulatorBackend
@@ -89,7 +90,8 @@ async def storm(socket: str, seed: int, count: int) -> dict[str, object]:
     policy = ("chunk", "wait")[seed % 2]
     errors: Counter[str] = Counter()
     done = {"correct": 0, "wrong": 0, "cancelled": 0, "chunked": 0}
-    async with MemoryManager(SimulatorBackend(total=DEVICE), broker=socket, policy=policy) as mgr:
+    device = SimulatorBackend(total=DEVICE) if backend == "simulator" else backend
+    async with MemoryManager(device, broker=socket, policy=policy) as mgr:
         members = [object() for _ in range(3)]
         for index, member in enumerate(members):
             mgr.register(member, stream_group=f"g{index}")
@@ -134,6 +136,6 @@ async def hold(socket: str, nbytes: int) -> None:
 if __name__ == "__main__":
     verb, path, number = sys.argv[1:4]
     if verb == "storm":
-        print(json.dumps(anyio.run(storm, path, int(number), int(sys.argv[4]))), flush=True)
+        print(json.dumps(anyio.run(storm, path, int(number), int(sys.argv[4]), *sys.argv[5:6])), flush=True)
     else:
         anyio.run(hold, path, int(number))

@@ -199,7 +199,9 @@ class Broker:
         error: Exception | None = None  # raised outside the task group: not wrapped in an ExceptionGroup
         try:
             async with anyio.create_task_group() as tasks:
-                writing = anyio.Lock()  # the reader answers its client inline; the writer sends the rest
+                writing = anyio.Lock(
+                    fast_acquire=True
+                )  # the reader answers its client inline; the writer sends the rest
                 tasks.start_soon(self._write, stream, inbox, writing, tasks.cancel_scope)
                 self._post([(client, self._welcome()), *joined])
                 try:
