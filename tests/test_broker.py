@@ -323,9 +323,12 @@ def test_eight_clients_storm_one_node_budget(where: Path) -> None:
     kit = str(Path(__file__).with_name("brokerkit.py"))
     with broker(where, budget):
         storms = [spawn(kit, "storm", str(where), str(seed), "40") for seed in range(clients)]
-        time.sleep(0.5)
         victim = storms[3]
-        victim.send_signal(signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while not any(c["pid"] == victim.pid and c["lease"] for c in status(where)["clients"]):  # type: ignore[attr-defined]
+            assert time.monotonic() < deadline, "the victim never leased"
+            time.sleep(0.01)
+        victim.send_signal(signal.SIGKILL)  # in the middle of its storm, holding a lease
         results = []
         for process in storms:
             out, err = process.communicate(timeout=50)

@@ -96,6 +96,7 @@ def test_every_example_is_tested(path: Path) -> None:
     assert path.stem.removeprefix("test_") in {
         "async_pipeline",
         "batch_stream",
+        "broker_share",
         "cubie_pipeline",
         "dask_chunked",
         "data_loader",
