@@ -1,4 +1,4 @@
-"""``python -m aiocubie`` / ``aiocubie``: the command line (info, demo, bench and history).
+"""``python -m aiocubie`` / ``aiocubie``: the command line (info, demo, bench, history and broker).
 
 It picks the backend before anything imports numba.cuda, because numba's CUDA simulator is
 chosen by NUMBA_ENABLE_CUDASIM at that first import. It holds no library logic of its own, and
@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ._backends import BACKENDS, Backend, select_backend
+from ._broker import command as broker_command
 from ._errors import AiocubieError, ConfigurationError
 
 __all__ = ["main"]
@@ -195,7 +196,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aiocubie", description="aiocubie: an async GPU memory allocation service.")
     parser.add_argument("--version", action="version", version=f"aiocubie {_version('aiocubie')}")
     parser.add_argument("--debug", action="store_true", help="print the traceback of an error too")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{info,demo,bench,history}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{info,demo,bench,history,broker}")
     debug = argparse.ArgumentParser(add_help=False)  # --debug after the verb too
     debug.add_argument(
         "--debug", action="store_true", default=argparse.SUPPRESS, help="print the traceback of an error too"
@@ -244,6 +245,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SNAPSHOT.pickle",
         help="also write a snapshot that torch's memory viewer (pytorch.org/memory_viz) opens",
     )
+    broker_command.add_parser(commands, debug, _bytes)
     return parser
 
 
@@ -288,7 +290,9 @@ def _demo_parser(
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status (1 for an aiocubie error, 2 for bad options)."""
     args = _parser().parse_args(argv)
-    command = {"info": _info, "demo": _demo, "bench": _bench, "history": _history}[args.command]
+    command = {"info": _info, "demo": _demo, "bench": _bench, "history": _history, "broker": broker_command.run}[
+        args.command
+    ]
     try:
         if getattr(args, "backend", "") is None:
             args.backend = _environment_backend()

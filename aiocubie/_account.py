@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Hashable, Sequence
 from typing import Any, Protocol
 
+from ._broker.client import BrokerLease
 from ._budget import Budget
 from ._ledger import Allocation, Ledger
 from ._options import Options
@@ -59,6 +60,13 @@ class Account(Protocol):
     @property
     def recovery(self) -> RecoverySteps:
         """The out-of-memory recovery."""
+
+    @property
+    def lease(self) -> BrokerLease | None:
+        """The node broker's lease (None: no broker)."""
+
+    def lease_shortfall(self, nbytes: int) -> int:
+        """Bytes the lease lacks for a batch of ``nbytes`` to be offered them whole (0: none lacking, or no lease)."""
 
     def free_memory(self, *, fresh: bool) -> int:
         """Free device memory: a recent reading, or (``fresh``) a new one."""

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from ._backends import ArrayMaker, Backend, Device, Event, MemoryInfo, MemoryResource, StreamLike, limiting_adaptors
 from ._backends._allocators import Allocator, make_resource
 from ._backends._resource import on_failure
+from ._broker.client import BrokerLease
 from ._budget import Budget, group_available
 from ._errors import BudgetError, OutOfMemoryError
 from ._lease import Lease
@@ -73,6 +74,8 @@ class DeviceAccount:
     allocator : str, MemoryResource or callable, optional
         A resource other than the backend's: a registered name, a resource made on the backend's
         device, or a factory called with the device (None: the backend's resource).
+    lease : BrokerLease, optional
+        The node broker's lease (``broker=PATH``): free memory is bounded by what it leaves.
 
     Attributes
     ----------
@@ -95,6 +98,7 @@ class DeviceAccount:
         reclaim_hooks: list[ReclaimHook] | None = None,
         *,
         allocator: Allocator | None = None,
+        lease: BrokerLease | None = None,
     ) -> None:
         self.device: Device = backend.device
         self.arrays: ArrayMaker = backend.arrays
@@ -116,6 +120,23 @@ class DeviceAccount:
         self._free_delta = 0  # VRAM we allocated (+) or released (-) since the reading
         self._generation = 0  # context resets so far (forget_all): a free deferred across one is dropped
         on_failure(self.resource, self._library_out_of_memory)
+        self.lease = lease
+        if lease is not None:
+            lease.bind(lambda: self.ledger.live, self._lease_moved)
+
+    def _lease_moved(self) -> None:
+        """The lease grew or shrank: read free memory anew, and let waiting batches look again."""
+        self._free_at = -math.inf
+        self._announce()
+
+    def lease_shortfall(self, nbytes: int) -> int:
+        """Bytes the lease lacks for a batch of ``nbytes`` to be offered them whole (0: it has them, or no lease)."""
+        lease = self.lease
+        if lease is None:
+            return 0
+        # offered = min((1 - headroom) x free, free - granule): the free bytes that offer nbytes
+        need = max(math.ceil(nbytes / (1.0 - self.options.headroom)) + 1, nbytes + self.device.granule)
+        return max(0, need - (lease.granted - self.ledger.live))
 
     def listen(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` after each change that may let a batch waiting for memory through.
@@ -274,6 +295,8 @@ class DeviceAccount:
         free, total = info.free + (pool.cached or 0), info.total
         for cap in self._caps:  # a LimitingAdaptor in the stack: plans fit what it leaves, not the device
             free, total = min(free, max(0, cap.limit - cap.held)), min(total, cap.limit)
+        if self.lease is not None:  # the broker's lease: plans fit what it leaves
+            free = min(free, max(0, self.lease.granted - self.ledger.live))
         if limit is None:
             return MemoryInfo(free=free, total=total)
         ledger = self.ledger
@@ -565,6 +588,8 @@ class DeviceAccount:
                 vram += alloc.vram
         finally:
             self._free_delta -= vram
+        if self.lease is not None:
+            self.lease.released()
         if self.options.waits:  # only a batch waiting for memory cares: spare waking every group
             self._announce()
 

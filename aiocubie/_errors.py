@@ -15,11 +15,13 @@ __all__ = [
     "AiocubieWarning",
     "AllocationError",
     "BackendError",
+    "BrokerError",
     "BudgetError",
     "ConfigurationError",
     "ContextResetError",
     "InsufficientMemoryError",
     "InvalidRequestError",
+    "LeaseError",
     "ManagerStateError",
     "OutOfMemoryError",
     "PlanningError",
@@ -106,6 +108,16 @@ class OutOfMemoryError(AllocationError):
 
 class BackendError(AiocubieError):
     """A backend operation other than allocation failed (event, copy, stream, prefetch)."""
+
+
+class BrokerError(AiocubieError):
+    """The node broker (``broker=PATH``) cannot be reached, refused this client, or speaks another protocol
+    version. Arrays held already stay valid; the next lease tries to connect again."""
+
+
+class LeaseError(BrokerError):
+    """The node broker could not lease the bytes a batch needs now (policy ``fail``, or ``chunk`` with no room
+    for one run); the message names the broker's socket and what its other clients hold."""
 
 
 class ReleasedError(AiocubieError):

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._accounting import DeviceAccount
 from ._backends import Allocator, Backend, create_backend
+from ._broker.client import BrokerLease
 from ._budget import LimitMode
 from ._entry import RequestEntry
 from ._errors import ManagerStateError
@@ -74,6 +75,10 @@ class MemoryManager:
         What device arrays are: CuPy arrays (the default; numpy's API, DLPack to torch) or
         numba device arrays (the cheapest numba kernel launches). The simulator hands out
         arrays that behave like the chosen type on a GPU.
+    broker : str or path, optional
+        The socket of a node broker (``python -m aiocubie broker``) to lease this manager's
+        device memory from, so that the processes of a node share one budget (docs/broker.md).
+        Not given: ``AIOCUBIE_BROKER``, else no broker.
 
     Notes
     -----
@@ -111,6 +116,7 @@ class MemoryManager:
         reclaim_timeout: float = 1.0,
         allocator: Allocator | None = None,
         array_type: str | None = None,
+        broker: str | os.PathLike[str] | None = None,
     ) -> None:
         given = backend if isinstance(backend, Backend) else None
         setup = Setup.read(
@@ -129,6 +135,7 @@ class MemoryManager:
             memory_limit=memory_limit,
             priority_aging=priority_aging,
             reclaim_timeout=reclaim_timeout,
+            broker=broker,
         )
         owns_backend = given is None
         if given is None:
@@ -153,6 +160,7 @@ class MemoryManager:
             setup.options,
             hooks.reclaim,
             allocator=None if owns_backend else setup.allocator,  # a given backend: a resource beside its own
+            lease=None if setup.broker is None else BrokerLease(setup.broker, serving.spawn),
         )
         self._observer = observer = Observer(given.device, account, registry, telemetry)
         self._groups = groups = StreamGroups(registry, account, serving, observer.group_left)

@@ -107,7 +107,10 @@ class Observer:
             "ledger keys": len(ledger.live_by_key) + len(ledger.peak_by_key),
             "ledger groups": len(ledger.live_by_group) + len(ledger.peak_by_group),
         }
-        return ManagerStatistics(running, groups, members, draining, len(ledger), tables)
+        lease = self._account.lease
+        return ManagerStatistics(
+            running, groups, members, draining, len(ledger), tables, None if lease is None else lease.statistics()
+        )
 
     # -- peaks -------------------------------------------------------------------------------
     def reset_peaks(self, group: str | None, member: Member | None) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import math
 import numbers
+import os
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -282,6 +283,20 @@ def _array_type_or_none(value: Any) -> str | None:
     return None if value is None else parse_array_type(value)
 
 
+def parse_broker(value: Any) -> str:
+    """The node broker's socket (``broker=``, ``AIOCUBIE_BROKER``): a path, as a string."""
+    if not isinstance(value, str | os.PathLike) or not os.fspath(value):
+        raise ConfigurationError(
+            f"broker must be the path of a node broker's socket (python -m aiocubie broker --socket PATH), "
+            f"got {shown(value)}"
+        )
+    return str(os.fspath(value))
+
+
+def _broker_or_none(value: Any) -> str | None:
+    return None if value is None else parse_broker(value)
+
+
 @attrs.frozen
 class Setup:
     """What a :class:`~aiocubie.MemoryManager` is asked to build, every name parsed once.
@@ -299,6 +314,8 @@ class Setup:
     #: Record the history from the start: True, or the file to write on out-of-memory.
     history: str | bool
     options: Options
+    #: The node broker's socket to lease the budget from (None: no broker).
+    broker: str | None = attrs.field(default=None, converter=_broker_or_none)
 
     @classmethod
     def read(
@@ -311,6 +328,7 @@ class Setup:
         allocator: Any,
         array_type: Any,
         environ: Mapping[str, str],
+        broker: Any = None,
         **options: Any,
     ) -> Setup:
         """Parse the manager's arguments; ``given_backend``: the device and array type of the
@@ -335,6 +353,7 @@ class Setup:
             array_type,
             False if history is None else history,
             Options(mode=LimitMode.PASSIVE if mode is None else mode, **options),
+            from_environment(environ, "AIOCUBIE_BROKER", broker, parse_broker),
         )
         if given_backend is not None:
             setup.check_given(*given_backend)

@@ -25,14 +25,9 @@ import anyio
 
 from ._account import Account
 from ._completion import Loop, Signal
-from ._errors import (
-    AiocubieError,
-    BackendError,
-    OutOfMemoryError,
-    PlanningError,
-    warn,
-)
+from ._errors import AiocubieError, BackendError, OutOfMemoryError, PlanningError, warn
 from ._flights import Flights, count
+from ._leasing import BatchLease
 from ._options import Policy
 from ._planner import ChunkPlan, chunk_axis_hint
 from ._policy import Totals, Wait, check_under_cap, decide, longest_head, self_wait_warning, waits_on_itself
@@ -103,6 +98,8 @@ class GroupScheduler:
         self._relieved = False  # room was made for the batch being planned: the policy decides now
         # the last one-chunk plan of a batch of one request, and what it was worked out from (_try_plan)
         self._memo: tuple[tuple[Any, ...], ChunkPlan] | None = None
+        # what a batch leases from the node broker before it is planned (broker=PATH)
+        self._lease = BatchLease(account)
 
     # -- called from the loop thread (sync) ----------------------------------------------------
     def submit(self, ticket: Ticket) -> None:
@@ -200,6 +197,7 @@ class GroupScheduler:
         if taken:
             self.queue = deque(t for t in self.queue if t.key != key)
             self._planning = [t for t in self._planning if t.key != key]
+            self._lease.again()
             self.changed()  # a batch waiting for memory may fit without them
         return taken
 
@@ -220,6 +218,7 @@ class GroupScheduler:
             self.queue.remove(ticket)
         except ValueError:
             if ticket in self._planning:  # a batch waiting for memory may fit without it
+                self._lease.again()
                 self.changed()
 
     def pending(self) -> list[Ticket]:
@@ -290,6 +289,7 @@ class GroupScheduler:
                     self._planning = []
                     self._warned.clear()
                     self._relieved = False
+                    self._lease.reset()
 
     async def _sleep(self, which: str) -> None:
         signal: Signal = getattr(self, which)
@@ -440,6 +440,9 @@ class GroupScheduler:
         try:
             while batch := [t for t in self._planning if t.state is _PENDING]:
                 plan = self._try_plan(batch)
+                if plan is None and self._lease.short is not None:
+                    await self._lease.take(batch[0].priority)
+                    continue
                 if plan is not None and not self._behind():
                     return plan
                 options = self._account.options
@@ -533,6 +536,8 @@ class GroupScheduler:
         # free (where another process's allocation since would bite): read the device again.
         if plan is None or plan.chunks > 1 or 2 * plan.planned_bytes > free:
             plan, offered, free = self._plan_against(totals, fresh=True)
+        if (plan is None or plan.chunks > 1) and self._lease.lacks(totals, plan):
+            return None  # the lease does not cover it whole: lease first, in the group's task (never inline)
         if (plan is None or plan.chunks > 1) and not self._relieved and account.recovery.can_make_room:
             # not whole: the group's task makes room first (see _plan), then the policy decides
             self._short = max(1, totals.fixed + totals.per_run * totals.runs - offered)

@@ -19,6 +19,7 @@ from ._backends._resource import PoolFacts
 __all__ = [
     "Counters",
     "GroupStatistics",
+    "LeaseStatistics",
     "ManagerStatistics",
     "MemberStatistics",
     "Percentiles",
@@ -319,6 +320,37 @@ class MemberStatistics:
 
 
 @attrs.frozen
+class LeaseStatistics:
+    """A manager's lease from the node broker (``MemoryManager(broker=PATH)``), in ``statistics().lease``.
+
+    Attributes
+    ----------
+    socket : str
+        The broker's socket.
+    connected : bool
+        Connected now (False before the first lease, or after the broker went away).
+    granted : int
+        Bytes leased now; the manager's device memory stays within them.
+    used : int
+        Bytes of the lease the manager holds arrays in.
+    slab : int
+        The bytes leased at a time (the broker's; 0 before the first connection).
+    leases : int
+        Lease round trips so far (a request its lease covers makes none).
+    returns : int
+        Idle slabs given back so far.
+    """
+
+    socket: str
+    connected: bool
+    granted: int
+    used: int
+    slab: int
+    leases: int
+    returns: int
+
+
+@attrs.frozen
 class ManagerStatistics:
     """What :meth:`MemoryManager.statistics` reports: the manager's own state at one moment.
 
@@ -340,6 +372,8 @@ class ManagerStatistics:
     tables : dict
         Entries in each per-group and per-instance table the manager keeps (groups,
         schedulers, members, counters, ledger totals): bounded however many come and go.
+    lease : LeaseStatistics or None
+        Its lease from the node broker (None: no broker).
     """
 
     running: bool
@@ -348,6 +382,7 @@ class ManagerStatistics:
     draining: int
     allocations: int
     tables: dict[str, int]
+    lease: LeaseStatistics | None = None
 
     @property
     def pending(self) -> int:

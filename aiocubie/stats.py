@@ -12,6 +12,7 @@ from ._plot import render as render_history
 from ._recorder import Recorder
 from ._stats import (
     GroupStatistics,
+    LeaseStatistics,
     ManagerStatistics,
     MemberStatistics,
     Percentiles,
@@ -26,6 +27,7 @@ __all__ = [
     "GroupStatistics",
     "History",
     "HistoryEvent",
+    "LeaseStatistics",
     "ManagerStatistics",
     "MemberStatistics",
     "MemoryInfo",

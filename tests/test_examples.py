@@ -31,6 +31,11 @@ def test_async_pipeline() -> None:
     assert "post: sums of 20000 runs correct" in out
 
 
+def test_broker_share() -> None:
+    out = _run(str(EXAMPLES / "broker_share.py"))
+    assert out.index("first: releasing") < out.index("second: served whole (1 chunk) once the first released")
+
+
 def test_batch_stream() -> None:
     out = _run(str(EXAMPLES / "batch_stream.py"))
     assert re.search(r"24 batches, 3 in flight, every output right: True on (simulator|cuda)", out), out
@@ -91,6 +96,7 @@ def test_every_example_is_tested(path: Path) -> None:
     assert path.stem.removeprefix("test_") in {
         "async_pipeline",
         "batch_stream",
+        "broker_share",
         "cubie_pipeline",
         "dask_chunked",
         "data_loader",

@@ -1,0 +1,273 @@
+"""The broker: a Unix socket serving one device's node budget to the managers of a node.
+
+Each connection is one client (a manager) or a status reader. Every message is checked by the
+protocol before the record (:class:`~aiocubie._broker.leases.Leases`) sees it; a peer that breaks
+the protocol, or belongs to another user, is logged and disconnected, and nothing it sends reaches
+another client. It never imports the manager.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import stat
+import struct
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+from anyio.streams.memory import MemoryObjectSendStream
+
+from .._errors import BrokerError
+from .leases import Client, Leases, Outbox
+from .protocol import VERSION, ProtocolError, receive, send
+
+__all__ = ["Broker", "peer_credentials", "prepare_socket"]
+
+log = logging.getLogger("aiocubie.broker")
+
+#: Seconds a peer has to say hello.
+HELLO_TIMEOUT = 5.0
+#: Messages queued for a client that does not read before it is disconnected.
+OUTBOX = 256
+
+
+def peer_credentials(stream: anyio.abc.SocketStream) -> tuple[int, int, int] | None:
+    """The (pid, uid, gid) of the process at the other end (Linux's SO_PEERCRED; None elsewhere)."""
+    option = getattr(socket, "SO_PEERCRED", None)
+    raw = stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
+    if option is None or raw is None:
+        return None
+    pid, uid, gid = struct.unpack("3i", raw.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i")))
+    return pid, uid, gid
+
+
+def prepare_socket(path: Path) -> None:
+    """Make ``path``'s directory owner-only (creating it 0700) and clear a stale socket.
+
+    Raises
+    ------
+    BrokerError
+        If the directory is another user's or open to others, or a broker answers at ``path``.
+    """
+    folder = path.parent
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = folder.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise BrokerError(
+            f"the broker's socket goes in a directory only you can open; {folder} has mode "
+            f"{stat.filemode(info.st_mode)} (owner uid {info.st_uid}): use a new one such as "
+            f"$XDG_RUNTIME_DIR/aiocubie/broker.sock, or chmod 700 {folder}"
+        )
+    if path.exists() or path.is_symlink():
+        probe = socket.socket(socket.AF_UNIX)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            path.unlink()  # a socket left by a broker that died
+        else:
+            raise BrokerError(f"a broker already serves {path}: stop it first, or use another --socket")
+        finally:
+            probe.close()
+
+
+class Broker:
+    """The node broker of one device.
+
+    Parameters
+    ----------
+    path : str or Path
+        The Unix socket to serve (mode 0600, in a directory of mode 0700).
+    budget : int
+        The bytes the device's clients may lease together.
+    slab : int, optional
+        The bytes clients lease at a time (default: 1/32 of the budget, at least 4 KiB).
+    device : int
+        The device the budget is of (told to clients).
+    allowed_uid : int, optional
+        The user whose processes may connect (default: the broker's own user).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        budget: int,
+        *,
+        slab: int | None = None,
+        device: int = 0,
+        allowed_uid: int | None = None,
+    ) -> None:
+        if budget < 1:
+            raise BrokerError(f"the broker's budget must be at least 1 byte, got {budget}")
+        self.path = Path(path)
+        self.leases = Leases(budget)
+        self.slab = slab if slab is not None else max(4096, budget // 32 // 4096 * 4096)
+        self.device = device
+        self.allowed_uid = os.getuid() if allowed_uid is None else allowed_uid
+        self._outboxes: dict[Client, MemoryObjectSendStream[dict[str, Any]]] = {}
+
+    async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled; the socket is removed at the end."""
+        prepare_socket(self.path)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        mask = os.umask(0o177)  # the socket is born 0600: no moment when another user may connect
+        try:
+            listener.bind(str(self.path))
+        finally:
+            os.umask(mask)
+        log.info(
+            "broker on %s: budget %d bytes, slab %d, device %d", self.path, self.leases.budget, self.slab, self.device
+        )
+        try:
+            with listener:
+                listener.listen(128)
+                listener.setblocking(False)
+                async with anyio.create_task_group() as connections:
+                    task_status.started()
+                    while True:
+                        # (not anyio's listener: on asyncio its accept logs an error when cancelled as a peer knocks)
+                        await anyio.wait_readable(listener)
+                        try:
+                            peer, _ = listener.accept()
+                        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                            continue
+                        connections.start_soon(self._connection, await anyio.abc.UNIXSocketStream.from_socket(peer))
+        finally:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+
+    async def _connection(self, stream: anyio.abc.SocketStream) -> None:
+        """One peer, from hello to goodbye; whatever it does, the broker and the others go on."""
+        peer = peer_credentials(stream)
+        who = f"pid {peer[0]}" if peer else "a peer"
+        try:
+            async with stream:
+                if peer is not None and peer[1] != self.allowed_uid:
+                    log.warning("%s of uid %d refused: the broker serves uid %d", who, peer[1], self.allowed_uid)
+                    await send(stream, {"op": "refused", "v": VERSION, "reason": f"uid {peer[1]} is not served here"})
+                    return
+                buffer = bytearray()
+                with anyio.fail_after(HELLO_TIMEOUT):
+                    hello = await receive(stream, buffer)
+                if hello["op"] != "hello":
+                    raise ProtocolError(f"the first message must be hello, got {hello['op']!r}")
+                if hello["v"] != VERSION:
+                    reason = f"this broker speaks protocol {VERSION}, the client {hello['v']}"
+                    log.warning("%s refused: %s", who, reason)
+                    await send(stream, {"op": "refused", "v": VERSION, "reason": reason})
+                    return
+                if hello["role"] == "status":
+                    await send(stream, self._welcome())
+                    await self._report(stream, buffer)
+                    return
+                client = Client(
+                    hello["pid"] if peer is None else peer[0], None if peer is None else peer[1], hello["name"]
+                )
+                await self._serve_client(stream, buffer, client, hello["hold"])
+        except ProtocolError as exc:
+            log.warning("%s broke the protocol (%s): connection closed", who, exc)
+        except TimeoutError:
+            log.warning("%s said no hello within %g s: connection closed", who, HELLO_TIMEOUT)
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass  # the peer left
+        except Exception:  # a bug: this connection ends, the broker goes on
+            log.exception("%s: unexpected error; connection closed", who)
+
+    async def _report(self, stream: anyio.abc.SocketStream, buffer: bytearray) -> None:
+        """A status reader: answer each ``status`` with the record."""
+        while True:
+            message = await receive(stream, buffer)
+            if message["op"] != "status":
+                raise ProtocolError(f"a status reader may only ask status, got {message['op']!r}")
+            await send(stream, {"op": "report", "status": self.status()})
+
+    def _welcome(self) -> dict[str, Any]:
+        return {"op": "welcome", "v": VERSION, "budget": self.leases.budget, "slab": self.slab, "device": self.device}
+
+    def status(self) -> dict[str, Any]:
+        """The record (see :meth:`Leases.status`) with the socket, slab and device."""
+        return {**self.leases.status(), "socket": str(self.path), "slab": self.slab, "device": self.device}
+
+    async def _serve_client(self, stream: anyio.abc.SocketStream, buffer: bytearray, client: Client, hold: int) -> None:
+        outbox, inbox = anyio.create_memory_object_stream[dict[str, Any]](OUTBOX)
+        joined = self.leases.join(client, hold)
+        self._outboxes[client] = outbox
+        log.info("client pid %d (%s) joined holding %d bytes", client.pid, client.name, hold)
+        error: Exception | None = None  # raised outside the task group: not wrapped in an ExceptionGroup
+        try:
+            async with anyio.create_task_group() as tasks:
+                writing = anyio.Lock(
+                    fast_acquire=True
+                )  # the reader answers its client inline; the writer sends the rest
+                tasks.start_soon(self._write, stream, inbox, writing, tasks.cancel_scope)
+                self._post([(client, self._welcome()), *joined])
+                try:
+                    await self._read(stream, buffer, client, writing)
+                except Exception as exc:
+                    error = exc
+                tasks.cancel_scope.cancel()
+            if error is not None:
+                raise error
+        finally:
+            del self._outboxes[client]
+            outbox.close()
+            self._post(self.leases.leave(client))
+            log.info("client pid %d left; its lease is back", client.pid)
+
+    async def _read(
+        self, stream: anyio.abc.SocketStream, buffer: bytearray, client: Client, writing: anyio.Lock
+    ) -> None:
+        leases = self.leases
+        while True:
+            message = await receive(stream, buffer)
+            op = message["op"]
+            if op == "lease":
+                out = leases.ask(
+                    client, message["id"], message["min"], message["want"], message["wait"], message["priority"]
+                )
+            elif op == "cancel":
+                out = leases.cancel(client, message["id"])
+            elif op == "return":
+                out = leases.give_back(client, message["bytes"])
+            elif op == "status":
+                out = [(client, {"op": "report", "status": self.status()})]
+            else:
+                raise ProtocolError(f"a client may not send {op!r}")
+            if out and out[0][0] is client and len(out) == 1:  # its own answer alone: written now, no task switch
+                async with writing:
+                    await send(stream, out[0][1])
+            else:
+                self._post(out)
+
+    def _post(self, out: Outbox) -> None:
+        """Queue each message for its client; a client too slow to read is disconnected."""
+        for client, message in out:
+            outbox = self._outboxes.get(client)
+            if outbox is None:
+                continue
+            try:
+                outbox.send_nowait(message)
+            except anyio.WouldBlock:
+                log.warning("client pid %d does not read its messages: disconnected", client.pid)
+                outbox.close()
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass
+
+    async def _write(
+        self,
+        stream: anyio.abc.SocketStream,
+        inbox: anyio.abc.ObjectReceiveStream[dict[str, Any]],
+        writing: anyio.Lock,
+        scope: anyio.CancelScope,
+    ) -> None:
+        try:
+            async with inbox:
+                async for message in inbox:
+                    async with writing:
+                        await send(stream, message)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass
+        scope.cancel()  # the outbox closed (a slow reader) or the peer left: end the connection

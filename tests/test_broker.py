@@ -1,0 +1,352 @@
+"""The node broker (issue 34): protocol, leases, policies across managers, faults, security, a storm.
+
+In-process tests run a :class:`Broker` in the test's loop (asyncio, trio, uvloop); the fault and storm
+tests run real processes (``tests/brokerkit.py``): a broker, clients, one killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket as sockets
+import stat
+import struct
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+from brokerkit import DEVICE, MiB, broker, spawn, status
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from aiocubie import ArrayRequest, MemoryManager
+from aiocubie._broker.client import broker_status
+from aiocubie._broker.leases import Client, Leases
+from aiocubie._broker.protocol import MAX_FRAME, VERSION, ProtocolError, check, decode, encode
+from aiocubie._broker.server import Broker, prepare_socket
+from aiocubie.errors import BrokerError, LeaseError
+from aiocubie.simulator import SimulatorBackend
+
+
+@pytest.fixture(params=["asyncio", "trio", pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
+def anyio_backend(request: pytest.FixtureRequest) -> object:
+    if request.param != "asyncio" and request.param != "trio":
+        pytest.importorskip("uvloop")
+    return request.param
+
+
+@pytest.fixture
+def where(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A socket path in a fresh owner-only directory (short: a Unix socket's path is at most 107 bytes)."""
+    folder = Path(f"/tmp/aiocubie-test-{os.getpid()}-{time.monotonic_ns()}")
+    yield folder / "broker.sock"
+    with contextlib.suppress(OSError):
+        for child in folder.iterdir():
+            child.unlink()
+        folder.rmdir()
+
+
+@contextlib.asynccontextmanager
+async def serving(path: Path, budget: int, **options: object) -> AsyncIterator[Broker]:
+    served = Broker(path, budget, **options)  # type: ignore[arg-type]
+    async with anyio.create_task_group() as tasks:
+        await tasks.start(served.serve)
+        yield served
+        tasks.cancel_scope.cancel()
+
+
+def block(nbytes: int) -> dict[str, ArrayRequest]:
+    """``nbytes`` as float32 runs along a chunkable axis."""
+    return {"x": ArrayRequest((nbytes // 4,), "float32", chunk_axis=0)}
+
+
+# -- the protocol -----------------------------------------------------------------------------
+messages = st.one_of(
+    st.builds(
+        lambda i, m, w, p: {"op": "lease", "id": i, "min": m, "want": m + w, "wait": p % 2 == 0, "priority": p},
+        st.integers(0, 2**40),
+        st.integers(0, 2**40),
+        st.integers(0, 2**40),
+        st.integers(-100, 100),
+    ),
+    st.builds(lambda i: {"op": "cancel", "id": i}, st.integers(0, 2**61)),
+    st.builds(
+        lambda n, t: {"op": "hello", "v": VERSION, "role": "client", "pid": 1, "name": t, "hold": n},
+        st.integers(0, 2**50),
+        st.text(max_size=30),
+    ),
+)
+
+
+@given(messages)
+def test_a_message_survives_its_frame(message: dict[str, object]) -> None:
+    frame = encode(message)
+    (length,) = struct.unpack(">I", frame[:4])
+    assert length == len(frame) - 4
+    assert decode(frame[4:]) == message
+
+
+@pytest.mark.parametrize(
+    ("message", "why"),
+    [
+        ([1, 2], "JSON object"),
+        ({"op": "steal"}, "unknown op"),
+        ({"op": 7}, "unknown op"),
+        ({"op": "cancel", "id": "1"}, "must be int"),
+        ({"op": "cancel", "id": True}, "must be int, got bool"),
+        ({"op": "cancel", "id": -1}, "out of range"),
+        ({"op": "return", "bytes": 2**70}, "out of range"),
+        ({"op": "lease", "id": 1, "min": 9, "want": 1, "wait": False, "priority": 0}, "over want"),
+        ({"op": "hello", "v": 1, "role": "root", "pid": 1, "name": "", "hold": 0}, "role"),
+    ],
+)
+def test_a_message_outside_the_protocol_is_refused(message: object, why: str) -> None:
+    with pytest.raises(ProtocolError, match=why):
+        check(message)
+
+
+def test_the_record_serves_priority_then_first_come() -> None:
+    leases = Leases(100)
+    a, b, c, d = (Client(pid, 0, name) for pid, name in enumerate("abcd"))
+    for client in (a, b, c, d):
+        leases.join(client, 0)
+    assert leases.ask(a, 1, 100, 100, False, 0)[0][1]["op"] == "granted"
+    out = leases.ask(b, 1, 10, 10, True, 0) + leases.ask(c, 1, 10, 10, True, 0) + leases.ask(d, 1, 10, 10, True, 5)
+    assert [m["op"] for _, m in out] == ["pressure"] * 4  # a waiter: every client keeps no idle slab
+    served = leases.give_back(a, 20)
+    assert [(client.name, m["op"]) for client, m in served] == [("d", "granted"), ("b", "granted")]
+    assert leases.status()["waiters"][0]["pid"] == c.pid
+    assert leases.peak == leases.budget == leases.leased
+
+
+def test_a_refusal_names_what_the_others_hold() -> None:
+    leases = Leases(64 * MiB)
+    holder, asker = Client(11, 0, "trainer"), Client(12, 0, "")
+    leases.join(holder, 48 * MiB)
+    leases.join(asker, 0)
+    (_, answer), (reclaimed, reclaim) = leases.ask(asker, 3, 32 * MiB, 32 * MiB, False, 0)
+    assert answer["op"] == "denied" and reclaimed is holder and reclaim == {"op": "reclaim"}
+    assert "pid 11 (trainer) 48.0 MiB" in answer["reason"] and "64.0 MiB" in answer["reason"]
+    leases.leave(holder)
+    assert leases.leased == 0 and leases.clients == [asker]
+
+
+# -- managers of one process leasing from a broker in the loop ---------------------------------
+@pytest.mark.anyio
+async def test_a_request_its_lease_covers_never_talks_to_the_broker(where: Path) -> None:
+    async with serving(where, 32 * MiB), MemoryManager(SimulatorBackend(total=DEVICE), broker=where) as mgr:
+        member = object()
+        mgr.register(member)
+        async with mgr.request(member, block(4 * MiB)):
+            lease = mgr.statistics().lease
+            assert lease is not None and lease.connected and lease.leases == 1
+            assert 4 * MiB <= lease.granted <= 32 * MiB and lease.used == 4 * MiB
+        for _ in range(20):
+            async with mgr.request(member, block(2 * MiB)) as response:
+                assert response.chunks == 1
+        assert mgr.statistics().lease.leases == 1  # type: ignore[union-attr]
+        record = await broker_status(str(where))
+        assert record["leased"] == mgr.statistics().lease.granted  # type: ignore[union-attr]
+    assert MemoryManager(SimulatorBackend(total=MiB)).statistics().lease is None
+
+
+@pytest.mark.anyio
+async def test_policies_across_managers_wait_chunk_fail(where: Path) -> None:
+    async with serving(where, 16 * MiB):
+        async with (
+            MemoryManager(SimulatorBackend(total=DEVICE), broker=where) as first,
+            MemoryManager(SimulatorBackend(total=DEVICE), broker=where, policy="wait") as waiter,
+            MemoryManager(SimulatorBackend(total=DEVICE), broker=where, policy="chunk") as chunker,
+            MemoryManager(SimulatorBackend(total=DEVICE), broker=where, policy="fail", mode="active") as failer,
+        ):
+            members = [object() for _ in range(4)]
+            for mgr, member in zip((first, waiter, chunker, failer), members):
+                mgr.register(member, proportion=0.5 if mgr is failer else None)
+            held = await first.request(members[0], block(10 * MiB))
+            with pytest.raises(LeaseError, match=rf"{where}.*pid {os.getpid()}"):
+                await failer.request(members[3], block(6 * MiB))  # under its cap; the node has 5 MiB free
+            async with chunker.request(members[2], block(8 * MiB)) as chunked:
+                assert chunked.chunks > 1  # what the node has free now, in chunks
+            async with anyio.create_task_group() as tasks:
+                got: list[int] = []
+
+                async def wait() -> None:
+                    async with waiter.request(members[1], block(12 * MiB)) as response:
+                        got.append(response.chunks)
+
+                tasks.start_soon(wait)
+                await anyio.sleep(0.1)
+                record = await broker_status(str(where))
+                assert len(record["waiters"]) == 1 and not got  # waiting at the broker, the loop free
+                held.release()
+            assert got == [1]  # whole, once the first manager gave its bytes back
+            assert (await broker_status(str(where)))["peak"] <= 16 * MiB
+
+
+@pytest.mark.anyio
+async def test_a_client_of_another_protocol_version_is_refused_and_refuses(where: Path) -> None:
+    async with serving(where, MiB):
+        stream = await anyio.connect_unix(where)
+        async with stream:
+            await stream.send(encode({"op": "hello", "v": 99, "role": "client", "pid": 1, "name": "", "hold": 0}))
+            answer = decode((await stream.receive())[4:])
+        assert answer["op"] == "refused" and f"protocol {VERSION}, the client 99" in answer["reason"]
+
+    async def newer_broker(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            await stream.receive()
+            await stream.send(encode({"op": "welcome", "v": 99, "budget": 1, "slab": 1, "device": 0}))
+
+    where.parent.mkdir(mode=0o700, exist_ok=True)
+    listener = await anyio.create_unix_listener(where)
+    async with listener, anyio.create_task_group() as tasks:
+        tasks.start_soon(listener.serve, newer_broker)
+        with pytest.raises(BrokerError, match=f"protocol 99, this client {VERSION}"):
+            await broker_status(str(where))
+        tasks.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_the_socket_is_the_owners_only(where: Path) -> None:
+    async with serving(where, MiB):
+        assert stat.S_IMODE(where.stat().st_mode) == 0o600
+        assert stat.S_IMODE(where.parent.stat().st_mode) == 0o700
+        with pytest.raises(BrokerError, match="already serves"):
+            prepare_socket(where)
+    where.parent.chmod(0o755)
+    with pytest.raises(BrokerError, match="only you can open.*chmod 700"):
+        prepare_socket(where)
+
+
+@pytest.mark.anyio
+@pytest.mark.skipif(not hasattr(sockets, "SO_PEERCRED"), reason="peer credentials are Linux's")
+async def test_a_peer_of_another_user_is_refused(where: Path) -> None:
+    async with serving(where, MiB, allowed_uid=os.getuid() + 1):
+        with pytest.raises(BrokerError, match=f"uid {os.getuid()} is not served"):
+            await broker_status(str(where))
+
+
+# -- real processes -----------------------------------------------------------------------------
+def test_a_killed_client_s_lease_is_back_within_a_second(where: Path) -> None:
+    with broker(where, 64 * MiB):
+        holder = spawn(str(Path(__file__).with_name("brokerkit.py")), "hold", str(where), str(8 * MiB))
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        record = status(where)
+        assert [c["pid"] for c in record["clients"]] == [holder.pid] and record["leased"] >= 8 * MiB  # type: ignore[index]
+        shown = spawn("-m", "aiocubie", "broker", "status", "--socket", str(where)).communicate(timeout=30)[0]
+        assert "clients (1):" in shown and f"pid {holder.pid}" in shown and "waiters (0):" in shown
+        holder.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        holder.wait()
+        while status(where)["leased"]:
+            assert time.monotonic() - killed < 1.0
+            time.sleep(0.01)
+
+
+def test_a_dead_broker_leaves_arrays_valid_and_is_rejoined(where: Path) -> None:
+    async def main() -> None:
+        async with MemoryManager(SimulatorBackend(total=DEVICE), broker=where) as mgr:
+            member = object()
+            mgr.register(member)
+            with broker(where, 32 * MiB) as first:
+                held = await mgr.request(member, block(4 * MiB))
+                held.arrays["x"].fill(7.0)
+                first.kill()
+                first.wait()
+            await anyio.sleep(0.05)
+            assert (held.arrays["x"].get() == 7.0).all()  # the arrays stay valid
+            with pytest.raises(BrokerError, match="no broker answers at"):
+                await mgr.request(member, block(30 * MiB))  # not covered: a lease, and no broker
+            with broker(where, 32 * MiB):
+                async with mgr.request(member, block(8 * MiB)) as response:
+                    assert response.chunks == 1
+                    record = await broker_status(str(where))
+                    assert record["leased"] >= 12 * MiB  # what it held through the death, told again
+            held.release()
+
+    anyio.run(main)
+
+
+def test_hostile_bytes_close_only_their_connection(where: Path) -> None:
+    with broker(where, 8 * MiB) as process:
+        frames = st.one_of(
+            st.binary(max_size=64),
+            st.builds(lambda body: struct.pack(">I", len(body)) + body, st.binary(max_size=64)),
+            st.builds(lambda n: struct.pack(">I", n), st.integers(MAX_FRAME + 1, 2**32 - 1)),
+            st.builds(
+                lambda m: encode(m),
+                st.dictionaries(
+                    st.sampled_from(["op", "id", "v", "min"]),
+                    st.integers() | st.text(max_size=5) | st.none(),
+                    max_size=4,
+                ),
+            ),
+            st.builds(
+                lambda m: (
+                    encode({"op": "hello", "v": VERSION, "role": "client", "pid": 1, "name": "", "hold": 0}) + encode(m)
+                ),
+                st.dictionaries(
+                    st.sampled_from(["op", "id", "bytes", "want"]),
+                    st.integers(-2, 2**64) | st.sampled_from(["lease", "return", "cancel", "steal"]),
+                    max_size=4,
+                ),
+            ),
+        )
+
+        @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+        @given(frames)
+        def attack(data: bytes) -> None:
+            with sockets.socket(sockets.AF_UNIX) as peer:
+                peer.settimeout(2)
+                peer.connect(str(where))
+                peer.sendall(data)
+                peer.shutdown(sockets.SHUT_WR)
+                with contextlib.suppress(OSError):
+                    while peer.recv(4096):
+                        pass  # the broker answers, then closes (or closes at once)
+
+        attack()
+        assert process.poll() is None  # alive
+        record = status(where)
+        assert record["leased"] == 0 and record["clients"] == []
+        assert process.stderr is not None
+    log = process.stderr.read()
+    assert "broke the protocol" in log and "Traceback" not in log
+
+
+def test_eight_clients_storm_one_node_budget(where: Path) -> None:
+    budget, clients = 48 * MiB, 8
+    kit = str(Path(__file__).with_name("brokerkit.py"))
+    with broker(where, budget):
+        storms = [spawn(kit, "storm", str(where), str(seed), "40") for seed in range(clients)]
+        victim = storms[3]
+        deadline = time.monotonic() + 30
+        while not any(c["pid"] == victim.pid and c["lease"] for c in status(where)["clients"]):  # type: ignore[attr-defined]
+            assert time.monotonic() < deadline, "the victim never leased"
+            time.sleep(0.01)
+        victim.send_signal(signal.SIGKILL)  # in the middle of its storm, holding a lease
+        results = []
+        for process in storms:
+            out, err = process.communicate(timeout=50)
+            if process is victim:
+                continue
+            assert process.returncode == 0, err
+            results.append(json.loads(out.strip().splitlines()[-1]))
+        record = status(where)
+    assert record["peak"] <= budget and record["leased"] == 0 and record["clients"] == []
+    for result in results:
+        assert result["wrong"] == 0 and result["errors"] == {}, result
+    served = sum(r["correct"] for r in results)
+    assert served >= 0.5 * 40 * (clients - 1), results
+    assert {r["policy"] for r in results} == {"chunk", "wait"}
+
+
+def test_the_command_needs_a_budget_and_a_broker(where: Path) -> None:
+    _, err = spawn("-m", "aiocubie", "broker", "--socket", str(where)).communicate(timeout=30)
+    assert "needs --budget BYTES" in err
+    _, err = spawn("-m", "aiocubie", "broker", "status", "--socket", str(where)).communicate(timeout=30)
+    assert f"no broker answers at {where}" in err
