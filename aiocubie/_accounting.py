@@ -28,6 +28,7 @@ from ._planner import ChunkPlan, offered_bytes
 from ._protocols import RecoveryLog
 from ._recovery import ReclaimHook, Recovery
 from ._requests import ArrayResponse, MemoryKind, RequestSet
+from ._spill import Spills
 from ._stats import format_bytes
 
 __all__ = ["DeviceAccount", "Recording"]
@@ -86,6 +87,8 @@ class DeviceAccount:
         Makes the arrays over the resource's blocks.
     resource : MemoryResource
         The resource stack every allocation goes through (read-only: :meth:`set_resource` swaps it).
+    spills : Spills or None
+        Where responses of spillable arrays are tracked (the manager sets it; None: they are not spilled).
     """
 
     def __init__(
@@ -115,6 +118,7 @@ class DeviceAccount:
         self._free_at = -math.inf
         self._free_delta = 0  # VRAM we allocated (+) or released (-) since the reading
         self._generation = 0  # context resets so far (forget_all): a free deferred across one is dropped
+        self.spills: Spills | None = None
         on_failure(self.resource, self._library_out_of_memory)
 
     def listen(self, listener: Callable[[], None]) -> None:
@@ -493,7 +497,28 @@ class DeviceAccount:
         if allocations:
             self.ledger.add(response, allocations, vram)
             self._free_delta += vram
+            if requests.spillable and self.spills is not None:
+                self.spills.track(response, allocations, requests.spillable)
         return response
+
+    def evict(self, allocations: list[Allocation]) -> int:
+        """``allocations`` (held) were copied to host: their bytes leave the ledger's totals, their blocks go
+        back now (the copies are done) and waiting batches hear of it; the bytes freed."""
+        blocks = [alloc.block for alloc in allocations]
+        if self.history is not None:  # as a release of their bytes (a restore is an allocation)
+            self.history.released(allocations)
+        vram = self.ledger.evict(allocations)
+        deallocate = self.resource.deallocate
+        for block in blocks:
+            deallocate(block)
+        self._free_delta -= vram
+        self._announce()
+        return vram
+
+    def graft(self, source: ArrayResponse, owner: ArrayResponse, labels: dict[str, str]) -> list[Allocation] | None:
+        """Move the arrays ``source`` was allocated (a restore's request) to ``owner``, relabelled by ``labels``
+        (see :meth:`Ledger.graft`); None if either was released."""
+        return self.ledger.graft(source, owner, labels)
 
     def release(self, response: ArrayResponse | None) -> bool:
         """Free the arrays of ``response`` (nothing if it holds none, or was released).
@@ -558,7 +583,8 @@ class DeviceAccount:
         vram = 0
         try:
             for alloc in allocations:
-                deallocate(alloc.block)
+                if alloc.block is not None:  # None: spilled to host (its bytes left when it was)
+                    deallocate(alloc.block)
                 vram += alloc.vram
         finally:
             self._free_delta -= vram

@@ -25,6 +25,7 @@ __all__ = [
     "PlanningError",
     "RegistrationError",
     "ReleasedError",
+    "SpilledError",
     "RunLengthMismatchError",
     "UnchunkableTooLargeError",
     "UnknownAllocatorError",
@@ -110,6 +111,10 @@ class BackendError(AiocubieError):
 
 class ReleasedError(AiocubieError):
     """The request's arrays were freed (``free``, ``free_all``) before it resolved."""
+
+
+class SpilledError(AiocubieError):
+    """A spillable array was touched while spilled to host: use it inside ``async with response.use()``."""
 
 
 class ContextResetError(AiocubieError):

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._accounting import DeviceAccount
 from ._backends import Allocator, Backend, create_backend
+from ._completion import running_loop
 from ._budget import LimitMode
 from ._entry import RequestEntry
 from ._errors import ManagerStateError
@@ -34,6 +35,7 @@ from ._registry import InvalidateHook, ReadyHook, Registry
 from ._release import Release
 from ._requests import ArrayRequest, ArrayResponse
 from ._serving import Serving
+from ._spill import Spills
 from ._stats import ManagerStatistics, Snapshot, Telemetry, summary
 from ._transfers import HostView
 
@@ -145,6 +147,9 @@ class MemoryManager:
         )
         self._observer = observer = Observer(given.device, account, registry, telemetry)
         self._groups = groups = StreamGroups(registry, account, serving, observer.group_left)
+        account.spills = Spills(  # a restore asks for its memory as its member's request would
+            account, lambda key, requests: groups.serve(registry.members[key], requests, running_loop())
+        )
         self._registration = registration = Registration(registry, account, groups, observer.member_left)
         self._release = release = Release(registration, account, groups)
         self._lifecycle = lifecycle = Lifecycle(

@@ -14,8 +14,9 @@ import attrs
 from ._errors import InsufficientMemoryError, PlanningError
 from ._options import Policy
 from ._planner import ChunkPlan, plan_chunks
+from ._stats import format_bytes
 
-__all__ = ["Totals", "Wait", "check_under_cap", "decide", "longest_head", "waits_on_itself"]
+__all__ = ["Totals", "Wait", "check_under_cap", "decide", "longest_head", "self_wait_message", "waits_on_itself"]
 
 
 class Totals(NamedTuple):
@@ -141,6 +142,17 @@ def waits_on_itself(totals: Totals, wait: Wait, own: int) -> bool:
     except PlanningError:
         return True
     return without.planned_bytes < wait.best.planned_bytes
+
+
+def self_wait_message(group: str, names: str, own: int, wait: Wait) -> str:
+    """The warning for a batch of ``names`` in ``group`` that waits for the ``own`` bytes its requesters hold."""
+    return (
+        f"group {group!r}, policy 'wait': a request of {names} waits for memory its own requester(s) "
+        f"hold ({format_bytes(own)}): it needs {format_bytes(wait.best.planned_bytes)} of the "
+        f"{format_bytes(wait.offered)} the group could offer, and is served only once they release. If the task "
+        "that awaits it holds those arrays (a request nested in another's `async with`), it waits forever: "
+        "release them first, ask for less, or use policy 'chunk'"
+    )
 
 
 def check_under_cap(group: str, held: int, cap: int) -> None:

@@ -18,7 +18,7 @@ import inspect
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -36,11 +36,11 @@ from ._errors import (
 )
 from ._options import Policy
 from ._planner import ChunkPlan, chunk_axis_hint
-from ._policy import Totals, Wait, check_under_cap, decide, longest_head, waits_on_itself
+from ._policy import Totals, Wait, check_under_cap, decide, longest_head, self_wait_message, waits_on_itself
 from ._protocols import Event
 from ._registry import Group, Member, await_hook, call_hook
 from ._requests import ArrayResponse, RequestSet
-from ._stats import format_bytes
+from ._spill import spill_room
 from ._tickets import State, Ticket
 from ._waiting import WaitingLine
 
@@ -116,6 +116,7 @@ class GroupScheduler:
         self._warned: set[int] = set()  # ids of waiting tickets warned that they wait on their own members
         # the last one-chunk plan of a batch of one request, and what it was worked out from (_try_plan)
         self._memo: tuple[tuple[Any, ...], ChunkPlan] | None = None
+        self._room: Callable[[], Awaitable[int]] | None = None  # spills that may let the batch fit (_plan_to_policy)
 
     # -- called from the loop thread (sync) ----------------------------------------------------
     def submit(self, ticket: Ticket) -> None:
@@ -398,6 +399,9 @@ class GroupScheduler:
                 plan = self._try_plan(batch)
                 if plan is not None and not self._behind():
                     return plan
+                if self._room is not None:  # spill idle arrays first, then plan again
+                    await self._room()
+                    continue
                 options = self._account.options
                 if options.waits and not options.active:
                     self._line.join(self)
@@ -480,6 +484,9 @@ class GroupScheduler:
         if plan is None or plan.chunks > 1 or 2 * plan.planned_bytes > free:
             plan, offered, free = self._plan_against(totals, fresh=True)
         options = account.options
+        self._room = None if plan is not None and plan.chunks == 1 else spill_room(account, batch, totals, offered, members)
+        if self._room is not None:
+            return None
         if plan is None and options.active and options.policy is not Policy.WAIT:
             check_under_cap(self.name, account.ledger.held(members), account.budget.group_cap(members))
         decided = decide(
@@ -509,14 +516,7 @@ class GroupScheduler:
             return
         self._warned.update(id(t) for t in batch)
         names = ", ".join(sorted({self._members[k].name for k in keys if k in self._members}))
-        message = (
-            f"group {self.name!r}, policy 'wait': a request of {names} waits for memory its own requester(s) "
-            f"hold ({format_bytes(own)}): it needs {format_bytes(wait.best.planned_bytes)} of the "
-            f"{format_bytes(wait.offered)} the group could offer, and is served only once they release. If the task "
-            "that awaits it holds those arrays (a request nested in another's `async with`), it waits forever: "
-            "release them first, ask for less, or use policy 'chunk'"
-        )
-        warn(message)  # a warning, not a log line too: printed once
+        warn(self_wait_message(self.name, names, own, wait))  # a warning, not a log line too: printed once
 
     def _plan_against(self, totals: Totals, *, fresh: bool) -> tuple[ChunkPlan | None, int, int]:
         free = self._account.free_memory(fresh=fresh)

@@ -94,6 +94,9 @@ class Ticket:
         self.error: BaseException | None = None
         self._signal: Signal | None = None  # made only when the awaiting task has to sleep
 
+    #: Its priority (higher first): what spilling may not exceed to serve it (s7-prio sets it per request).
+    priority = 0
+
     def __repr__(self) -> str:
         return f"<Ticket {self.key!r} {self.state.value}>"
 

@@ -20,6 +20,7 @@ from ._errors import (
     RegistrationError,
     ReleasedError,
     RunLengthMismatchError,
+    SpilledError,
     UnchunkableTooLargeError,
     UnknownAllocatorError,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "RegistrationError",
     "ReleasedError",
     "RunLengthMismatchError",
+    "SpilledError",
     "UnchunkableTooLargeError",
     "UnknownAllocatorError",
 ]
