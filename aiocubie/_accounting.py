@@ -22,7 +22,7 @@ from ._backends._resource import on_failure
 from ._budget import Budget, group_available
 from ._errors import BudgetError, OutOfMemoryError
 from ._lease import Lease
-from ._ledger import Allocation, Ledger
+from ._ledger import SPILLED, Allocation, Ledger
 from ._options import Options
 from ._planner import ChunkPlan, offered_bytes
 from ._protocols import RecoveryLog
@@ -163,6 +163,8 @@ class DeviceAccount:
         self.budget.remove(key)
         self.release_where(lambda a: a.key == key)
         peak = self.ledger.forget(key)  # the id may be reused by a new instance
+        if self.spills is not None:
+            self.spills.by_key.pop(key, None)
         self._announce()
         return peak
 
@@ -199,6 +201,8 @@ class DeviceAccount:
         """Group ``group`` is gone: drop its totals and return its peak (None while it still holds arrays)."""
         if self.ledger.live_by_group.get(group):
             return None
+        if self.spills is not None:
+            self.spills.by_group.pop(group, None)
         return self.ledger.forget_group(group)
 
     def reset_peaks(
@@ -583,7 +587,7 @@ class DeviceAccount:
         vram = 0
         try:
             for alloc in allocations:
-                if alloc.block is not None:  # None: spilled to host (its bytes left when it was)
+                if alloc.block is not SPILLED:  # on host: its bytes left when it was spilled
                     deallocate(alloc.block)
                 vram += alloc.vram
         finally:

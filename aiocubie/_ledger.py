@@ -14,7 +14,10 @@ import attrs
 
 from ._requests import ArrayResponse, MemoryKind
 
-__all__ = ["Allocation", "Ledger"]
+__all__ = ["SPILLED", "Allocation", "Ledger"]
+
+#: The block of an allocation whose array is spilled to host (see :meth:`Ledger.evict`): nothing to give back.
+SPILLED: Any = type("Spilled", (), {"__repr__": lambda self: "SPILLED", "__slots__": ()})()
 
 
 @attrs.define(eq=False)
@@ -135,13 +138,13 @@ class Ledger:
 
     def evict(self, allocations: Iterable[Allocation]) -> int:
         """``allocations`` (held) went to host: their VRAM leaves every total; they stay with their owner
-        (no block, no bytes) until restored or released. Returns the bytes that left."""
+        (block :data:`SPILLED`, no bytes) until restored or released. Returns the bytes that left."""
         vram = 0
         for alloc in allocations:
             vram += alloc.vram
             self.live_by_key[alloc.key] -= alloc.vram
             self.live_by_group[alloc.group] -= alloc.vram
-            alloc.vram, alloc.block, alloc.array = 0, None, None
+            alloc.vram, alloc.block, alloc.array = 0, SPILLED, None
         self.live -= vram
         return vram
 
@@ -154,7 +157,7 @@ class Ledger:
             return None
         del self._by_owner[id(source)]
         names = set(labels.values())
-        kept = [a for a in held if not (a.block is None and a.label in names)]
+        kept = [a for a in held if not (a.block is SPILLED and a.label in names)]
         for alloc in moved:
             alloc.label, alloc.owner = labels[alloc.label], owner
         self._by_owner[id(owner)] = kept + moved

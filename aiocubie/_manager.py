@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from ._accounting import DeviceAccount
 from ._backends import Allocator, Backend, create_backend
-from ._completion import running_loop
 from ._budget import LimitMode
+from ._completion import running_loop
 from ._entry import RequestEntry
 from ._errors import ManagerStateError
 from ._grouping import GroupsView

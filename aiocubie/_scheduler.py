@@ -484,7 +484,9 @@ class GroupScheduler:
         if plan is None or plan.chunks > 1 or 2 * plan.planned_bytes > free:
             plan, offered, free = self._plan_against(totals, fresh=True)
         options = account.options
-        self._room = None if plan is not None and plan.chunks == 1 else spill_room(account, batch, totals, offered, members)
+        self._room = (
+            None if plan is not None and plan.chunks == 1 else spill_room(account, batch, totals, offered, members)
+        )
         if self._room is not None:
             return None
         if plan is None and options.active and options.policy is not Policy.WAIT:

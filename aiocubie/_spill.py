@@ -28,8 +28,9 @@ from ._ledger import Allocation
 from ._options import Options
 from ._policy import Totals
 from ._requests import ArrayRequest, ArrayResponse, RequestSet, check_requests
+from ._stats import SpillStats
 
-__all__ = ["Serve", "SpillAccount", "SpillCounts", "SpillRecord", "SpillStats", "Spills", "spill_room"]
+__all__ = ["Serve", "SpillAccount", "SpillCounts", "SpillRecord", "Spills", "spill_room"]
 
 log = logging.getLogger("aiocubie")
 
@@ -72,34 +73,6 @@ class _Entry:
     nbytes: int
     buffer: np.ndarray[Any, Any] | None = None  # the pinned pool's buffer under ``host``
     host: np.ndarray[Any, Any] | None = None
-
-
-@attrs.frozen
-class SpillStats:
-    """Spilling of one component, one group or the manager (``now`` and ``peak``: bytes on host).
-
-    Attributes
-    ----------
-    now, peak : int
-        Bytes spilled to host now, and the most at once.
-    spills, spilled_bytes : int
-        Spills done and the bytes they moved to host.
-    spill_seconds : float
-        Time from queueing a spill's copies to freeing its device memory, summed.
-    restores, restored_bytes : int
-        Restores done (in ``use()``) and the bytes they brought back.
-    restore_seconds : float
-        Time from asking for the memory to the data being back, summed.
-    """
-
-    now: int = 0
-    peak: int = 0
-    spills: int = 0
-    spilled_bytes: int = 0
-    spill_seconds: float = 0.0
-    restores: int = 0
-    restored_bytes: int = 0
-    restore_seconds: float = 0.0
 
 
 @attrs.define
@@ -189,6 +162,11 @@ class SpillRecord:
         return sum(entry.nbytes for entry in self.entries)
 
     @property
+    def spilled(self) -> bool:
+        """On host now (spilled, or being restored)."""
+        return self.state is _State.SPILLED or self.state is _State.RESTORING
+
+    @property
     def priority(self) -> int:
         return self.response.lease.priority
 
@@ -265,9 +243,19 @@ class Spills:
         self.records.pop(id(record.response), None)
         record.response.lease.spill = None
 
-    def pinned_bytes(self) -> int:
-        """Bytes of pinned host memory the spilled arrays hold now."""
-        return sum(e.nbytes for r in self.records.values() for e in r.entries if e.buffer is not None)
+    def key_stats(self, key: Hashable) -> SpillStats:
+        """The spilling of member ``key`` so far."""
+        found = self.by_key.get(key)
+        return SpillStats() if found is None else found.frozen()
+
+    def group_stats(self, group: str) -> SpillStats:
+        """The spilling of the members of ``group`` so far (counted where each spill and restore was)."""
+        found = self.by_group.get(group)
+        return SpillStats() if found is None else found.frozen()
+
+    def spilled(self) -> int:
+        """Responses whose spillable arrays are on host now."""
+        return sum(record.spilled for record in self.records.values())
 
     # -- making room ---------------------------------------------------------------------------
     def candidates(self, priority: int, keys: Collection[Hashable] | None = None) -> list[SpillRecord]:
@@ -347,7 +335,7 @@ class Spills:
     def unpin(self, record: SpillRecord, entries: list[_Entry]) -> None:
         """Give the host copies of ``entries`` back to the pinned pool (what was on host leaves the counts)."""
         pool = self._account.device.pinned_pool
-        on_host = record.state is _State.SPILLED or record.state is _State.RESTORING
+        on_host = record.spilled
         for entry in entries:
             if entry.buffer is not None:
                 pool.release(entry.buffer)
@@ -414,7 +402,9 @@ class Spills:
             account.release(fresh)
             raise
         arrays = dict(fresh.arrays)  # the graft hands the fresh response's arrays to the record's
-        moved = None if record.dropped else account.graft(fresh, record.response, {n: e.label for n, e in names.items()})
+        moved = (
+            None if record.dropped else account.graft(fresh, record.response, {n: e.label for n, e in names.items()})
+        )
         if moved is None:
             account.release(fresh)
             return

@@ -17,6 +17,7 @@ from ._stats import (
     PinnedStats,
     RecoveryStats,
     Snapshot,
+    SpillStats,
     UsageStats,
 )
 
@@ -33,6 +34,7 @@ __all__ = [
     "Recorder",
     "RecoveryStats",
     "Snapshot",
+    "SpillStats",
     "UsageStats",
     "render_history",
 ]
