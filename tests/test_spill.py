@@ -118,7 +118,7 @@ async def test_in_use_arrays_do_not_spill(setup: Any) -> None:
 
 
 async def test_least_recently_used_spills_first_and_only_what_is_needed(setup: Any) -> None:
-    sim, mgr, cache, stage = setup
+    _sim, mgr, cache, stage = setup
     older = await filled(mgr, cache, 1.0, 10_000)
     newer = await filled(mgr, cache, 2.0, 10_000)
     big = await mgr.request(stage, stage_request(95_000))  # 760 kB of 900: one cache of 80 kB must go
@@ -315,7 +315,7 @@ async def test_walks_make_spilled_responses_resident(setup: Any) -> None:
 
 
 async def test_a_response_without_spillable_arrays_uses_them_as_they_are(setup: Any) -> None:
-    sim, mgr, cache, stage = setup
+    _sim, mgr, _cache, stage = setup
     response = await mgr.request(stage, stage_request(10))
     async with response.use() as arrays:
         assert arrays is response.arrays
