@@ -48,8 +48,11 @@ class Recording(RecoveryLog, Protocol):
     def allocated(self, batch: Sequence[Sequence[Allocation]], plan: ChunkPlan | None) -> None:
         """A batch was handed out with ``plan``: the allocations of each response (``plan`` None: another library's)."""
 
-    def released(self, allocations: Sequence[Allocation]) -> None:
-        """``allocations`` were freed."""
+    def released(self, allocations: Sequence[Allocation], kind: str = "release") -> None:
+        """``allocations`` were freed (``kind`` ``"spill"``: their arrays went to host)."""
+
+    def restored(self, group: str, nbytes: int, detail: str) -> None:
+        """Spilled arrays of ``group`` (``nbytes``) are back on the device."""
 
     def regrouped(self, key: Hashable, old: str, new: str, nbytes: int) -> None:
         """What instance ``key`` holds (``nbytes``) counts in group ``new`` from now on."""
@@ -509,8 +512,8 @@ class DeviceAccount:
         """``allocations`` (held) were copied to host: their bytes leave the ledger's totals, their blocks go
         back now (the copies are done) and waiting batches hear of it; the bytes freed."""
         blocks = [alloc.block for alloc in allocations]
-        if self.history is not None:  # as a release of their bytes (a restore is an allocation)
-            self.history.released(allocations)
+        if self.history is not None:  # a release of their bytes to host (a restore is an allocation)
+            self.history.released(allocations, "spill")
         vram = self.ledger.evict(allocations)
         deallocate = self.resource.deallocate
         for block in blocks:
@@ -522,7 +525,10 @@ class DeviceAccount:
     def graft(self, source: ArrayResponse, owner: ArrayResponse, labels: dict[str, str]) -> list[Allocation] | None:
         """Move the arrays ``source`` was allocated (a restore's request) to ``owner``, relabelled by ``labels``
         (see :meth:`Ledger.graft`); None if either was released."""
-        return self.ledger.graft(source, owner, labels)
+        moved = self.ledger.graft(source, owner, labels)
+        if moved and self.history is not None:
+            self.history.restored(moved[0].group, sum(a.vram for a in moved), ", ".join(sorted({*labels.values()})))
+        return moved
 
     def release(self, response: ArrayResponse | None) -> bool:
         """Free the arrays of ``response`` (nothing if it holds none, or was released).

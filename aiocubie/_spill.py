@@ -378,7 +378,10 @@ class Spills:
         record.state, record.restoring = _State.RESTORING, anyio.Event()
         began = time.perf_counter()
         try:
-            names = {f"{e.label}#{i}": e for i, e in enumerate(record.entries)}
+            labels = [e.label for e in record.entries]  # a label's chunk buffers are told apart by their index
+            names = {
+                (e.label if labels.count(e.label) == 1 else f"{e.label}#{i}"): e for i, e in enumerate(record.entries)
+            }
             requests = check_requests({n: ArrayRequest(e.shape, e.dtype, unchunkable=True) for n, e in names.items()})
             fresh = await self._serve(record.key, requests)
             with anyio.CancelScope(shield=True):

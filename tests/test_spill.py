@@ -320,3 +320,28 @@ async def test_a_response_without_spillable_arrays_uses_them_as_they_are(setup: 
     async with response.use() as arrays:
         assert arrays is response.arrays
     response.release()
+
+
+async def test_the_history_records_spills_and_restores(setup: Any, tmp_path: Any) -> None:
+    from aiocubie.stats import EventKind, render_history
+
+    sim, mgr, cache, stage = setup
+    mgr.record_history()
+    response = await filled(mgr, cache, 1.0)
+    big = await mgr.request(stage, stage_request(90_000))
+    big.release()
+    await check(response, 1.0)
+    history = mgr.history()
+    kinds = [e.kind for e in history.events]
+    assert EventKind.SPILL in kinds and EventKind.RESTORE in kinds
+    spill = next(e for e in history.events if e.kind is EventKind.SPILL)
+    assert (spill.label, spill.nbytes, spill.group_live) == ("c", 200_000, 0)  # before the stage's allocation
+    allocated = [e for e in history.events if e.kind is EventKind.ALLOCATE]
+    assert [(e.label, e.nbytes) for e in allocated] == [("c", 200_000), ("x", 720_000), ("c", 200_000)]
+    restore = next(e for e in history.events if e.kind is EventKind.RESTORE)
+    assert (restore.nbytes, restore.detail) == (200_000, "c")
+    assert history.series()["g"][1][-1] == 200_000
+    out = render_history(history, tmp_path / "history.html")  # the page needs no matplotlib
+    assert "spill, group g" in out.read_text()
+    response.release()
+    assert pinned(sim) == 0
