@@ -399,8 +399,9 @@ class GroupScheduler:
                 plan = self._try_plan(batch)
                 if plan is not None and not self._behind():
                     return plan
-                if self._room is not None:  # spill idle arrays first, then plan again
-                    await self._room()
+                room, self._room = self._room, None
+                if room is not None:  # spill idle arrays first, then plan again
+                    await room()
                     continue
                 options = self._account.options
                 if options.waits and not options.active:

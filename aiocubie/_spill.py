@@ -156,6 +156,7 @@ class SpillRecord:
         self.restoring: anyio.Event | None = None
         self.lost: list[_Entry] = []  # released while a spill copied them: their buffers go back after
         self.failed = False  # its last spill failed (a copy): not tried again until it is used
+        self.touched = False  # used while a spill copied it: the copy may be stale, the spill is called off
 
     @property
     def nbytes(self) -> int:
@@ -180,6 +181,7 @@ class SpillRecord:
         """The response's arrays made resident and pinned while the block runs."""
         self.pins += 1
         self.failed = False
+        self.touched = self.touched or self.state is _State.SPILLING
         try:
             while self.state is _State.SPILLED or self.state is _State.RESTORING:
                 if self.restoring is not None:
@@ -312,7 +314,7 @@ class Spills:
         stream = response.stream
         copy_streams = response._copy_streams
         target = copy_streams()[1] if copy_streams is not None else stream
-        record.state = _State.SPILLING
+        record.state, record.touched = _State.SPILLING, False
         try:
             if target is not stream:
                 device.wait_event(target, device.record_event(stream))
@@ -350,8 +352,9 @@ class Spills:
         return self.total, key, group
 
     def _finish(self, record: SpillRecord, seconds: float) -> int:
-        """The copies are done: free the device memory (unless the arrays were used or released meanwhile)."""
-        if record.pins or record.dropped or record.lost:
+        """The copies are done: free the device memory (unless the arrays were used or released meanwhile: a
+        ``use()`` block that began and ended during the copy may have written them)."""
+        if record.pins or record.dropped or record.lost or record.touched:
             self._abort(record)
             return 0
         device, lease = self._account.device, record.response.lease

@@ -345,3 +345,30 @@ async def test_the_history_records_spills_and_restores(setup: Any, tmp_path: Any
     assert "spill, group g" in out.read_text()
     response.release()
     assert pinned(sim) == 0
+
+
+async def test_arrays_written_in_use_during_a_spill_copy_are_not_lost(setup: Any) -> None:
+    # a use() block that begins and ends while a spill copies the arrays: the copy may be stale, the spill
+    # is called off (and made again later, from the new data)
+    sim, mgr, cache, stage = setup
+    response = await filled(mgr, cache, 1.0)
+    gate = hold_stream(mgr.groups.stream(cache))
+    try:
+        async with anyio.create_task_group() as tg:
+
+            async def stage_step() -> None:
+                big = await mgr.request(stage, stage_request(90_000))
+                assert big.chunks == 1
+                big.release()
+
+            tg.start_soon(stage_step)
+            await wait_until(lambda: pinned(sim) == 200_000)  # the copy to host is queued, held
+            async with response.use() as arrays:
+                arrays["c"].set(np.full(N, 2.0))
+            gate.set()
+    finally:
+        gate.set()
+    await check(response, 2.0)
+    assert mgr.stats().spill.spills == 1  # the second try, from the new data
+    response.release()
+    assert pinned(sim) == 0
