@@ -589,11 +589,11 @@ class DeviceAccount:
         """Deallocate the blocks of ``allocations``, unless a context reset (``generation``) lost them."""
         if not allocations or generation != self._generation:
             return
-        deallocate = self.resource.deallocate
+        deallocate, spilled = self.resource.deallocate, SPILLED
         vram = 0
         try:
             for alloc in allocations:
-                if alloc.block is not SPILLED:  # on host: its bytes left when it was spilled
+                if alloc.block is not spilled:  # on host: its bytes left when it was spilled
                     deallocate(alloc.block)
                 vram += alloc.vram
         finally:

@@ -148,7 +148,7 @@ class SpillRecord:
 
     def __init__(self, spills: Spills, response: ArrayResponse, entries: list[_Entry]) -> None:
         self.spills, self.response, self.entries = spills, response, entries
-        self.key, self.group = entries[0].alloc.key, entries[0].alloc.group
+        self.key, self._group = entries[0].alloc.key, entries[0].alloc.group
         self.state = _State.RESIDENT
         self.pins = 0  # use() blocks under way
         self.used = time.monotonic()
@@ -161,6 +161,11 @@ class SpillRecord:
     @property
     def nbytes(self) -> int:
         return sum(entry.nbytes for entry in self.entries)
+
+    @property
+    def group(self) -> str:
+        """Its member's group now (a member that moves takes what it holds along)."""
+        return self.entries[0].alloc.group if self.entries else self._group
 
     @property
     def spilled(self) -> bool:
@@ -183,7 +188,7 @@ class SpillRecord:
         self.failed = False
         self.touched = self.touched or self.state is _State.SPILLING
         try:
-            while self.state is _State.SPILLED or self.state is _State.RESTORING:
+            while not self.dropped and (self.state is _State.SPILLED or self.state is _State.RESTORING):
                 if self.restoring is not None:
                     await self.restoring.wait()
                 else:
