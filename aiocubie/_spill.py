@@ -7,13 +7,13 @@ itself, and knows nothing of tickets, schedulers or the manager.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Hashable, Iterable, Sequence
-from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
 import anyio
@@ -181,7 +181,7 @@ class SpillRecord:
         """Resident and in no ``use()`` block: it may be spilled."""
         return self.state is _State.RESIDENT and not (self.pins or self.dropped or self.failed)
 
-    @asynccontextmanager
+    @contextlib.asynccontextmanager
     async def use(self) -> AsyncIterator[dict[str, Any]]:
         """The response's arrays made resident and pinned while the block runs."""
         self.pins += 1
@@ -320,6 +320,8 @@ class Spills:
         copy_streams = response._copy_streams
         target = copy_streams()[1] if copy_streams is not None else stream
         record.state, record.touched = _State.SPILLING, False
+        # as a walk's copies do: a release while they run frees the blocks only once they are done
+        response.lease.walk_started()
         try:
             if target is not stream:
                 device.wait_event(target, device.record_event(stream))
@@ -330,6 +332,8 @@ class Spills:
                 device.copy(entry.alloc.array, entry.host, target, tag="spill")
             return device.record_event(target)
         except BaseException:
+            with contextlib.suppress(AiocubieError):  # the copies queued before the failure end first (rare: faults)
+                device.record_event(target).synchronize()
             self._abort(record)
             raise
 
@@ -338,6 +342,7 @@ class Spills:
         self.unpin(record, [*record.entries, *record.lost])
         record.lost = []
         record.state = _State.RESIDENT
+        record.response.lease.walk_ended()  # a release meanwhile frees the blocks now
 
     def unpin(self, record: SpillRecord, entries: list[_Entry]) -> None:
         """Give the host copies of ``entries`` back to the pinned pool (what was on host leaves the counts)."""
@@ -372,6 +377,7 @@ class Spills:
         for label, stand_ins in by_label.items():
             lease.swap(label, stand_ins)
         record.state = _State.SPILLED
+        lease.walk_ended()
         for counts in self._counts(record):
             counts.spilled(record.nbytes, seconds)
         return freed

@@ -118,3 +118,16 @@ def test_stream_host_benchmark_counts_calls_and_checks_every_output(tmp_path: Pa
     assert len(figures) == 8  # two devices, four loaders
     assert any(name.endswith("walk_batches, 4 in flight") for name in figures)
     assert all(f["calls"] > 0 and f["cpu_us"] > 0 and f["wall_us"] > 0 for f in figures.values())
+
+
+def test_pressure_benchmark_spills_and_checks_every_output(tmp_path: Path) -> None:
+    # every output of every batch is checked inside the script; the run with spilling must complete every batch
+    result = _bench("bench_pressure.py", "--quick", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "simulator-pressure.json").read_text())
+    assert [row["what"] for row in report["spill"]][-1] == "spill + restore"
+    assert all(row["GB/s"] > 0 and row["raw GB/s"] > 0 for row in report["spill"])
+    spilling, fail, wait, chunk = report["pipeline"]
+    assert spilling["completed"] and spilling["errors"] == 0 and spilling["batches"] == spilling["of"]
+    assert spilling["spills"] > 0 and spilling["chunks per batch"] == 1.0
+    assert fail["errors"] > 0 and not wait["completed"] and chunk["chunks per batch"] > 1

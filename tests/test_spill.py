@@ -372,3 +372,30 @@ async def test_arrays_written_in_use_during_a_spill_copy_are_not_lost(setup: Any
     assert mgr.stats().spill.spills == 1  # the second try, from the new data
     response.release()
     assert pinned(sim) == 0
+
+
+async def test_a_release_during_a_spill_frees_the_blocks_after_its_copies(setup: Any) -> None:
+    # the spill copies on the group's copy stream; a release meanwhile must not free the blocks under them
+    # (the simulator turns a copy of freed memory into a sticky device error)
+    sim, mgr, cache, stage = setup
+    response = await filled(mgr, cache, 1.0)
+    copy_stream = response._copy_streams()[1]
+    gate = hold_stream(copy_stream)
+    try:
+        async with anyio.create_task_group() as tg:
+
+            async def stage_step() -> None:
+                big = await mgr.request(stage, stage_request(90_000))
+                big.release()
+
+            tg.start_soon(stage_step)
+            await wait_until(lambda: pinned(sim) == 200_000)  # the copy to host is queued, held
+            response.release()
+            await anyio.sleep(0.01)  # a free that did not wait would land now
+            gate.set()
+    finally:
+        gate.set()
+    assert pinned(sim) == 0 and mgr.stats().live_bytes == 0 and mgr.statistics().spilled == 0
+    again = await mgr.request(stage, stage_request(90_000))  # the device is still usable
+    assert again.chunks == 1
+    again.release()
