@@ -8,8 +8,11 @@
 - (b) ``pipeline``: three components, each with a spillable cache and per-batch requests (x in, y out: y = x +
   cache along the runs), whose working sets sum to twice the budget: the caches (40% of it) leave too little
   for a batch while all are resident. Run with spilling (policy wait) and without it under each of today's
-  policies: fail (errors counted), wait (timed; it stalls: the caches never go), chunk (timed). Every output
-  element of every batch served is checked; a wrong one exits non-zero.
+  policies: fail (errors counted), wait (timed; it stalls: the caches never go), chunk (timed). Passive mode
+  (the device's free memory is shared): there ``fail`` chunks as ``chunk`` does (down to a run a chunk) and
+  refuses only a batch of which not even one run fits. Each run is bounded (2 s quick, 10 s): one that is
+  still going then is reported STALLED, with the batches it served. Every output element of every batch
+  served is checked; a wrong one exits non-zero.
 
 Usage: python benchmarks/bench_pressure.py [--backend simulator|cuda] [--quick] [--only spill,pipeline]
        [--budget BYTES] [--name NAME] [--out DIR]

