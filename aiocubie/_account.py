@@ -17,6 +17,7 @@ from ._options import Options
 from ._planner import ChunkPlan
 from ._protocols import Event, RecoveryLog, StreamLike
 from ._requests import ArrayResponse, RequestSet
+from ._spill import Spills
 from ._stats import RecoveryStats
 
 __all__ = ["Account", "RecoverySteps"]
@@ -56,6 +57,10 @@ class Account(Protocol):
     @property
     def budget(self) -> Budget:
         """The shares and caps of the members and groups."""
+
+    @property
+    def spills(self) -> Spills | None:
+        """Spilling (None: nothing spills)."""
 
     @property
     def recovery(self) -> RecoverySteps:

@@ -23,12 +23,13 @@ from ._broker.client import BrokerLease
 from ._budget import Budget, group_available
 from ._errors import BudgetError, OutOfMemoryError
 from ._lease import Lease
-from ._ledger import Allocation, Ledger
+from ._ledger import SPILLED, Allocation, Ledger
 from ._options import Options
 from ._planner import ChunkPlan, offered_bytes
 from ._protocols import RecoveryLog
 from ._recovery import ReclaimHook, Recovery
 from ._requests import ArrayResponse, MemoryKind, RequestSet
+from ._spill import Spills
 from ._stats import format_bytes
 
 __all__ = ["DeviceAccount", "Recording"]
@@ -48,8 +49,11 @@ class Recording(RecoveryLog, Protocol):
     def allocated(self, batch: Sequence[Sequence[Allocation]], plan: ChunkPlan | None) -> None:
         """A batch was handed out with ``plan``: the allocations of each response (``plan`` None: another library's)."""
 
-    def released(self, allocations: Sequence[Allocation]) -> None:
-        """``allocations`` were freed."""
+    def released(self, allocations: Sequence[Allocation], kind: str = "release") -> None:
+        """``allocations`` were freed (``kind`` ``"spill"``: their arrays went to host)."""
+
+    def restored(self, group: str, nbytes: int, detail: str) -> None:
+        """Spilled arrays of ``group`` (``nbytes``) are back on the device."""
 
     def regrouped(self, key: Hashable, old: str, new: str, nbytes: int) -> None:
         """What instance ``key`` holds (``nbytes``) counts in group ``new`` from now on."""
@@ -89,6 +93,8 @@ class DeviceAccount:
         Makes the arrays over the resource's blocks.
     resource : MemoryResource
         The resource stack every allocation goes through (read-only: :meth:`set_resource` swaps it).
+    spills : Spills or None
+        Where responses of spillable arrays are tracked (the manager sets it; None: they are not spilled).
     """
 
     def __init__(
@@ -119,6 +125,7 @@ class DeviceAccount:
         self._free_at = -math.inf
         self._free_delta = 0  # VRAM we allocated (+) or released (-) since the reading
         self._generation = 0  # context resets so far (forget_all): a free deferred across one is dropped
+        self.spills: Spills | None = None
         on_failure(self.resource, self._library_out_of_memory)
         self.lease = lease
         if lease is not None:
@@ -180,6 +187,8 @@ class DeviceAccount:
         self.budget.remove(key)
         self.release_where(lambda a: a.key == key)
         peak = self.ledger.forget(key)  # the id may be reused by a new instance
+        if self.spills is not None:
+            self.spills.by_key.pop(key, None)
         self._announce()
         return peak
 
@@ -216,6 +225,8 @@ class DeviceAccount:
         """Group ``group`` is gone: drop its totals and return its peak (None while it still holds arrays)."""
         if self.ledger.live_by_group.get(group):
             return None
+        if self.spills is not None:
+            self.spills.by_group.pop(group, None)
         return self.ledger.forget_group(group)
 
     def reset_peaks(
@@ -519,7 +530,31 @@ class DeviceAccount:
         if allocations:
             self.ledger.add(response, allocations, vram)
             self._free_delta += vram
+            if requests.spillable and self.spills is not None:
+                self.spills.track(response, allocations, requests.spillable)
         return response
+
+    def evict(self, allocations: list[Allocation]) -> int:
+        """``allocations`` (held) were copied to host: their bytes leave the ledger's totals, their blocks go
+        back now (the copies are done) and waiting batches hear of it; the bytes freed."""
+        blocks = [alloc.block for alloc in allocations]
+        if self.history is not None:  # a release of their bytes to host (a restore is an allocation)
+            self.history.released(allocations, "spill")
+        vram = self.ledger.evict(allocations)
+        deallocate = self.resource.deallocate
+        for block in blocks:
+            deallocate(block)
+        self._free_delta -= vram
+        self._announce()
+        return vram
+
+    def graft(self, source: ArrayResponse, owner: ArrayResponse, labels: dict[str, str]) -> list[Allocation] | None:
+        """Move the arrays ``source`` was allocated (a restore's request) to ``owner``, relabelled by ``labels``
+        (see :meth:`Ledger.graft`); None if either was released."""
+        moved = self.ledger.graft(source, owner, labels)
+        if moved and self.history is not None:
+            self.history.restored(moved[0].group, sum(a.vram for a in moved), ", ".join(sorted({*labels.values()})))
+        return moved
 
     def release(self, response: ArrayResponse | None) -> bool:
         """Free the arrays of ``response`` (nothing if it holds none, or was released).
@@ -580,11 +615,12 @@ class DeviceAccount:
         """Deallocate the blocks of ``allocations``, unless a context reset (``generation``) lost them."""
         if not allocations or generation != self._generation:
             return
-        deallocate = self.resource.deallocate
+        deallocate, spilled = self.resource.deallocate, SPILLED
         vram = 0
         try:
             for alloc in allocations:
-                deallocate(alloc.block)
+                if alloc.block is not spilled:  # on host: its bytes left when it was spilled
+                    deallocate(alloc.block)
                 vram += alloc.vram
         finally:
             self._free_delta -= vram

@@ -28,6 +28,7 @@ __all__ = [
     "RegistrationError",
     "ReleasedError",
     "RunLengthMismatchError",
+    "SpilledError",
     "UnchunkableTooLargeError",
     "UnknownAllocatorError",
     "warn",
@@ -122,6 +123,10 @@ class LeaseError(BrokerError):
 
 class ReleasedError(AiocubieError):
     """The request's arrays were freed (``free``, ``free_all``) before it resolved."""
+
+
+class SpilledError(AiocubieError):
+    """A spillable array was touched while spilled to host: use it inside ``async with response.use()``."""
 
 
 class ContextResetError(AiocubieError):

@@ -157,6 +157,8 @@ class Flights:
                 counters.queue_wait.append(waited)
             if ticket.waits is not None:
                 ticket.waits.append(waited)
+            if ticket.priority:
+                response.lease.priority = ticket.priority  # what its spillable arrays are spilled at
             if not ticket.ordered:
                 waiting = True
         counted = batch[0].counters if len(batch) == 1 else {id(c): c for t in batch for c in t.counters}.values()
@@ -234,6 +236,8 @@ class Flights:
                 each.ready_latency.append(0.0)  # the device was there when the event was recorded
         if member.waits is not None:
             member.waits.append(waited)
+        if member.priority:
+            response.lease.priority = member.priority  # what its spillable arrays are spilled at
         return response
 
     def poll(self) -> None:

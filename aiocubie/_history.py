@@ -52,6 +52,8 @@ class EventKind(str, enum.Enum):
     RECOVERY = "recovery"  #: an out-of-memory recovery step
     RESET = "reset"  #: peak stats reset, or a context reset (every array gone)
     REGROUP = "regroup"  #: an instance moved to another stream group with what it holds (one event per group)
+    SPILL = "spill"  #: one spillable array copied to host, its device memory given back
+    RESTORE = "restore"  #: a response's spilled arrays back on the device (their allocations are recorded too)
 
 
 @attrs.frozen
@@ -398,14 +400,14 @@ class HistoryRecorder:
                 row += 1
         self.recorded = row
 
-    def released(self, allocations: Sequence[Allocation]) -> None:
-        """``allocations`` were given back (and are out of the ledger)."""
+    def released(self, allocations: Sequence[Allocation], kind: str = "release") -> None:
+        """``allocations`` were given back (and are out of the ledger); ``kind`` ``"spill"``: to host."""
         now, flat, times, size, row = time.monotonic(), self._flat, self._times, self.max_entries, self.recorded
         for a in allocations:
             index = row % size
             times[index] = now
             at = index * _WIDTH
-            flat[at : at + 7] = ("release", None, a.group, a.key, a.label, a.vram, a.kind._value_)
+            flat[at : at + 7] = (kind, None, a.group, a.key, a.label, a.vram, a.kind._value_)
             row += 1
         self.recorded = row
 
@@ -416,6 +418,10 @@ class HistoryRecorder:
     def failure(self, group: str, nbytes: int, error: BaseException) -> None:
         """A batch of ``group`` needing ``nbytes`` failed with ``error``."""
         self._put(("failure", None, group, nbytes, f"{type(error).__name__}: {error}", None))
+
+    def restored(self, group: str, nbytes: int, detail: str) -> None:
+        """Spilled arrays of ``group`` (``nbytes``) are back on the device (``detail`` says whose)."""
+        self._put(("restore", None, group, nbytes, detail, None))
 
     def recovery(self, group: str, nbytes: int, detail: str) -> None:
         """An out-of-memory recovery step for ``group`` freed ``nbytes`` (``detail`` says which)."""
@@ -456,7 +462,7 @@ class HistoryRecorder:
         events: list[HistoryEvent] = []
         for row, owner in zip(reversed(rows), reversed(owners)):
             kind = row[0]
-            if kind in ("allocate", "release"):
+            if kind in ("allocate", "release", "spill"):
                 events.append(self._holding(row, owner, groups, keys))
             elif kind == "plan":
                 events.append(_planned(row))
@@ -522,7 +528,7 @@ def _owners(rows: list[tuple[Any, ...]]) -> list[str | None]:
     for row in rows:
         if row[0] == "allocate":
             names[row[3]] = row[7]
-        key = row[3] if row[0] == "release" else row[2] if row[0] == "regroup" else None
+        key = row[3] if row[0] in ("release", "spill") else row[2] if row[0] == "regroup" else None
         owners.append(None if key is None else names.get(key))
     return owners
 

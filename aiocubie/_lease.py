@@ -8,14 +8,15 @@ and calls its account to release; it never allocates and knows nothing of the le
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Protocol
 
 import numpy as np
 
-from ._errors import ReleasedError
+from ._errors import ReleasedError, SpilledError
 
-__all__ = ["Lease", "ReleasedArray", "Releaser"]
+__all__ = ["Lease", "ReleasedArray", "Releaser", "Spillable", "SpilledArray"]
 
 
 class Releaser(Protocol):
@@ -23,6 +24,21 @@ class Releaser(Protocol):
 
     def release(self, response: Any) -> object:
         """Free the arrays of ``response`` (nothing if it was released); what it returns is not used."""
+
+
+class Spillable(Protocol):
+    """What a lease of spillable arrays holds beside them: their spill state (``_spill.SpillRecord``)."""
+
+    def use(self) -> AbstractAsyncContextManager[dict[str, Any]]:
+        """The arrays made resident and pinned while the block runs."""
+
+    def released(self, labels: Iterable[str]) -> None:
+        """The arrays of ``labels`` were freed: drop their host copies."""
+
+
+@asynccontextmanager
+async def _as_they_are(arrays: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    yield arrays
 
 
 class Lease:
@@ -46,9 +62,24 @@ class Lease:
         Walks over the arrays under way: a free waits until none is (their copies use the blocks).
     views : dict or None
         What every walk of a batch stream asks again, worked out on the first (dropped on release).
+    spill : Spillable or None
+        The spill state of its spillable arrays (None: it has none; the account sets it).
+    priority : int
+        The priority its arrays are spilled at (lowest first): its request's.
     """
 
-    __slots__ = ("_account", "_arrays", "_buffers", "_deferred", "_stand_ins", "released", "views", "walks")
+    __slots__ = (
+        "_account",
+        "_arrays",
+        "_buffers",
+        "_deferred",
+        "_stand_ins",
+        "priority",
+        "released",
+        "spill",
+        "views",
+        "walks",
+    )
 
     def __init__(
         self,
@@ -63,6 +94,8 @@ class Lease:
         self.walks = 0
         self._deferred: list[Callable[[], None]] | None = None
         self.views: dict[str, Any] | None = None
+        self.spill: Spillable | None = None
+        self.priority = 0
 
     def release(self, response: object) -> None:
         """Free ``response``'s arrays through the account (nothing if released, or built by hand)."""
@@ -78,6 +111,8 @@ class Lease:
             arrays.update(stand_ins)
             self._buffers.clear()
             self.views = None
+            if self.spill is not None:  # host copies of spilled arrays go with them
+                self.spill.released(stand_ins)
             return
         labels = [*labels]  # a copy: the arrays are replaced below
         if self.released is None:
@@ -91,6 +126,19 @@ class Lease:
                 arrays[label] = ReleasedArray(label, getattr(array, "shape", ()), getattr(array, "dtype", None))
             buffers.pop(label, None)
         self.views = None  # device views of the arrays
+        if self.spill is not None:  # host copies of spilled arrays go with them
+            self.spill.released(labels)
+
+    def use(self) -> AbstractAsyncContextManager[dict[str, Any]]:
+        """The arrays, resident (spilled ones restored) and kept from spilling until the block exits."""
+        return _as_they_are(self._arrays) if self.spill is None else self.spill.use()
+
+    def swap(self, label: str, arrays: list[Any]) -> None:
+        """``label``'s arrays (its chunk buffers, in order) are ``arrays`` now: spilled stand-ins or restored arrays."""
+        self._arrays[label] = arrays[0]
+        if len(arrays) > 1:
+            self._buffers[label] = tuple(arrays)
+        self.views = None
 
     def cached_views(self) -> dict[str, Any]:
         """What walks work out once and ask again (full shapes, copiers, a device view): made on first use."""
@@ -155,7 +203,10 @@ class ReleasedArray:
         return f"<released array {self.label!r} {self.shape} {self.dtype}>"
 
     def _refuse(self, *args: object, **kwargs: object) -> Any:
-        raise ReleasedError(
+        raise self._refusal()
+
+    def _refusal(self) -> Exception:
+        return ReleasedError(
             f"array {self.label!r} of this response was released (mgr.release, free, free_all, the end of its "
             "request's `async with`, its manager's exit, or a context reset): its memory may hold another array's data by now. "
             "Use the arrays inside the `async with` block, or request them again"
@@ -186,3 +237,20 @@ class ReleasedArray:
     @property
     def __cuda_array_interface__(self) -> Any:
         return self._refuse()
+
+
+class SpilledArray(ReleasedArray):
+    """What ``arrays[label]`` holds while a spillable array is on the host: every use raises
+    :class:`SpilledError` (``async with response.use()`` brings the array back)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"<spilled array {self.label!r} {self.shape} {self.dtype}>"
+
+    def _refusal(self) -> Exception:
+        return SpilledError(
+            f"array {self.label!r} of this response is spilled to host memory: use it inside "
+            "`async with response.use() as arrays:`, which brings it back to the device (arrays[label] "
+            "is the resident array there)"
+        )

@@ -14,7 +14,10 @@ import attrs
 
 from ._requests import ArrayResponse, MemoryKind
 
-__all__ = ["Allocation", "Ledger"]
+__all__ = ["SPILLED", "Allocation", "Ledger"]
+
+#: The block of an allocation whose array is spilled to host (see :meth:`Ledger.evict`): nothing to give back.
+SPILLED: Any = type("Spilled", (), {"__repr__": lambda self: "SPILLED", "__slots__": ()})()
 
 
 @attrs.define(eq=False)
@@ -132,6 +135,33 @@ class Ledger:
         self.live_by_key[first.key] -= vram
         self.live_by_group[first.group] -= vram
         return allocs
+
+    def evict(self, allocations: Iterable[Allocation]) -> int:
+        """``allocations`` (held) went to host: their VRAM leaves every total; they stay with their owner
+        (block :data:`SPILLED`, no bytes) until restored or released. Returns the bytes that left."""
+        vram = 0
+        for alloc in allocations:
+            vram += alloc.vram
+            self.live_by_key[alloc.key] -= alloc.vram
+            self.live_by_group[alloc.group] -= alloc.vram
+            alloc.vram, alloc.block, alloc.array = 0, SPILLED, None
+        self.live -= vram
+        return vram
+
+    def graft(self, source: object, owner: object, labels: dict[str, str]) -> list[Allocation] | None:
+        """Move what ``source`` holds to ``owner`` (totals unchanged), each allocation's label renamed by
+        ``labels``, in place of ``owner``'s evicted ones of those labels; return them (None: either holds
+        nothing, and nothing moved)."""
+        moved, held = self._by_owner.get(id(source)), self._by_owner.get(id(owner))
+        if moved is None or held is None:
+            return None
+        del self._by_owner[id(source)]
+        names = set(labels.values())
+        kept = [a for a in held if not (a.block is SPILLED and a.label in names)]
+        for alloc in moved:
+            alloc.label, alloc.owner = labels[alloc.label], owner
+        self._by_owner[id(owner)] = kept + moved
+        return moved
 
     def pop_where(self, predicate: Callable[[Allocation], bool]) -> list[Allocation]:
         """Remove and return every allocation for which ``predicate`` is true."""

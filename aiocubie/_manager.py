@@ -18,6 +18,7 @@ from ._accounting import DeviceAccount
 from ._backends import Allocator, Backend, create_backend
 from ._broker.client import BrokerLease
 from ._budget import LimitMode
+from ._completion import running_loop
 from ._entry import RequestEntry
 from ._errors import ManagerStateError
 from ._grouping import GroupsView
@@ -35,6 +36,7 @@ from ._registry import InvalidateHook, ReadyHook, Registry
 from ._release import Release
 from ._requests import ArrayRequest, ArrayResponse
 from ._serving import Serving
+from ._spill import Spills
 from ._stats import ManagerStatistics, Snapshot, Telemetry, summary
 from ._transfers import HostView
 
@@ -164,6 +166,12 @@ class MemoryManager:
         )
         self._observer = observer = Observer(given.device, account, registry, telemetry)
         self._groups = groups = StreamGroups(registry, account, serving, observer.group_left)
+        account.spills = Spills(  # a restore asks for its memory as its member's request would
+            account,
+            lambda key, requests, priority: groups.serve(
+                registry.members[key], requests, running_loop(), priority=priority
+            ),
+        )
         self._registration = registration = Registration(registry, account, groups, observer.member_left)
         self._release = release = Release(registration, account, groups)
         self._lifecycle = lifecycle = Lifecycle(

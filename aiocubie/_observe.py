@@ -22,6 +22,7 @@ from ._stats import (
     Percentiles,
     PinnedStats,
     Snapshot,
+    SpillStats,
     Telemetry,
     UsageStats,
 )
@@ -57,19 +58,22 @@ class Observer:
         info = self._account.memory_info()
         budget = self._account.budget
         active = self._account.options.active  # caps are enforced (and reported) in active mode only
+        spills = self._account.spills
         groups = {}
         for name, counters in self._telemetry.groups.items():
             group = self._registry.groups.get(name)
             cap = budget.group_cap(group.members) if active and group is not None else None
             peak = max(ledger.peak_by_group.get(name, 0), counters.peak_bytes)
-            groups[name] = UsageStats.of(counters, ledger.live_by_group.get(name, 0), peak, cap)
+            spill = spills.group_stats(name) if spills is not None else SpillStats()
+            groups[name] = UsageStats.of(counters, ledger.live_by_group.get(name, 0), peak, cap, spill)
         by_name = {m.name: m.key for m in self._registry.members.values()}
         instances = {}
         for name, counters in self._telemetry.instances.items():
             key = by_name.get(name)
             live, peak = ledger.live_by_key.get(key, 0), ledger.peak_by_key.get(key, 0)
             cap = budget.cap(key) if active and key is not None else None
-            instances[name] = UsageStats.of(counters, live, max(peak, counters.peak_bytes), cap)
+            spill = spills.key_stats(key) if spills is not None and key is not None else SpillStats()
+            instances[name] = UsageStats.of(counters, live, max(peak, counters.peak_bytes), cap, spill)
         pool = self._device.pinned_pool
         pinned = PinnedStats(pool.held, pool.in_use, pool.peak_in_use, pool.pinned)
         facts = self._account.resource.pool_facts()
@@ -87,6 +91,7 @@ class Observer:
             self._account.recovery.stats,
             self._account.other_bytes(facts.in_use),
             {p: Percentiles.of(samples) for p, samples in self._telemetry.priorities.items() if samples},
+            spills.total.frozen() if spills is not None else SpillStats(),
         )
 
     def statistics(self, running: bool, groups: dict[str, GroupStatistics], draining: int) -> ManagerStatistics:
@@ -107,10 +112,13 @@ class Observer:
             "ledger keys": len(ledger.live_by_key) + len(ledger.peak_by_key),
             "ledger groups": len(ledger.live_by_group) + len(ledger.peak_by_group),
         }
-        lease = self._account.lease
-        return ManagerStatistics(
-            running, groups, members, draining, len(ledger), tables, None if lease is None else lease.statistics()
-        )
+        spills, lease = self._account.spills, self._account.lease
+        if spills is not None:
+            tables["spillable responses"] = len(spills.records)
+            tables["spill counters"] = len(spills.by_key) + len(spills.by_group)
+        spilled = 0 if spills is None else spills.spilled()
+        leased = None if lease is None else lease.statistics()
+        return ManagerStatistics(running, groups, members, draining, len(ledger), tables, leased, spilled)
 
     # -- peaks -------------------------------------------------------------------------------
     def reset_peaks(self, group: str | None, member: Member | None) -> None:

@@ -20,7 +20,13 @@ __all__ = ["render", "to_html"]
 
 #: Line colours, cycled (matplotlib's default cycle, so both renderings agree).
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22")
-_MARKED = {EventKind.PLAN: "#555555", EventKind.FAILURE: "#d62728", EventKind.RECOVERY: "#ff7f0e"}
+_MARKED = {
+    EventKind.PLAN: "#555555",
+    EventKind.FAILURE: "#d62728",
+    EventKind.RECOVERY: "#ff7f0e",
+    EventKind.SPILL: "#9467bd",
+    EventKind.RESTORE: "#2ca02c",
+}
 
 
 _PAGES = (".html", ".htm")
@@ -88,6 +94,8 @@ def _describe(event: HistoryEvent) -> str:
             f"plan, group {event.group}: {event.chunks} chunk(s) of {event.chunk_length} runs, "
             f"{format_bytes(event.nbytes)} ({event.detail})"
         )
+    if event.kind is EventKind.SPILL:
+        return f"spill, group {event.group}: {event.instance}'s {event.label!r} to host ({format_bytes(event.nbytes)})"
     return f"{event.kind.value}, group {event.group}: {event.detail} ({format_bytes(event.nbytes)})"
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import attrs
@@ -127,7 +128,7 @@ def _is_dtype(value: object) -> bool:
 
 def _flag(value: bool) -> bool:
     if not isinstance(value, (bool, np.bool_)):
-        raise InvalidRequestError(f"flags unchunkable and zero take True or False, got {value!r}")
+        raise InvalidRequestError(f"flags unchunkable, zero and spillable take True or False, got {value!r}")
     return bool(value)
 
 
@@ -154,6 +155,10 @@ class ArrayRequest:
         Chunk buffers of this array to allocate when the batch is chunked (1 by default): an
         overlapped walk of depth ``d`` needs ``d`` (see :func:`walk_requests`). The plan
         budgets every buffer; a batch that fits whole gets one.
+    spillable : bool
+        The manager may move the array to pinned host memory while it is not in use (a cache):
+        use it inside ``async with response.use()``, which brings it back (see
+        :meth:`ArrayResponse.use`). Device memory only.
 
     Raises
     ------
@@ -162,7 +167,8 @@ class ArrayRequest:
         unknown kind, a chunk axis out of range, an array larger than 2**63 - 1 bytes, or one
         numpy cannot index (its non-zero sizes times the item size over 2**63 - 1, as
         ``(2**70, 0)``): a request that could never be allocated is refused here; or
-        ``buffers`` that is not a positive integer (or above 1 on an unchunkable array).
+        ``buffers`` that is not a positive integer (or above 1 on an unchunkable array); or
+        ``spillable`` memory of a kind other than device.
 
     Notes
     -----
@@ -190,6 +196,7 @@ class ArrayRequest:
     unchunkable: bool = attrs.field(default=False, converter=_flag)
     zero: bool = attrs.field(default=False, converter=_flag)
     buffers: int = attrs.field(default=1)
+    spillable: bool = attrs.field(default=False, converter=_flag)
     #: Bytes of the full, unchunked array.
     nbytes: int = attrs.field(init=False, eq=False, repr=False)
     #: Length of the run axis, or None for an unchunkable array. 0 (an empty run axis) means
@@ -221,6 +228,11 @@ class ArrayRequest:
                 "chunked, so it has one; drop buffers or make the array chunkable"
             )
         object.__setattr__(self, "buffers", int(buffers))
+        if self.spillable and self.kind is not MemoryKind.DEVICE:
+            raise InvalidRequestError(
+                f"spillable=True asks to spill {self.kind.value} memory: only device memory spills to the host; "
+                "drop spillable or use kind='device'"
+            )
         if not self.unchunkable:
             if ndim == 0:
                 raise InvalidRequestError(f"shape {self.shape} is 0-d: it has no axis to chunk; pass unchunkable=True")
@@ -353,9 +365,11 @@ class RequestSet:
         Label -> run axis (None for unchunkable arrays).
     shapes : dict
         Label -> full (unchunked) shape.
+    spillable : tuple of str
+        The labels of the arrays the manager may spill to host (empty: none).
     """
 
-    __slots__ = ("_stand_ins", "arrays", "buffered", "chunk_axes", "fixed", "per_run", "runs", "shapes")
+    __slots__ = ("_stand_ins", "arrays", "buffered", "chunk_axes", "fixed", "per_run", "runs", "shapes", "spillable")
 
     def __init__(
         self,
@@ -366,8 +380,10 @@ class RequestSet:
         chunk_axes: dict[str, int | None] | None = None,
         shapes: dict[str, tuple[int, ...]] | None = None,
         buffered: int | None = None,
+        spillable: tuple[str, ...] = (),
     ) -> None:
         self.arrays = arrays
+        self.spillable = spillable
         self.buffered = per_run if buffered is None else buffered
         self.runs = runs
         self.fixed = fixed
@@ -422,12 +438,15 @@ def check_requests(requests: Any) -> RequestSet:
     fixed = per_run = runs = buffered = 0
     first = ""
     single = False
+    spillable: tuple[str, ...] = ()
     for label, request in requests.items():
         if not isinstance(label, str) or not label:
             raise InvalidRequestError(f"array labels must be non-empty strings, got {label!r}")
         if not isinstance(request, ArrayRequest):
             raise InvalidRequestError(f"requests[{label!r}] is a {type(request).__name__}, not an ArrayRequest")
         arrays[label] = request
+        if request.spillable:
+            spillable += (label,)
         shapes[label] = request.shape
         if request.runs is None or request.runs == 1:  # unchunkable, or a length-1 run axis (as cubie)
             axes[label] = None
@@ -445,7 +464,7 @@ def check_requests(requests: Any) -> RequestSet:
             if request.uses_vram:
                 per_run += request.bytes_per_run
                 buffered += request.bytes_per_run * request.buffers
-    return RequestSet(arrays, runs or (1 if single else 0), fixed, per_run, axes, shapes, buffered)
+    return RequestSet(arrays, runs or (1 if single else 0), fixed, per_run, axes, shapes, buffered, spillable)
 
 
 # slots=False: a frozen class with a __dict__ is built with dict stores rather than one
@@ -539,6 +558,18 @@ class ArrayResponse:
 
     async def __aenter__(self) -> ArrayResponse:
         return self
+
+    def use(self) -> AbstractAsyncContextManager[dict[str, Any]]:
+        """``async with response.use() as arrays:`` the arrays, resident until the block exits.
+
+        Spilled spillable arrays come back first (a request of their member like any other, with
+        its budget and policy: it may wait, or fail as a request would), possibly at new addresses:
+        ``arrays`` (``response.arrays``) holds the current ones. Inside the block none is spilled;
+        blocks may nest and run concurrently. Outside, a spillable array may be spilled at any time
+        (on the simulator a touch of it raises :class:`~aiocubie.errors.SpilledError`; on a GPU it is
+        undefined). A response with no spillable array just hands its arrays.
+        """
+        return self.lease.use()
 
     async def __aexit__(self, *exc_info: object) -> None:
         self.lease.release(self)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -34,6 +34,7 @@ from ._policy import Totals, Wait, check_under_cap, decide, longest_head, self_w
 from ._priority import outranked, ranked, standing
 from ._registry import Group, Member
 from ._requests import ArrayResponse, RequestSet
+from ._spill import spill_room
 from ._tickets import State, Ticket
 from ._waiting import WaitingLine
 
@@ -100,6 +101,7 @@ class GroupScheduler:
         self._memo: tuple[tuple[Any, ...], ChunkPlan] | None = None
         # what a batch leases from the node broker before it is planned (broker=PATH)
         self._lease = BatchLease(account)
+        self._room: Callable[[], Awaitable[int]] | None = None  # spills that may let the batch fit (_plan_to_policy)
 
     # -- called from the loop thread (sync) ----------------------------------------------------
     def submit(self, ticket: Ticket) -> None:
@@ -445,6 +447,10 @@ class GroupScheduler:
                     continue
                 if plan is not None and not self._behind():
                     return plan
+                room, self._room = self._room, None
+                if room is not None:  # spill idle arrays first, then plan again
+                    await room()
+                    continue
                 options = self._account.options
                 if plan is None and self._short:  # it does not fit whole: make room, then plan again
                     short, self._short, self._relieved = self._short, 0, True
@@ -536,12 +542,15 @@ class GroupScheduler:
         # free (where another process's allocation since would bite): read the device again.
         if plan is None or plan.chunks > 1 or 2 * plan.planned_bytes > free:
             plan, offered, free = self._plan_against(totals, fresh=True)
-        if (plan is None or plan.chunks > 1) and self._lease.lacks(totals, plan):
-            return None  # the lease does not cover it whole: lease first, in the group's task (never inline)
-        if (plan is None or plan.chunks > 1) and not self._relieved and account.recovery.can_make_room:
-            # not whole: the group's task makes room first (see _plan), then the policy decides
-            self._short = max(1, totals.fixed + totals.per_run * totals.runs - offered)
-            return None
+        if plan is None or plan.chunks > 1:  # not whole: the group's task makes room first (see _plan)
+            if self._lease.lacks(totals, plan):
+                return None  # the lease does not cover it: lease first, in the group's task (never inline)
+            self._room = spill_room(account, batch, totals, offered, members)
+            if self._room is not None:
+                return None  # idle spillable arrays go to host, then it is planned again
+            if not self._relieved and account.recovery.can_make_room:
+                self._short = max(1, totals.fixed + totals.per_run * totals.runs - offered)
+                return None  # the async reclaim hooks, once a batch; then the policy decides
         options = account.options
         if plan is None and options.active and options.policy is not Policy.WAIT:
             check_under_cap(self.name, account.ledger.held(members), account.budget.group_cap(members))

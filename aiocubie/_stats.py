@@ -26,6 +26,7 @@ __all__ = [
     "PinnedStats",
     "RecoveryStats",
     "Snapshot",
+    "SpillStats",
     "Telemetry",
     "UsageStats",
     "format_bytes",
@@ -135,6 +136,34 @@ class Telemetry:
 
 
 @attrs.frozen
+class SpillStats:
+    """Spilling of one component, one group or the manager (``now`` and ``peak``: bytes on host).
+
+    Attributes
+    ----------
+    now, peak : int
+        Bytes spilled to host now, and the most at once.
+    spills, spilled_bytes : int
+        Spills done and the bytes they moved to host.
+    spill_seconds : float
+        Time from queueing a spill's copies to freeing its device memory, summed.
+    restores, restored_bytes : int
+        Restores done (in ``use()``) and the bytes they brought back.
+    restore_seconds : float
+        Time from asking for the memory to the data being back, summed.
+    """
+
+    now: int = 0
+    peak: int = 0
+    spills: int = 0
+    spilled_bytes: int = 0
+    spill_seconds: float = 0.0
+    restores: int = 0
+    restored_bytes: int = 0
+    restore_seconds: float = 0.0
+
+
+@attrs.frozen
 class UsageStats:
     """A frozen view of one group's or instance's activity.
 
@@ -156,6 +185,8 @@ class UsageStats:
     #: Active mode: the group's cap (sum of its members' caps) or the instance's cap; else None.
     cap_bytes: int | None = None
     express: int = 0
+    #: Its spillable arrays moved to host and back (see :class:`SpillStats`).
+    spill: SpillStats = SpillStats()
 
     @property
     def over_cap(self) -> bool:
@@ -165,8 +196,10 @@ class UsageStats:
         return self.cap_bytes is not None and self.live_bytes > self.cap_bytes
 
     @classmethod
-    def of(cls, counters: Counters, live: int, peak: int, cap: int | None = None) -> UsageStats:
-        """Freeze ``counters`` with the ledger's ``live`` and ``peak`` bytes (and the ``cap``)."""
+    def of(
+        cls, counters: Counters, live: int, peak: int, cap: int | None = None, spill: SpillStats = SpillStats()
+    ) -> UsageStats:
+        """Freeze ``counters`` with the ledger's ``live`` and ``peak`` bytes (and the ``cap``, and its ``spill``)."""
         return cls(
             live,
             peak,
@@ -179,6 +212,7 @@ class UsageStats:
             Percentiles.of(counters.ready_latency),
             cap,
             counters.express,
+            spill,
         )
 
 
@@ -249,6 +283,8 @@ class Snapshot:
     waits_by_priority : dict
         Priority -> :class:`Percentiles` of its requests' queue waits (from ``await request`` to
         the batch being allocated), over every group.
+    spill : SpillStats
+        Spillable arrays moved to host and back, every member together.
     other_bytes : int or None
         Device bytes the allocator's pool has in use that this manager does not hold: what other
         libraries drawing from the same pool hold (CuPy, numba, torch through ``mgr.pool.share``; RAPIDS
@@ -269,6 +305,7 @@ class Snapshot:
     recovery: RecoveryStats = RecoveryStats()
     other_bytes: int | None = None
     waits_by_priority: dict[int, Percentiles] = attrs.field(factory=dict)
+    spill: SpillStats = SpillStats()
 
     @staticmethod
     def now() -> float:
@@ -371,9 +408,12 @@ class ManagerStatistics:
         Arrays handed out and not released.
     tables : dict
         Entries in each per-group and per-instance table the manager keeps (groups,
-        schedulers, members, counters, ledger totals): bounded however many come and go.
+        schedulers, members, counters, ledger totals, spillable responses): bounded however
+        many come and go.
     lease : LeaseStatistics or None
         Its lease from the node broker (None: no broker).
+    spilled : int
+        Responses whose spillable arrays are on host now.
     """
 
     running: bool
@@ -383,6 +423,7 @@ class ManagerStatistics:
     allocations: int
     tables: dict[str, int]
     lease: LeaseStatistics | None = None
+    spilled: int = 0
 
     @property
     def pending(self) -> int:
@@ -474,7 +515,8 @@ def summary(snapshot: Snapshot) -> str:
     Device memory and the pool first, then one row per stream group and per instance: live,
     peak and cap bytes, requests, batches, chunks, failures, and the queue-wait and ready
     latencies (median / 99th percentile). Then the pinned staging pool, the queue waits per
-    priority (when a request had another priority than 0) and recovery counts.
+    priority (when a request had another priority than 0), recovery counts and, once anything
+    spilled, spilling (of the manager, each group and each instance).
     """
     pool, pinned, rec = snapshot.pool, snapshot.pinned, snapshot.recovery
     used = snapshot.total - snapshot.free
@@ -503,5 +545,24 @@ def summary(snapshot: Snapshot) -> str:
         f"out of memory: {rec.out_of_memory} times; freed {format_bytes(rec.cache_bytes_freed)} cached in "
         f"{rec.cache_releases} releases, {format_bytes(rec.hook_bytes_freed)} by {rec.hook_calls} reclaim-hook "
         f"calls; {rec.recovered} recovered, {rec.failed} failed",
+        *_spills(snapshot),
     ]
     return "\n".join(lines)
+
+
+def _spill_line(name: str, spill: SpillStats) -> str:
+    return (
+        f"{name}: {format_bytes(spill.now)} on host now, {format_bytes(spill.peak)} peak; {spill.spills} spills "
+        f"({format_bytes(spill.spilled_bytes)} in {format_seconds(spill.spill_seconds)}), {spill.restores} restores "
+        f"({format_bytes(spill.restored_bytes)} in {format_seconds(spill.restore_seconds)})"
+    )
+
+
+def _spills(snapshot: Snapshot) -> list[str]:
+    """The spilling lines of the summary: the manager's, then each group's and instance's that spilled."""
+    if not snapshot.spill.spills:
+        return []
+    lines = [_spill_line("spilled", snapshot.spill)]
+    for kind, table in (("group", snapshot.groups), ("instance", snapshot.instances)):
+        lines += [_spill_line(f"  {kind} {name}", u.spill) for name, u in sorted(table.items()) if u.spill.spills]
+    return lines

@@ -22,6 +22,7 @@ from ._errors import (
     RegistrationError,
     ReleasedError,
     RunLengthMismatchError,
+    SpilledError,
     UnchunkableTooLargeError,
     UnknownAllocatorError,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "RegistrationError",
     "ReleasedError",
     "RunLengthMismatchError",
+    "SpilledError",
     "UnchunkableTooLargeError",
     "UnknownAllocatorError",
 ]

@@ -19,6 +19,7 @@ from ._stats import (
     PinnedStats,
     RecoveryStats,
     Snapshot,
+    SpillStats,
     UsageStats,
 )
 
@@ -36,6 +37,7 @@ __all__ = [
     "Recorder",
     "RecoveryStats",
     "Snapshot",
+    "SpillStats",
     "UsageStats",
     "render_history",
 ]

@@ -123,10 +123,25 @@ def test_stream_host_benchmark_counts_calls_and_checks_every_output(tmp_path: Pa
 def test_bench_pressure_measures_the_high_priority_wait_against_an_idle_manager(tmp_path: Path) -> None:
     result = _bench("bench_pressure.py", "--quick", "--only", "c", "--out", str(tmp_path), "--name", "pressure")
     assert result.returncode == 0, result.stderr
-    rows = json.loads((tmp_path / "pressure.json").read_text())["rows"]
+    rows = json.loads((tmp_path / "pressure.json").read_text())["priority"]
     assert [row["case"] for row in rows] == [
         "idle manager",
         "6 low streams, high priority",
         "6 low streams, same priority",
     ]
     assert all(row["n"] == 5 and row["p50_s"] > 0 for row in rows)
+
+
+def test_pressure_benchmark_spills_and_checks_every_output(tmp_path: Path) -> None:
+    # every output of every batch is checked inside the script; the run with spilling must complete every batch
+    result = _bench("bench_pressure.py", "--quick", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "simulator-pressure.json").read_text())
+    assert [row["what"] for row in report["spill"]][-1] == "spill + restore"
+    assert all(row["GB/s"] > 0 and row["raw GB/s"] > 0 for row in report["spill"])
+    spilling, fail, wait, chunk = report["pipeline"]
+    assert spilling["completed"] and spilling["errors"] == 0 and spilling["batches"] == spilling["of"]
+    assert spilling["spills"] > 0 and spilling["chunks per batch"] == 1.0
+    assert not wait["completed"]  # without spilling the caches never go
+    for run in (fail, chunk):  # passive mode: both chunk (down to a run a chunk), refused where not one run fits
+        assert run["errors"] or run["chunks per batch"] > 1 or not run["completed"]

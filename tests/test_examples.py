@@ -48,6 +48,15 @@ def test_data_loader() -> None:
     assert re.search(r"4 batches checked against numpy on (simulator|cuda)", out)
 
 
+def test_spilling_cache() -> None:
+    out = _run(str(EXAMPLES / "spilling_cache.py"))
+    assert re.findall(r"solver batch \d: (\d+) chunk", out) == ["1", "1", "1"]  # whole: the table went to host
+    assert out.count("intact: True") == 3
+    assert "table spilled 3 times, restored 3 times" in out
+    assert re.search(r"spilled: 0 B on host now, 4\.0 MiB peak; 3 spills", out)
+    assert "pinned host bytes after release: 0" in out
+
+
 def test_managed_prefetch() -> None:
     out = _run(str(EXAMPLES / "managed_prefetch.py"))
     assert "prefetched 262144 bytes to device 0" in out
@@ -104,6 +113,7 @@ def test_every_example_is_tested(path: Path) -> None:
         "managed_prefetch",
         "plot_stats",
         "rmm_shared_pool",
+        "spilling_cache",
         "torch_interop",
         "user_code",
     }

@@ -18,7 +18,7 @@ from .._names import MemoryKind
 from .._protocols import Event
 from ._allocators import DEFAULT_ALLOCATOR, parse_allocator, registered
 from ._pinned import PinnedPool
-from ._resource import MemoryResource
+from ._resource import Block, MemoryResource
 from ._stream import StreamLike
 
 __all__ = ["Advice", "Copier", "Device", "Event", "MemoryInfo"]
@@ -178,6 +178,10 @@ class Device(abc.ABC):
         """Raise :class:`ReleasedError` if host ``array`` views the memory of a released response
         (the simulator knows it; a GPU's device does not check). Copies check their ends; this is
         for host arrays a walk copies on the host (pageable data packed into staging buffers)."""
+
+    def spilled(self, block: Block) -> None:  # noqa: B027 - optional: a GPU cannot tell
+        """``block`` is about to be freed because its array was spilled to host: the simulator makes
+        every later touch of it raise :class:`SpilledError`; on a GPU such a touch is undefined."""
 
     @property
     def pinned_pool(self) -> PinnedPool:

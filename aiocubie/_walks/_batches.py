@@ -118,40 +118,42 @@ async def walk_batches(
     [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
     """
     served = check_served(response, "walk_batches", whole=True)
-    transfer = Transfer(served, "walk_batches")
-    source = BatchSource(batches, in_flight)
-    transfer.live()  # before the copiers read its arrays: a released one holds none
-    flight = InFlight(transfer, in_flight)
-    items, sync = source.items, source.sync
-    finished = False
-    try:
-        index = -1
-        while True:
-            batch = next(items, END) if sync else await source.take_async()
-            if batch is END:
-                break
-            index += 1
-            if not (isinstance(batch, tuple) and len(batch) == 2):
-                raise not_a_pair(batch, index)
-            ins, outs = batch
-            transfer.live()  # released while the batches before it were walked
-            ins, outs, copies_in, copies_out = transfer.route(ins, outs)
-            if copies_in is None or copies_out is None:  # staged or repacked: alone, once the others landed
-                await flight.drain()
-                async with contextlib.aclosing(Rotation(transfer, ins, outs, 1, True).walk()) as one:
-                    async for chunk in one:
-                        yield attrs.evolve(chunk, index=index)
-                continue
-            for label, copy, ready in copies_in:
-                copy(ready, ("in", index, label))
-            yield transfer.chunk(index, ins, outs)
-            transfer.live()
-            for label, copy, ready in copies_out:
-                copy(ready, ("out", index, label))
-            if flight.queued((*ins.values(), *outs.values())):
-                await flight.wait()
-        await flight.drain()
-        finished = True
-    finally:
-        if not finished:
-            await transfer.idle()
+    # spillable arrays are resident for the walk (their transfer binds the resident ones)
+    async with served.use() if served.lease.spill is not None else contextlib.nullcontext():
+        transfer = Transfer(served, "walk_batches")
+        source = BatchSource(batches, in_flight)
+        transfer.live()  # before the copiers read its arrays: a released one holds none
+        flight = InFlight(transfer, in_flight)
+        items, sync = source.items, source.sync
+        finished = False
+        try:
+            index = -1
+            while True:
+                batch = next(items, END) if sync else await source.take_async()
+                if batch is END:
+                    break
+                index += 1
+                if not (isinstance(batch, tuple) and len(batch) == 2):
+                    raise not_a_pair(batch, index)
+                ins, outs = batch
+                transfer.live()  # released while the batches before it were walked
+                ins, outs, copies_in, copies_out = transfer.route(ins, outs)
+                if copies_in is None or copies_out is None:  # staged or repacked: alone, once the others landed
+                    await flight.drain()
+                    async with contextlib.aclosing(Rotation(transfer, ins, outs, 1, True).walk()) as one:
+                        async for chunk in one:
+                            yield attrs.evolve(chunk, index=index)
+                    continue
+                for label, copy, ready in copies_in:
+                    copy(ready, ("in", index, label))
+                yield transfer.chunk(index, ins, outs)
+                transfer.live()
+                for label, copy, ready in copies_out:
+                    copy(ready, ("out", index, label))
+                if flight.queued((*ins.values(), *outs.values())):
+                    await flight.wait()
+            await flight.drain()
+            finished = True
+        finally:
+            if not finished:
+                await transfer.idle()

@@ -138,36 +138,38 @@ async def walk_chunks(
     """
     walked = _response(response, legacy)
     served = check_served(walked, "walk_chunks")
-    transfer = Transfer(served, "walk_chunks")
-    transfer.live()  # before the checks read its arrays: a released one holds none
-    routed = transfer.route({} if inputs is None else inputs, {} if outputs is None else outputs)
-    ins, outs, copies_in, copies_out = routed
-    rotation = depth_of(served, ins, outs, depth)
-    if overlap is None:
-        overlap = rotation > 1
-    elif not isinstance(overlap, bool):
-        raise InvalidRequestError(f"overlap must be True, False or None (by depth), got {shown(overlap)}")
-    if copies_in is not None and copies_out is not None:  # fits whole, straight: on the group's stream
-        finished = False
-        try:
-            for label, copy, ready in copies_in:
-                copy(ready, ("in", 0, label))
-            if not overlap:  # serial: the data is on the device when the body runs
+    # spillable arrays are resident for the walk (their transfer binds the resident ones)
+    async with served.use() if served.lease.spill is not None else contextlib.nullcontext():
+        transfer = Transfer(served, "walk_chunks")
+        transfer.live()  # before the checks read its arrays: a released one holds none
+        routed = transfer.route({} if inputs is None else inputs, {} if outputs is None else outputs)
+        ins, outs, copies_in, copies_out = routed
+        rotation = depth_of(served, ins, outs, depth)
+        if overlap is None:
+            overlap = rotation > 1
+        elif not isinstance(overlap, bool):
+            raise InvalidRequestError(f"overlap must be True, False or None (by depth), got {shown(overlap)}")
+        if copies_in is not None and copies_out is not None:  # fits whole, straight: on the group's stream
+            finished = False
+            try:
+                for label, copy, ready in copies_in:
+                    copy(ready, ("in", 0, label))
+                if not overlap:  # serial: the data is on the device when the body runs
+                    await transfer.done()
+                yield transfer.chunk(0, ins, outs)
+                transfer.live()
+                for label, copy, ready in copies_out:
+                    copy(ready, ("out", 0, label))
                 await transfer.done()
-            yield transfer.chunk(0, ins, outs)
-            transfer.live()
-            for label, copy, ready in copies_out:
-                copy(ready, ("out", 0, label))
-            await transfer.done()
-            finished = True
-        finally:
-            if not finished:
-                await transfer.idle()
-        return
-    # closed with this generator, so that its cleanup runs when this one is closed
-    async with contextlib.aclosing(Rotation(transfer, ins, outs, rotation, overlap).walk()) as chunks:
-        async for chunk in chunks:
-            yield chunk
+                finished = True
+            finally:
+                if not finished:
+                    await transfer.idle()
+            return
+        # closed with this generator, so that its cleanup runs when this one is closed
+        async with contextlib.aclosing(Rotation(transfer, ins, outs, rotation, overlap).walk()) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
 
 def _response(response: Any, legacy: tuple[Any, ...]) -> Any:

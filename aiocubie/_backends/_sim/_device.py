@@ -31,11 +31,11 @@ from ..._errors import (
 from ..._names import MemoryKind, check_device
 from .._allocators import ResourceFactory, find_factory, register_allocator
 from .._device import Advice, Device, Event, MemoryInfo
-from .._resource import MemoryResource
+from .._resource import Block, MemoryResource
 from .._strided import geometry, refusal
 from ._arrays import host_data
 from ._faults import Faults, count, real
-from ._memory import SimFaults, SimMemory, SimPool, SimShared, SimState, check_live, host_memory
+from ._memory import SimFaults, SimMemory, SimPool, SimShared, SimState, check_live, host_memory, mark_spilled
 from ._streams import SimEvent, SimStream, _Progress
 
 __all__ = ["TIMELINE_LENGTH", "Engines", "SimDevice", "TimelineEntry"]
@@ -207,6 +207,9 @@ class SimDevice(Device):
 
     def check_host(self, array: np.ndarray[Any, Any]) -> None:
         check_live(array)
+
+    def spilled(self, block: Block) -> None:
+        mark_spilled(block)
 
     def is_pinned(self, array: Any) -> bool:
         """True for host arrays made ``pinned`` here, and views of them."""

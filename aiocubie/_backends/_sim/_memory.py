@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from ..._errors import AllocationError, BackendError, ConfigurationError, OutOfMemoryError, ReleasedError
+from ..._errors import AllocationError, BackendError, ConfigurationError, OutOfMemoryError, ReleasedError, SpilledError
 from ..._names import MemoryKind
 from .._resource import Block, FailureHandler, LibraryPool, MemoryResource, PoolFacts, ResourceAdaptor, SharedPool
 from .._stream import StreamLike
@@ -33,6 +33,7 @@ __all__ = [
     "SimState",
     "check_live",
     "host_memory",
+    "mark_spilled",
     "poison",
 ]
 
@@ -43,6 +44,16 @@ _RELEASED: weakref.WeakValueDictionary[int, np.ndarray[Any, Any]] = weakref.Weak
 #: The same memory once its free ran: on its stream, after the work queued there before the free
 #: (a stream-ordered free, as the driver's pool does it). What an engine runs must not touch it.
 _FREED: weakref.WeakValueDictionary[int, np.ndarray[Any, Any]] = weakref.WeakValueDictionary()
+#: The memory of blocks freed because their array was spilled to host: a touch raises SpilledError.
+_SPILLED: weakref.WeakValueDictionary[int, np.ndarray[Any, Any]] = weakref.WeakValueDictionary()
+
+
+def mark_spilled(block: Block) -> None:
+    """The array over ``block`` went to host and the block is about to be freed: a touch of it from
+    now on raises :class:`SpilledError` (not ReleasedError: the array lives on, in ``use()``)."""
+    data = block.handle
+    if isinstance(data, np.ndarray) and data.size:
+        _SPILLED[id(data)] = data
 
 
 def poison(block: Block, *, now: bool = False) -> None:
@@ -80,6 +91,11 @@ def check_live(data: np.ndarray[Any, Any]) -> None:
     if base is not None and _RELEASED.get(id(base)) is base:
         if on_worker() and _FREED.get(id(base)) is not base:
             return
+        if _SPILLED.get(id(base)) is base:
+            raise SpilledError(
+                f"this {data.shape} {data.dtype} array was spilled to host memory and is touched outside "
+                "`async with response.use()`: on a GPU that is undefined. Use the arrays `use()` hands out"
+            )
         raise ReleasedError(
             f"this {data.shape} {data.dtype} array was released (mgr.release, free, free_all, the end of "
             "its request's `async with`, its manager's exit, or a context reset) and is used after: on a "
