@@ -147,29 +147,43 @@ class Poller:
         """Query every pending event once; True while some are still polled."""
         pending, self._pending = self._pending, []
         now = time.perf_counter()
-        done = []
-        for entry in pending:
-            deadline, event, func, args = entry
-            try:
-                reached = event.query()
-            except Exception:  # a device error: the callback runs, and its own query raises it
-                reached = True
-            if reached:
-                done.append(entry)
-            elif now >= deadline:
+        done: list[tuple[float, Event, Callable[..., Any], tuple[Any, ...]]] = []
+        looked = called = 0  # entries of pending sorted, of done called back
+        armed = True  # this step's repeat goes on (until the callbacks, where it may end)
+        try:
+            for entry in pending:
+                deadline, event, func, args = entry
                 try:
-                    self._hand_off(event, func, args)
-                except Exception:  # the backend refused the wait: call back, the waiter's query raises it
+                    reached = event.query()
+                except Exception:  # a device error: the callback runs, and its own query raises it
+                    reached = True
+                if reached:
                     done.append(entry)
-            else:
-                self._pending.append(entry)
-        # decided before the callbacks: one that watches another event starts a new repeat
-        armed = self._armed = bool(self._pending)
-        for _, _, func, args in done:
-            try:
-                func(*args)
-            except Exception:  # a loop callback must not raise: trio would crash the whole run
-                log.exception("aiocubie: an event's completion callback raised")
+                elif now >= deadline:
+                    try:
+                        self._hand_off(event, func, args)
+                    except Exception:  # the backend refused the wait: call back, the waiter's query raises it
+                        done.append(entry)
+                else:
+                    self._pending.append(entry)
+                looked += 1  # (interrupted just before this, an entry is called back twice at worst, never lost)
+            # decided before the callbacks: one that watches another event starts a new repeat
+            armed = self._armed = bool(self._pending)
+            for _, _, func, args in done:
+                called += 1
+                try:
+                    func(*args)
+                except Exception:  # a loop callback must not raise: trio would crash the whole run
+                    log.exception("aiocubie: an event's completion callback raised")
+        except BaseException:
+            # a KeyboardInterrupt, or a callback's SystemExit, leaves the loop: what was not called
+            # back yet stays polled (completed ones first: called on the next step), from a new repeat
+            self._pending[:0] = [*done[called:], *pending[looked:]]
+            if armed or not self._armed:  # (a callback that watched an event may have started one)
+                self._armed = bool(self._pending)
+                if self._armed:
+                    self._repeat(self._step)
+            raise
         return armed
 
 

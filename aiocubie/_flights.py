@@ -212,8 +212,8 @@ class Flights:
             member.key in group.members and self._members.get(member.key) is member
         ):
             account.release(response)  # a reclaim hook unregistered or moved its member meanwhile
-            if member.key in self._members:
-                return None  # moved: asked again in its new group
+            if self._members.get(member.key) is member:
+                return None  # moved: asked again in its new group (registered anew, it is another member)
             count(counters)
             ticket = Ticket(member.key, requests, counters, ordered, member.priority, member.waits)
             ticket.fail(RegistrationError(f"{member.name} was unregistered before its request was served"))

@@ -183,9 +183,11 @@ class ReleasedArray:
     __slots__ = ("dtype", "label", "shape")
 
     def __init__(self, label: str, shape: tuple[int, ...] = (), dtype: Any = None) -> None:
-        self.label = label
-        self.shape = tuple(shape)
-        self.dtype = dtype
+        # set once: responses of one request set share their stand-ins (RequestSet.stand_ins)
+        setattr_ = object.__setattr__
+        setattr_(self, "label", label)
+        setattr_(self, "shape", tuple(shape))
+        setattr_(self, "dtype", dtype)
 
     @property
     def ndim(self) -> int:
@@ -223,6 +225,13 @@ class ReleasedArray:
     def __hash__(self) -> int:  # __eq__ refuses: a stand-in is still a dict key, by identity
         return id(self)
 
+    def __setattr__(self, name: str, value: object) -> None:  # numpy's in-place x.shape = ..., x.dtype = ...
+        self._refuse()
+
+    def __reduce__(self) -> tuple[Any, ...]:  # a copy or a pickle is made anew (its attributes are set once)
+        return ReleasedArray, (self.label, self.shape, self.dtype)
+
+    __delattr__ = _refuse
     __getitem__ = __setitem__ = __len__ = __iter__ = __array__ = __bool__ = __float__ = __int__ = _refuse
     __index__ = __complex__ = __round__ = __contains__ = _refuse
     __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _refuse

@@ -19,6 +19,7 @@ from simkit import LOOPS, Part, assert_all_released, hold_stream, wait_until
 
 from aiocubie import ArrayRequest, ArrayResponse, MemoryManager
 from aiocubie._bench import InstantBackend
+from aiocubie._scheduler import GroupScheduler
 from aiocubie.errors import AllocationError, ContextResetError, RegistrationError, ReleasedError
 from aiocubie.simulator import SimulatorBackend
 
@@ -227,3 +228,33 @@ async def test_what_the_last_plan_does_not_cover_goes_the_ordinary_way() -> None
         mgr.release(await mgr.request(part, REQUEST))  # the plan memo holds the last plan: planned anew
         mgr.release(await mgr.request(part, REQUEST))
         assert express(mgr) == 1
+
+
+@pytest.mark.parametrize("group", ["solo", "elsewhere"])
+@pytest.mark.parametrize("express_on", [True, False], ids=["express", "ordinary"])
+async def test_a_reclaim_hook_that_registers_the_member_anew_during_its_allocation(
+    group: str, express_on: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unregistered and registered again by a reclaim hook (the same instance, so the same key, a new
+    member), the member's request was of the member that left: it fails as the ordinary way fails it,
+    never served as the new member's (nor a KeyError for a group that went with the old member)."""
+    if not express_on:
+        monkeypatch.setattr(GroupScheduler, "express", lambda self, member, requests, ordered: None)
+    sim = SimulatorBackend(64 * MiB)
+    async with MemoryManager(sim) as mgr:
+        part = Part()
+        mgr.register(part, stream_group="solo")
+        await warm(mgr, part)
+
+        def reclaim(nbytes: int) -> int:
+            mgr.unregister(part)
+            mgr.register(part, stream_group=group)
+            return 0
+
+        mgr.pool.add_reclaim_hook(reclaim)
+        sim.faults.inject("oom", times=2)  # the try after the pool's cache fails too: the hook runs
+        with pytest.raises(RegistrationError, match="unregistered before its request was served"):
+            await mgr.request(part, REQUEST)
+        assert mgr.stats().live_bytes == 0 and mgr.is_registered(part)
+        mgr.release(await mgr.request(part, REQUEST))  # the new member is served
+        assert_all_released(mgr, sim)

@@ -6,10 +6,12 @@ another thread; the poller's logic is backend-neutral, so what runs here is what
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import threading
 import weakref
+from typing import Any
 
 import anyio
 import pytest
@@ -215,3 +217,49 @@ async def test_a_request_on_a_pollable_event_resolves_by_polling(monkeypatch: py
     assert max(queried.values()) > 1, "polled"
     assert not handed, "resolved by polling, never through the callback thread"
     assert sim.used == 0
+
+
+def _loop_factories() -> list[Any]:
+    factories: list[Any] = [pytest.param(asyncio.new_event_loop, id="asyncio")]
+    try:
+        import uvloop
+    except ImportError:
+        return factories
+    return [*factories, pytest.param(uvloop.new_event_loop, id="uvloop")]
+
+
+@pytest.mark.parametrize("new_loop", _loop_factories())
+def test_a_callback_that_raises_a_base_exception_leaves_the_poller_polling(new_loop: Any) -> None:
+    """A SystemExit (a ready hook's sys.exit()) or a KeyboardInterrupt out of a completion callback
+    leaves the loop; run again, the loop's poller must still serve the events left pending and new ones
+    (stuck armed with no repeat, it would neither poll them nor hand them on: every wait hangs)."""
+    native = new_loop()
+    left, later, called = Polled(after=3), Polled(after=1), []
+
+    def interrupt() -> None:
+        raise SystemExit(3)
+
+    async def first() -> None:
+        loop = _loop()
+        loop.watch(Polled(after=1), called.append, "before")
+        loop.watch(Polled(after=1), interrupt)
+        loop.watch(Polled(after=1), called.append, "after")  # completed in the same step: called on the next
+        loop.watch(left, called.append, "left")
+        await asyncio.sleep(HANG_GUARD)
+
+    async def second() -> None:
+        loop = _loop()
+        loop.watch(later, called.append, "later")
+        await asyncio.wait_for(_until(lambda: len(called) == 4, "every other callback called"), HANG_GUARD)
+
+    try:
+        with pytest.raises(SystemExit):
+            native.run_until_complete(first())
+        native.run_until_complete(second())
+        assert called == ["before", "after", "left", "later"]
+        assert left.handed == later.handed == 0  # still polled, not left to the callback thread
+    finally:
+        for task in asyncio.all_tasks(native):
+            task.cancel()
+        native.run_until_complete(asyncio.sleep(0))
+        native.close()

@@ -4,6 +4,8 @@ are used (a read, a write, a view, a copy, a walk); ``mgr.release`` takes only t
 
 from __future__ import annotations
 
+import copy
+import pickle
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -387,3 +389,35 @@ async def test_release_refuses_another_managers_response_that_is_partly_freed(an
         other.free("y", stranger)
         mgr.release(foreign)  # every array freed: nothing to refuse, nothing to free
         assert other.stats().live_bytes == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "use",
+    [
+        lambda x: setattr(x, "shape", (2, 2)),  # numpy's reshape in place
+        lambda x: setattr(x, "dtype", np.int32),  # numpy's view in place
+        lambda x: setattr(x, "label", "y"),
+    ],
+    ids=["shape", "dtype", "label"],
+)
+async def test_a_write_to_a_released_array_is_refused_and_leaves_other_responses_alone(
+    anyio_backend: str, use: Callable[[Any], Any]
+) -> None:
+    """The stand-ins of a request set's released responses are made once and shared (RequestSet.stand_ins):
+    setting an attribute of one, as numpy's ``x.shape = ...`` does, is a use of a released array, and must not
+    change what every other response of that request set (released before or after) says it held."""
+    requests = {"x": ArrayRequest((4,), np.float32)}
+    async with MemoryManager("simulator", batch_window=0) as mgr:
+        part = Part()
+        mgr.register(part)
+        first, second = await mgr.request(part, requests), await mgr.request(part, requests)
+        mgr.release(first)
+        mgr.release(second)
+        with pytest.raises(ReleasedError, match="released"):
+            use(first.arrays["x"])
+        third = await mgr.request(part, requests)
+        mgr.release(third)
+        copied = copy.deepcopy(first.arrays["x"])  # a copy (or a pickle) is still made
+        for stand_in in (*(r.arrays["x"] for r in (first, second, third)), copied, pickle.loads(pickle.dumps(copied))):
+            assert (stand_in.shape, stand_in.dtype, stand_in.label) == ((4,), np.dtype(np.float32), "x")
