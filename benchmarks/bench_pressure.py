@@ -60,9 +60,9 @@ def _manager(backend: str, budget: int, policy: str) -> MemoryManager:
 
 
 # -- (a) spill and restore against raw pinned copies -----------------------------------------------
-async def part_spill(backend: str, budget: int, repeats: int) -> list[dict[str, Any]]:
+async def part_spill(backend: str, budget: int, repeats: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Spill and restore half the budget ``repeats`` times; raw pinned copies of the same bytes in between."""
-    nbytes = budget // 2 // 8 * 8
+    nbytes = int(budget * 0.45) // 8 * 8  # under half: a whole cache fits beside the allocator's granule
     async with _manager(backend, budget, "chunk") as mgr:
         cache, stage = _Component(), _Component()
         mgr.register(cache, stream_group="cache")
@@ -73,8 +73,11 @@ async def part_spill(backend: str, budget: int, repeats: int) -> list[dict[str, 
             arrays["c"].set(values)
         device = mgr.backend.device
         raw = [0.0, 0.0]  # seconds: device to host, host to device
+        served: list[float] = []  # a request that waits only for the cache's spill: request -> ready
         for _ in range(repeats):
+            began = time.perf_counter()
             big = await mgr.request(stage, {"x": ArrayRequest((budget * 3 // 4 // 8,), "f8")})  # the cache goes
+            served.append(time.perf_counter() - began)
             big.release()
             async with response.use() as arrays:  # and comes back
                 if not np.array_equal(arrays["c"].get(), values):
@@ -102,7 +105,10 @@ async def part_spill(backend: str, budget: int, repeats: int) -> list[dict[str, 
         row["raw GB/s"] = row["bytes"] / row["raw"] / 1e9
         row["of raw"] = row["raw"] / row["seconds"]
     assert spill.spills == repeats and spill.restores == repeats, spill
-    return rows
+    # the issue's target: a request that waits only for spills is served within 1.2x its spill copies + 1 ms
+    bound = spill.spill_seconds / repeats + 1e-3
+    waits = {"waits (s)": served, "spill copies a spill + 1 ms (s)": bound, "worst wait / bound": max(served) / bound}
+    return rows, waits
 
 
 # -- (b) an oversubscribed pipeline ------------------------------------------------------------------
@@ -254,13 +260,20 @@ async def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"machine": machine(), "backend": args.backend, "budget": budget}
     text = [f"# Under pressure ({args.backend}, budget {budget / MIB:.0f} MiB)", ""]
     if "spill" in only:
-        rows = report["spill"] = await part_spill(args.backend, budget, 2 if args.quick else 10)
+        rows, waits = await part_spill(args.backend, budget, 2 if args.quick else 10)
+        report["spill"], report["spill wait"] = rows, waits
         table = Table(
             "(a) spill and restore against raw pinned copies", ["what", "bytes", "GB/s", "raw GB/s", "of raw"]
         )
         for row in rows:
             table.add(row["what"], row["bytes"], f"{row['GB/s']:.2f}", f"{row['raw GB/s']:.2f}", f"{row['of raw']:.0%}")
         text += [table.markdown(), ""]
+        text += [
+            f"a request that waits only for the cache's spill: worst {max(waits['waits (s)']) * 1e3:.2f} ms against "
+            f"its spill copies + 1 ms = {waits['spill copies a spill + 1 ms (s)'] * 1e3:.2f} ms: "
+            f"{waits['worst wait / bound']:.2f}x (target <= 1.2x)",
+            "",
+        ]
     if "pipeline" in only:
         rows = report["pipeline"] = await part_pipeline(
             args.backend, budget, 3 if args.quick else 12, 2.0 if args.quick else 10.0

@@ -8,6 +8,7 @@ asyncio and trio. Skipped without a GPU or CuPy (see conftest.py).
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,6 +56,9 @@ class Hog:
 
 @pytest.fixture
 def hog() -> Iterator[Hog]:
+    if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("AIOCUBIE_BROKER"):
+        # it fills the whole device: the other workers (or processes of the broker) share it
+        pytest.skip("fills the whole device, which other pytest-xdist workers or broker clients share")
     hog = Hog()
     yield hog
     hog.give_back()
