@@ -53,10 +53,12 @@ class _Component:
 
 
 def _manager(backend: str, budget: int, policy: str) -> MemoryManager:
-    """Passive mode (the device's free memory is what is shared), no headroom, ``budget`` bytes of device."""
-    if backend == "cuda":
-        return MemoryManager("cuda", memory_limit=budget, policy=policy, headroom=0.0)
-    return MemoryManager(SimulatorBackend(total=budget), policy=policy, headroom=0.0)
+    """Passive mode (the device's free memory is what is shared), no headroom, ``memory_limit=budget``.
+
+    The simulator's device is larger than the budget, as the GPU is: the limit, not the device, is the bound.
+    """
+    device = "cuda" if backend == "cuda" else SimulatorBackend(total=4 * budget)
+    return MemoryManager(device, memory_limit=budget, policy=policy, headroom=0.0)
 
 
 # -- (a) spill and restore against raw pinned copies -----------------------------------------------
