@@ -110,7 +110,8 @@ class Lease:
             self.released = {*stand_ins}
             arrays.update(stand_ins)
             self._buffers.clear()
-            self._drop_views()
+            if self.views is not None:  # walked: what its chunks hold goes too
+                self._drop_views()
             if self.spill is not None:  # host copies of spilled arrays go with them
                 self.spill.released(stand_ins)
             return
