@@ -110,7 +110,8 @@ class Lease:
             self.released = {*stand_ins}
             arrays.update(stand_ins)
             self._buffers.clear()
-            self.views = None
+            if self.views is not None:  # walked: what its chunks hold goes too
+                self._drop_views()
             if self.spill is not None:  # host copies of spilled arrays go with them
                 self.spill.released(stand_ins)
             return
@@ -125,7 +126,7 @@ class Lease:
                 array = arrays[label]  # a hand-built response may hold anything: what it says of itself
                 arrays[label] = ReleasedArray(label, getattr(array, "shape", ()), getattr(array, "dtype", None))
             buffers.pop(label, None)
-        self.views = None  # device views of the arrays
+        self._drop_views()
         if self.spill is not None:  # host copies of spilled arrays go with them
             self.spill.released(labels)
 
@@ -138,7 +139,20 @@ class Lease:
         self._arrays[label] = arrays[0]
         if len(arrays) > 1:
             self._buffers[label] = tuple(arrays)
-        self.views = None
+        self._drop_views()
+
+    def _drop_views(self) -> None:
+        """Forget the views walks reuse; what chunks handed out hold (``views["arrays"]``, a one-chunk walk's
+        ``chunk.device``; ``views["chunk"]``, the last rotated chunk's) now holds the arrays as they are: a
+        released or spilled one's stand-in. A chunk kept after its walk (a loop variable outlives its loop)
+        must not keep freed memory alive: on a GPU an array holds its block, and a ``memory_limit`` counts it."""
+        views, self.views = self.views, None
+        if views is not None:
+            arrays = self._arrays
+            for held in (views.get("arrays"), views.get("chunk")):
+                if held:
+                    for label in held.keys() & arrays.keys():
+                        held[label] = arrays[label]
 
     def cached_views(self) -> dict[str, Any]:
         """What walks work out once and ask again (full shapes, copiers, a device view): made on first use."""

@@ -311,7 +311,7 @@ class Spills:
                 self._abort(record)
                 record.failed = True
                 continue
-            freed += self._finish(record, time.perf_counter() - began)
+            freed += self._finish(record, began)
         return freed
 
     def _start(self, record: SpillRecord) -> Event:
@@ -362,9 +362,10 @@ class Spills:
         group = self.by_group.setdefault(record.group, SpillCounts())
         return self.total, key, group
 
-    def _finish(self, record: SpillRecord, seconds: float) -> int:
+    def _finish(self, record: SpillRecord, began: float) -> int:
         """The copies are done: free the device memory (unless the arrays were used or released meanwhile: a
-        ``use()`` block that began and ended during the copy may have written them)."""
+        ``use()`` block that began and ended during the copy may have written them). A spill's time runs
+        from ``began`` (its copies queued) to its memory freed."""
         if record.pins or record.dropped or record.lost or record.touched:
             self._abort(record)
             return 0
@@ -379,6 +380,7 @@ class Spills:
             lease.swap(label, stand_ins)
         record.state = _State.SPILLED
         lease.walk_ended()
+        seconds = time.perf_counter() - began
         for counts in self._counts(record):
             counts.spilled(record.nbytes, seconds)
         return freed

@@ -3,7 +3,7 @@
 
 - (a) ``spill``: a spillable cache spilled to host and restored (``response.use()``), against raw copies of the
   same bytes between a device array and a pinned host buffer on one stream (device to host, host to device),
-  timed in the same run. Spill time: from queueing its copies to its device memory freed; restore time: from
+  timed in the same run. The first spill pins its host buffer (reused after): it is timed apart. Spill time: from queueing its copies to its device memory freed; restore time: from
   asking for the memory to the data back (``mgr.stats().spill``).
 - (b) ``pipeline``: three components, each with a spillable cache and per-batch requests (x in, y out: y = x +
   cache along the runs), whose working sets sum to twice the budget: the caches (40% of it) leave too little
@@ -53,10 +53,12 @@ class _Component:
 
 
 def _manager(backend: str, budget: int, policy: str) -> MemoryManager:
-    """Passive mode (the device's free memory is what is shared), no headroom, ``budget`` bytes of device."""
-    if backend == "cuda":
-        return MemoryManager("cuda", memory_limit=budget, policy=policy, headroom=0.0)
-    return MemoryManager(SimulatorBackend(total=budget), policy=policy, headroom=0.0)
+    """Passive mode (the device's free memory is what is shared), no headroom, ``memory_limit=budget``.
+
+    The simulator's device is larger than the budget, as the GPU is: the limit, not the device, is the bound.
+    """
+    device = "cuda" if backend == "cuda" else SimulatorBackend(total=4 * budget)
+    return MemoryManager(device, memory_limit=budget, policy=policy, headroom=0.0)
 
 
 # -- (a) spill and restore against raw pinned copies -----------------------------------------------
@@ -72,6 +74,15 @@ async def part_spill(backend: str, budget: int, repeats: int) -> tuple[list[dict
         async with response.use() as arrays:
             arrays["c"].set(values)
         device = mgr.backend.device
+        # the first spill pins its host buffer (GiBs on a GPU: cuMemHostAlloc takes longer than the copy);
+        # every later one reuses it from the pinned pool, as the raw copies below do: timed apart
+        began = time.perf_counter()
+        big = await mgr.request(stage, {"x": ArrayRequest((budget * 3 // 4 // 8,), "f8")})
+        first = time.perf_counter() - began
+        big.release()
+        async with response.use():
+            pass
+        cold = mgr.stats().spill
         raw = [0.0, 0.0]  # seconds: device to host, host to device
         served: list[float] = []  # a request that waits only for the cache's spill: request -> ready
         for _ in range(repeats):
@@ -94,20 +105,27 @@ async def part_spill(backend: str, budget: int, repeats: int) -> tuple[list[dict
         spill = mgr.stats().spill
         response.release()
     moved = nbytes * repeats
+    spilling, restoring = spill.spill_seconds - cold.spill_seconds, spill.restore_seconds - cold.restore_seconds
     rows = [
-        {"what": "spill (device to host, then freed)", "seconds": spill.spill_seconds, "raw": raw[0]},
-        {"what": "restore (request, host to device)", "seconds": spill.restore_seconds, "raw": raw[1]},
-        {"what": "spill + restore", "seconds": spill.spill_seconds + spill.restore_seconds, "raw": sum(raw)},
+        {"what": "spill (device to host, then freed)", "seconds": spilling, "raw": raw[0]},
+        {"what": "restore (request, host to device)", "seconds": restoring, "raw": raw[1]},
+        {"what": "spill + restore", "seconds": spilling + restoring, "raw": sum(raw)},
     ]
     for row in rows:
         row["bytes"] = moved if row["what"] != "spill + restore" else 2 * moved
         row["GB/s"] = row["bytes"] / row["seconds"] / 1e9
         row["raw GB/s"] = row["bytes"] / row["raw"] / 1e9
         row["of raw"] = row["raw"] / row["seconds"]
-    assert spill.spills == repeats and spill.restores == repeats, spill
+    assert spill.spills == repeats + 1 and spill.restores == repeats + 1, spill
     # the issue's target: a request that waits only for spills is served within 1.2x its spill copies + 1 ms
-    bound = spill.spill_seconds / repeats + 1e-3
-    waits = {"waits (s)": served, "spill copies a spill + 1 ms (s)": bound, "worst wait / bound": max(served) / bound}
+    bound = spilling / repeats + 1e-3
+    waits = {
+        "waits (s)": served,
+        "spill copies a spill + 1 ms (s)": bound,
+        "worst wait / bound": max(served) / bound,
+        "first wait, pinning the host buffer (s)": first,
+        "first spill (s)": cold.spill_seconds,
+    }
     return rows, waits
 
 
@@ -271,7 +289,9 @@ async def main(argv: list[str] | None = None) -> int:
         text += [
             f"a request that waits only for the cache's spill: worst {max(waits['waits (s)']) * 1e3:.2f} ms against "
             f"its spill copies + 1 ms = {waits['spill copies a spill + 1 ms (s)'] * 1e3:.2f} ms: "
-            f"{waits['worst wait / bound']:.2f}x (target <= 1.2x)",
+            f"{waits['worst wait / bound']:.2f}x (target <= 1.2x); the first spill, which pins its host buffer "
+            f"(reused by every later one), took {waits['first spill (s)'] * 1e3:.2f} ms, its request waited "
+            f"{waits['first wait, pinning the host buffer (s)'] * 1e3:.2f} ms (not in the rows above)",
             "",
         ]
     if "pipeline" in only:

@@ -189,6 +189,46 @@ async def test_passive_mode_spills_for_free_memory() -> None:
             response.release()
 
 
+async def test_a_chunk_kept_after_its_release_holds_no_memory_under_a_memory_limit() -> None:
+    # bench_pressure's pipeline on the H100 (memory_limit below the device): a released batch's arrays, still
+    # held by the walk's last chunk (a loop variable outlives its loop), stayed in the pool's use, which
+    # the limit counts; the spill freed the cache, yet the next batch waited for ever
+    with SimulatorBackend(total=4 * TOTAL) as sim:
+        async with MemoryManager(sim, memory_limit=TOTAL, policy="wait", headroom=0.0) as mgr:
+            cache, stage = Part(), Part()
+            mgr.register(cache, stream_group="a")
+            mgr.register(stage, stream_group="b")
+            response = await filled(mgr, cache, 3.0, 50_000)  # 400 kB
+            batch = await mgr.request(stage, stage_request(60_000))  # 480 kB: with the cache, 880 of 1000 kB
+            async for chunk in walk_chunks(batch, inputs={"x": np.arange(60_000.0)}):
+                assert chunk.device["x"].shape == (60_000,)
+            batch.release()
+            with pytest.raises(Exception, match="released"):
+                chunk.device["x"].get()  # the chunk kept: refuses every use, as its response's arrays do
+            whole = {"x": ArrayRequest((100_000,), "f8", unchunkable=True)}  # 800 kB: the cache spilled, the batch gone
+            with anyio.fail_after(HANG_GUARD):
+                big = await mgr.request(stage, whole)
+            assert mgr.stats().spill.spills == 1
+            big.release()
+            await check(response, 3.0)
+            response.release()
+
+
+async def test_the_last_rotated_chunk_kept_after_its_release_holds_no_memory() -> None:
+    with SimulatorBackend(total=4 * TOTAL) as sim:
+        async with MemoryManager(sim, memory_limit=TOTAL, policy="chunk", headroom=0.0) as mgr:
+            stage = Part()
+            mgr.register(stage, stream_group="b")
+            batch = await mgr.request(stage, stage_request(200_000))  # 1.6 MB: chunked
+            assert batch.chunks > 1
+            async for chunk in walk_chunks(batch, inputs={"x": np.arange(200_000.0)}):
+                assert chunk.length < 200_000
+            batch.release()
+            assert mgr.stats().free == TOTAL  # the pool's use, which the limit counts, is back
+            with pytest.raises(Exception, match="released"):
+                chunk.device["x"].get()
+
+
 @pytest.mark.parametrize("end", ["release", "free_all", "unregister", "invalidate_all", "exit", "free"])
 async def test_host_copies_go_back_however_the_arrays_end(end: str) -> None:
     with SimulatorBackend(total=TOTAL) as sim:

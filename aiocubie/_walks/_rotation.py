@@ -153,6 +153,7 @@ class Rotation:
         axes, slot = response.chunk_axes, index % self.depth
         device = {label: trim(response.buffer(label, slot), axes[label], stop - start) for label in response.arrays}
         host = {label: array[response.chunk_slices(index, label)] for label, array in {**self.ins, **self.outs}.items()}
+        self.transfer.views["chunk"] = device  # emptied of the arrays on release (see Lease._drop_views)
         return Chunk(index, start, stop, MappingProxyType(device), MappingProxyType(host), self.stream)
 
     def _staging(

@@ -44,21 +44,23 @@ class Transfer:
         The walk's name, for its errors.
     """
 
-    __slots__ = ("copiers", "device", "loop", "response", "stream", "view", "walk")
+    __slots__ = ("copiers", "device", "loop", "response", "stream", "view", "views", "walk")
 
     def __init__(self, response: ArrayResponse, walk: str) -> None:
         self.response, self.walk = response, walk
         self.device: Device = response.device
         self.stream = response.stream
         self.loop: Loop = running_loop()
+        #: What every walk of a batch stream asks again (dropped on release: see Lease._drop_views)
+        views = self.views = response.lease.cached_views()
         #: (label, into the device?) -> its copier, bound once a response (on first use: a walk copies
         #: its inputs in and its outputs out only), kept with the response's other views of its arrays
-        views = response.lease.cached_views()  # what every walk of a batch stream asks again (dropped on release)
         self.copiers: dict[tuple[str, bool], Copier] = views.setdefault("copiers", {})
         #: The arrays as a walk that fits whole yields them (a live response's: :meth:`live` first)
         view: Mapping[str, Any] | None = views.get("device")
         if view is None:  # a read-only view of the arrays: a one-chunk walk's chunk.device
-            view = views["device"] = MappingProxyType(dict(response.arrays))
+            arrays = views["arrays"] = dict(response.arrays)  # what chunks hold: emptied on release
+            view = views["device"] = MappingProxyType(arrays)
         self.view = view
 
     def live(self) -> None:

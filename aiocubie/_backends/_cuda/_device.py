@@ -253,12 +253,21 @@ class CudaDevice(Device):
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if not nbytes:
             return np.zeros(shape, dtype)
+        array = self._pin(nbytes, shape, dtype)
+        array.fill(0)
+        return array
+
+    def _pin(self, nbytes: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+        """``nbytes`` (> 0) of page-locked host memory as a ``shape`` ``dtype`` array, not zeroed."""
         with map_exceptions(f"pinning {nbytes} bytes of host memory ({shape}, {dtype})"):
             self.make_current()
             memory = HostAllocation(nbytes, _HOST_ALLOC_PINNED, self.context)
-        array = host_array(Block(memory.ptr, nbytes, kind, None, memory), shape, dtype)
-        array.fill(0)
-        return array
+        return host_array(Block(memory.ptr, nbytes, MemoryKind.PINNED, None, memory), shape, dtype)
+
+    def _allocate_pinned(self, nbytes: int) -> np.ndarray[Any, Any]:
+        """A pinned pool buffer, not zeroed: its users read only what they wrote (a spill's copy overwrites
+        it whole; zeroing GiBs on the host took as long as the copy, on the first spill's critical path)."""
+        return self._pin(nbytes, (nbytes,), np.dtype(np.uint8))
 
     def is_pinned(self, array: Any) -> bool:
         """Whether the driver knows ``array``'s memory as page-locked host memory (see :func:`_pinned_at`)."""
