@@ -4,12 +4,10 @@ A lookup component keeps a table on the device between its steps: a cache, marke
 solver stage needs most of the device for each of its batches. When a solver batch would not fit
 whole, the manager copies the idle table to pinned host memory and frees its device memory; the
 lookup's next ``async with response.use()`` brings it back (possibly at a new address) before it reads.
-Without a GPU it runs on aiocubie's simulator.
+The solver is registered with a higher priority than the lookup: spilling makes room only for a request
+of equal or higher priority than the arrays it moves, so the lookup's table goes for the solver, never
+the other way round. Without a GPU it runs on aiocubie's simulator.
 Run: python examples/spilling_cache.py
-
-(The stage's precedence comes from the cache being idle and the stage asking: with request
-priorities, ``mgr.request(solver, ..., priority=1)`` would also keep a lower-priority request from
-spilling anything to make room.)
 """
 
 from __future__ import annotations
@@ -45,8 +43,8 @@ async def main() -> None:
     with simulated or contextlib.nullcontext("cuda") as backend:
         async with MemoryManager(backend, policy="chunk", headroom=0.0, memory_limit=limit) as mgr:
             lookup, solver = Lookup(), Solver()
-            mgr.register(lookup, stream_group="lookup")
-            mgr.register(solver, stream_group="solve")
+            mgr.register(lookup, stream_group="lookup", priority=0)
+            mgr.register(solver, stream_group="solve", priority=1)  # the stage that matters more
             values = np.arange(TABLE // 4, dtype=np.float32)
             table = await mgr.request(lookup, {"t": ArrayRequest(values.shape, np.float32, spillable=True)})
             async with table.use() as arrays:

@@ -134,13 +134,25 @@ async def test_least_recently_used_spills_first_and_only_what_is_needed(setup: A
     newer.release()
 
 
-async def test_a_higher_priority_cache_is_not_spilled_for_a_lower_request(setup: Any) -> None:
+@pytest.mark.parametrize("how", ["register", "request"])
+async def test_a_higher_priority_cache_is_not_spilled_for_a_lower_request(setup: Any, how: str) -> None:
     sim, mgr, cache, stage = setup
-    response = await filled(mgr, cache, 3.0)
-    response.lease.priority = 1  # what a request's priority sets (see _spill.SpillRecord.priority)
-    big = await mgr.request(stage, stage_request(90_000))
+    if how == "register":  # the cache's instance default
+        mgr.unregister(cache)
+        mgr.register(cache, proportion=0.5, stream_group="g", priority=1)
+        response = await filled(mgr, cache, 3.0)
+    else:  # the request's own
+        response = await mgr.request(cache, cache_request(N), priority=1)
+        async with response.use() as arrays:
+            arrays["c"].set(np.full(N, 3.0))
+    assert response.lease.priority == 1
+    big = await mgr.request(stage, stage_request(90_000))  # priority 0: it may not move a priority-1 cache
     assert big.chunks > 1 and pinned(sim) == 0
     big.release()
+    big = await mgr.request(stage, stage_request(90_000), priority=1)  # an equal priority may
+    assert big.chunks == 1 and pinned(sim) > 0
+    big.release()
+    await check(response, 3.0)
     response.release()
 
 
