@@ -25,12 +25,12 @@ GROUPS, INSTANCES, DEVICE = 1, 2, 3
 _PROCESSES = {GROUPS: "aiocubie: stream groups", INSTANCES: "aiocubie: instances", DEVICE: "aiocubie: device memory"}
 
 #: Counter tracks read from each snapshot of a Recorder: counter name -> its series (None: unknown,
-#: left out). The hook for any other series a snapshot carries (spilled bytes, once there is
-#: spilling): add a line here and it becomes a counter track.
+#: left out). Any other series a snapshot carries: add a line here and it becomes a counter track.
 SNAPSHOT_COUNTERS: dict[str, Callable[[Snapshot], Mapping[str, int | None]]] = {
     "device memory": lambda s: {"free": s.free, "held by this manager": s.live_bytes},
     "allocator pool": lambda s: {"held": s.pool.held, "in use": s.pool.in_use},
     "other libraries": lambda s: {"in use": s.other_bytes},
+    "spilled to host": lambda s: {"now": s.spill.now},
 }
 
 

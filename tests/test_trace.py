@@ -15,7 +15,7 @@ import anyio
 import pytest
 from simkit import TOTAL, Part, vec
 
-from aiocubie import ArrayResponse, MemoryManager
+from aiocubie import ArrayRequest, ArrayResponse, MemoryManager
 from aiocubie.__main__ import main as cli
 from aiocubie.errors import ConfigurationError
 from aiocubie.simulator import SimulatorBackend
@@ -210,9 +210,32 @@ async def test_a_recorders_snapshots_add_the_pool_and_other_libraries(sim: Simul
     path = history.to_perfetto(tmp_path / "trace.json", snapshots=recorder.snapshots)
     events = check_trace_event_format(json.loads(path.read_text()))
     device = [e for e in events if e["ph"] == "C" and e["pid"] == 3]
-    assert {e["name"] for e in device} == {"device memory", "allocator pool", "other libraries"}
+    assert {e["name"] for e in device} == {"device memory", "allocator pool", "other libraries", "spilled to host"}
     assert [e["args"]["held by this manager"] for e in device if e["name"] == "device memory"] == [0, 8000, 0]
     assert next(e["ts"] for e in device if e["name"] == "device memory") == 0  # the first snapshot is the origin
+
+
+async def test_spilled_bytes_are_a_counter_track(tmp_path: Path) -> None:
+    with SimulatorBackend(total=1_000_000) as sim:
+        async with MemoryManager(sim, mode="active", policy="chunk") as mgr:
+            cache, stage = Part(), Part()
+            mgr.register(cache, proportion=0.5, stream_group="a")
+            mgr.register(stage, proportion=0.4, stream_group="a")
+            mgr.record_history()
+            recorder = Recorder(mgr)
+            table = await mgr.request(cache, {"c": ArrayRequest((25_000,), "f8", spillable=True)})
+            recorder.take()
+            async with mgr.request(stage, {"x": ArrayRequest((90_000,), "f8")}) as big:  # the idle table goes
+                assert big.chunks == 1
+                recorder.take()
+            async with table.use():  # and comes back
+                recorder.take()
+            table.release()
+            history = mgr.history()
+    path = history.to_perfetto(tmp_path / "trace.json", snapshots=recorder.snapshots)
+    events = check_trace_event_format(json.loads(path.read_text()))
+    spilled = [e["args"]["now"] for e in events if e["ph"] == "C" and e["name"] == "spilled to host"]
+    assert spilled == [0, 200_000, 0]
 
 
 async def test_marks_and_a_context_reset_end_every_span(sim: SimulatorBackend, tmp_path: Path) -> None:
