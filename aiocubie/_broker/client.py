@@ -29,6 +29,8 @@ log = logging.getLogger("aiocubie.broker")
 CONNECT_TIMEOUT = 5.0
 
 Spawn = Callable[..., object]
+#: How a read of the connection ends when the broker goes (or breaks the protocol).
+_ENDS = (ProtocolError, anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 
 
 def _unreachable(path: str, exc: BaseException) -> BrokerError:
@@ -207,18 +209,12 @@ class BrokerLease:
         self._inline = True
         try:
             if self._parked is not None:
-                self._parked.cancel()
+                self._parked.cancel()  # after the send: the reader steps aside while the answer is on its way
             async with self._reading:
                 try:
                     while not ask.done.is_set():
                         self._take(await receive(stream, self._buffer))
-                except (
-                    ProtocolError,
-                    anyio.EndOfStream,
-                    anyio.BrokenResourceError,
-                    anyio.ClosedResourceError,
-                    OSError,
-                ) as exc:
+                except _ENDS as exc:
                     self._lost(stream, exc)
         finally:
             self._inline = False
@@ -263,7 +259,7 @@ class BrokerLease:
                         self._parked = None
                         if message is not None:
                             self._take(message)
-        except (ProtocolError, anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+        except _ENDS as exc:
             self._lost(stream, exc)
         finally:
             self._lost(stream, None)
