@@ -5,7 +5,7 @@ Usage: python benchmarks/bench_broker.py [--backend simulator|cuda] [--quick]
 1. ``async with mgr.request(...)`` of one 1 MiB array whose lease already covers it, against the
    same request by a manager without a broker, in the same run (alternating rounds; target <= 1.05x).
 2. A lease round trip to a broker in another process (``python -m aiocubie broker``): p50 and p99
-   (target p50 <= 100 us).
+   (target p50 <= 100 us), beside a bare anyio echo round trip (the floor).
 """
 
 from __future__ import annotations
@@ -88,6 +88,42 @@ async def round_trips(path: str, count: int) -> list[float]:
     return samples
 
 
+def echo_in_process(path: str, count: int) -> list[float]:
+    """Seconds of each of ``count`` round trips of 8 bytes to a bare anyio Unix-socket echo in another process.
+
+    The floor a lease round trip stands on: the same sockets and event loops, no protocol.
+    """
+    code = (
+        "import anyio, sys\n"
+        "async def main():\n"
+        "    async def echo(stream):\n"
+        "        async with stream:\n"
+        "            async for data in stream:\n"
+        "                await stream.send(data)\n"
+        "    await (await anyio.create_unix_listener(sys.argv[1])).serve(echo)\n"
+        "anyio.run(main)\n"
+    )
+    server = subprocess.Popen([sys.executable, "-c", code, path])
+    try:
+        while not Path(path).exists():
+            time.sleep(0.02)
+
+        async def client() -> list[float]:
+            samples: list[float] = []
+            async with await anyio.connect_unix(path) as stream:
+                for _ in range(count + 1):
+                    started = time.perf_counter()
+                    await stream.send(b"12345678")
+                    await stream.receive()
+                    samples.append(time.perf_counter() - started)
+            return samples[1:]
+
+        return anyio.run(client)
+    finally:
+        server.terminate()
+        server.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=("simulator", "cuda"), default="simulator")
@@ -111,6 +147,7 @@ def main() -> None:
     finally:
         broker.terminate()
         broker.wait()
+    echo = sorted(echo_in_process(str(folder / "echo.sock"), trips))
     p50, p99 = samples[len(samples) // 2], samples[int(len(samples) * 0.99)]
     ratio = leased / bare
     print(f"backend {args.backend}; best of {rounds} rounds of {count} requests (1 MiB, request + release)")
@@ -120,6 +157,10 @@ def main() -> None:
     )
     print(
         f"lease round trip ({trips}): p50 {p50 * 1e6:.1f} us, p99 {p99 * 1e6:.1f} us, mean {statistics.fmean(samples) * 1e6:.1f} us  (target p50 <= 100 us: {'met' if p50 <= 100e-6 else 'NOT met'})"
+    )
+
+    print(
+        f"echo round trip ({trips}, bare anyio Unix socket, another process: the floor): p50 {echo[len(echo) // 2] * 1e6:.1f} us, p99 {echo[int(len(echo) * 0.99)] * 1e6:.1f} us"
     )
 
 

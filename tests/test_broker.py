@@ -350,3 +350,55 @@ def test_the_command_needs_a_budget_and_a_broker(where: Path) -> None:
     assert "needs --budget BYTES" in err
     _, err = spawn("-m", "aiocubie", "broker", "status", "--socket", str(where)).communicate(timeout=30)
     assert f"no broker answers at {where}" in err
+
+
+@pytest.mark.anyio
+async def test_a_grow_reads_inline_beside_the_reader_and_ends_when_the_broker_goes(where: Path) -> None:
+    from aiocubie._broker.client import BrokerLease
+
+    async with anyio.create_task_group() as tasks:
+
+        def spawn(run: object, *args: object, name: str) -> bool:
+            tasks.start_soon(run, *args, name=name)  # type: ignore[arg-type]
+            return True
+
+        async with serving(where, 8 * MiB, slab=MiB):
+            holder, asker = BrokerLease(str(where), spawn), BrokerLease(str(where), spawn)
+            holder.bind(lambda: holder.granted, lambda: None)  # holds all it is granted: no give-back
+            assert await holder.grow(6 * MiB, 6 * MiB, wait=False) == 6 * MiB
+            got: list[int] = []
+
+            async def waits() -> None:
+                got.append(await asker.grow(4 * MiB, 4 * MiB, wait=True))
+
+            tasks.start_soon(waits)  # queued at the broker, reading inline
+            await anyio.sleep(0.05)
+            assert not got and asker._inline
+            with anyio.fail_after(5), pytest.raises(LeaseError, match="1 waiting"):
+                await asker.grow(0, 0, wait=False)  # answered while the first grow waits: read for it, not by it
+            assert not got and asker._inline
+            holder.bind(lambda: 0, lambda: None)  # now idle: the broker's pressure (read by its parked reader)
+            holder.released()  # gives it back; the queued grow is granted, read inline
+            with anyio.fail_after(5):
+                while not got:
+                    await anyio.sleep(0.01)
+            assert got == [4 * MiB] and holder.granted == 0 and not asker._inline
+            ends: list[BaseException] = []
+            holder.bind(lambda: holder.granted, lambda: None)
+            asker.bind(lambda: asker.granted, lambda: None)  # each holds its grant now: the next ask waits
+            assert await holder.grow(3 * MiB, 3 * MiB, wait=False) == 3 * MiB  # 1 MiB free
+
+            async def queued() -> None:
+                try:
+                    await asker.grow(2 * MiB, 2 * MiB, wait=True)  # over what is free: waits, reading inline
+                except BrokerError as exc:
+                    ends.append(exc)
+
+            tasks.start_soon(queued)
+            await anyio.sleep(0.05)
+            assert asker._inline and not ends
+        with anyio.fail_after(5):  # the broker stopped: the inline read ends the wait
+            while not ends:
+                await anyio.sleep(0.01)
+        assert "went away" in str(ends[0]) and asker.granted == 4 * MiB and not asker._inline  # what it holds
+        tasks.cancel_scope.cancel()

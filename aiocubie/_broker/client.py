@@ -29,6 +29,8 @@ log = logging.getLogger("aiocubie.broker")
 CONNECT_TIMEOUT = 5.0
 
 Spawn = Callable[..., object]
+#: How a read of the connection ends when the broker goes (or breaks the protocol).
+_ENDS = (ProtocolError, anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 
 
 def _unreachable(path: str, exc: BaseException) -> BrokerError:
@@ -111,6 +113,12 @@ class BrokerLease:
         self._stream: anyio.abc.SocketStream | None = None
         self._connecting = anyio.Lock()
         self._sending = anyio.Lock(fast_acquire=True)  # one frame at a time on the stream (no checkpoint when free)
+        # who receives: the reader task, parked in a receive while no grow waits; a grow takes the socket
+        # (cancelling the parked receive, which loses nothing) and reads its answer inline: no task hop
+        self._reading = anyio.Lock()
+        self._parked: anyio.CancelScope | None = None
+        self._inline = False  # a grow reads (or is about to); other grows wait for their answer
+        self._buffer = bytearray()
         self._asks: dict[int, _Ask] = {}
         self._ids = itertools.count(1)
         self._slab = 0
@@ -152,7 +160,10 @@ class BrokerLease:
             if self._stream is not stream:  # the broker went between the connection and now
                 raise BrokerError(f"the broker at {self.path} went away; the arrays held now stay valid")
             await self._send({"op": "lease", "id": id, "min": least, "want": want, "wait": wait, "priority": priority})
-            await ask.done.wait()
+            if self._inline or ask.done.is_set():
+                await ask.done.wait()  # another grow reads, or the reader task: it answers this one too
+            else:
+                await self._read_inline(stream, ask)
         except BaseException:
             if not ask.done.is_set() and self._stream is stream:
                 with anyio.CancelScope(shield=True):
@@ -193,6 +204,21 @@ class BrokerLease:
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             pass  # the reader sees the broker go
 
+    async def _read_inline(self, stream: anyio.abc.SocketStream, ask: _Ask) -> None:
+        """Read the socket in this task until ``ask`` is answered; the reader task waits meanwhile."""
+        self._inline = True
+        try:
+            if self._parked is not None:
+                self._parked.cancel()  # after the send: the reader steps aside while the answer is on its way
+            async with self._reading:
+                try:
+                    while not ask.done.is_set():
+                        self._take(await receive(stream, self._buffer))
+                except _ENDS as exc:
+                    self._lost(stream, exc)
+        finally:
+            self._inline = False
+
     async def _connected(self) -> anyio.abc.SocketStream:
         """The connection, made (again) if there is none."""
         if self._stream is not None:  # the usual case: no lock, no checkpoint (the send is one)
@@ -210,8 +236,8 @@ class BrokerLease:
                 "hold": hold,
             }
             stream, buffer, welcome = await _connect(self.path, hello)
-            self._stream, self._slab, self.granted = stream, welcome["slab"], hold
-            if not self._spawn(self._read, stream, buffer, name="aiocubie broker reader"):
+            self._stream, self._slab, self.granted, self._buffer = stream, welcome["slab"], hold, buffer
+            if not self._spawn(self._read, stream, name="aiocubie broker reader"):
                 await anyio.aclose_forcefully(stream)
                 self._stream = None
                 raise BrokerError(f"leasing from the broker at {self.path} needs a running manager (async with)")
@@ -219,27 +245,40 @@ class BrokerLease:
             self._changed()
             return stream
 
-    async def _read(self, stream: anyio.abc.SocketStream, buffer: bytearray) -> None:
-        """Take the broker's messages until it goes; then end the waits, keeping only what is held."""
-        gone: Exception = BrokerError(f"the broker at {self.path} went away; the arrays held now stay valid")
+    async def _read(self, stream: anyio.abc.SocketStream) -> None:
+        """Take the broker's messages while no grow reads, until it goes; then end the waits."""
         try:
             async with stream:
-                while True:
-                    message = await receive(stream, buffer)
-                    self._take(message)
-        except ProtocolError as exc:
-            gone = BrokerError(f"the broker at {self.path} broke the protocol: {exc}")
-            log.warning("%s", gone)
-        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            log.warning("%s", gone)
+                while self._stream is stream:
+                    async with self._reading:
+                        if self._inline or self._stream is not stream:
+                            continue  # a grow is about to read: let it have the socket (or the end came)
+                        message = None
+                        with anyio.CancelScope() as self._parked:
+                            message = await receive(stream, self._buffer)  # a cancelled receive loses nothing
+                        self._parked = None
+                        if message is not None:
+                            self._take(message)
+        except _ENDS as exc:
+            self._lost(stream, exc)
         finally:
-            if self._stream is stream:
-                self._stream, self._pressure = None, False
-                self.granted = self._used()  # slack is the broker's no longer; a new broker is told what is held
-                for ask in self._asks.values():
-                    ask.error = gone
-                    ask.done.set()
-                self._changed()
+            self._lost(stream, None)
+
+    def _lost(self, stream: anyio.abc.SocketStream, exc: BaseException | None) -> None:
+        """The connection ended (``exc``: how, None when cancelled): keep only what is held; end the waits."""
+        if self._stream is not stream:
+            return
+        gone = BrokerError(f"the broker at {self.path} went away; the arrays held now stay valid")
+        if isinstance(exc, ProtocolError):
+            gone = BrokerError(f"the broker at {self.path} broke the protocol: {exc}")
+        if exc is not None:
+            log.warning("%s", gone)
+        self._stream, self._pressure = None, False
+        self.granted = self._used()  # slack is the broker's no longer; a new broker is told what is held
+        for ask in self._asks.values():
+            ask.error = gone
+            ask.done.set()
+        self._changed()  # the reader task closes the stream
 
     def _take(self, message: dict[str, Any]) -> None:
         op = message["op"]

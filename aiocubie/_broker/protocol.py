@@ -23,6 +23,7 @@ VERSION: Final = 1
 #: The largest frame either side accepts, in bytes (a status of many clients fits).
 MAX_FRAME: Final = 1 << 20
 _HEADER = struct.Struct(">I")
+_JSON = json.JSONEncoder(separators=(",", ":"))  # made once: json.dumps makes one per call given separators
 
 #: Each op a peer may send: its fields and their types (ints are never bools).
 SCHEMAS: Final[dict[str, dict[str, type]]] = {
@@ -50,7 +51,7 @@ class ProtocolError(AiocubieError):
 
 def encode(message: dict[str, Any]) -> bytes:
     """``message`` as one frame: its length, then its JSON."""
-    body = json.dumps(message, separators=(",", ":")).encode()
+    body = _JSON.encode(message).encode()
     return _HEADER.pack(len(body)) + body
 
 
