@@ -12,7 +12,9 @@ quarter of the data.
   aiocubie's own pinned walk;
 - stream: 64 batches of 1 MiB, each fitting the budget, request -> walk -> release; one at a time against a
   hand-written loop that synchronizes after each batch, and four tasks at once (one group; a group each)
-  against one that queues everything with an event per batch. Host CPU time per batch is reported too.
+  against one that queues everything with an event per batch. Host CPU time per batch is reported too. One
+  at a time and four tasks in one group also run a hand-written asyncio loop that takes its buffers from a
+  CuPy pool every batch and polls its event (what a request per batch costs at the least: the floor).
 
 Usage: python benchmarks/bench_pipeline.py [--backend simulator|cuda] [--quick] [--name NAME] [--out DIR]
        [--only layouts|pageable|stream] [--profile]
@@ -221,6 +223,37 @@ class CudaKit:
                 s.synchronize()
         s.synchronize()
         return time.perf_counter() - start
+
+    async def hand_async_stream(self, xs: list[Any], ys: list[Any], tasks: int) -> float:
+        """The floor of a request per batch: ``tasks`` asyncio tasks, each taking two blocks of a CuPy pool
+        per batch, queuing copy in, kernel and copy out on one stream, and awaiting the batch's event by
+        polling it between loop iterations (as aiocubie's poller does); the blocks go back after."""
+        cp = self.cp
+        pool, s = cp.cuda.MemoryPool(), cp.cuda.Stream(non_blocking=True)
+        shape, nbytes = xs[0].shape, xs[0].nbytes
+
+        async def worker(i: int) -> None:
+            for b in range(i, len(xs), tasks):
+                dx = cp.ndarray(shape, np.float32, pool.malloc(nbytes))
+                dy = cp.ndarray(shape, np.float32, pool.malloc(nbytes))
+                cp.cuda.runtime.memcpyAsync(dx.data.ptr, xs[b].ctypes.data, nbytes, 1, s.ptr)
+                with s:
+                    self._launch(dx, dy)
+                cp.cuda.runtime.memcpyAsync(ys[b].ctypes.data, dy.data.ptr, nbytes, 2, s.ptr)
+                event = s.record()
+                while not event.done:
+                    await anyio.lowlevel.checkpoint()
+                del dx, dy
+
+        cp.cuda.Device().synchronize()
+        start = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for i in range(tasks):
+                tg.start_soon(worker, i)
+        s.synchronize()
+        seconds = time.perf_counter() - start
+        pool.free_all_blocks()
+        return seconds
 
 
 def _event_seconds(cp: Any, stream: Any, work: Callable[[], None], repeats: int = 5) -> float:
@@ -442,6 +475,10 @@ def _host_bandwidth(src: np.ndarray[Any, Any], dst: np.ndarray[Any, Any], repeat
     return rates[0], rates[1]
 
 
+#: The stream rows that also run the hand-written asyncio loop allocating per batch (the request path's floor).
+FLOORS = ("one at a time", "4 tasks, one group")
+
+
 async def run_stream(
     kit: Any, mgr: MemoryManager, batch: int, batches: int, repeats: int, table: Table, rows: list[dict[str, Any]]
 ) -> None:
@@ -471,7 +508,7 @@ async def run_stream(
         ("4 tasks, a group each, a response kept each", 4, 4, True, {"keep": True}, None),
     ]
     for label, tasks, groups, queued, loader, window in cases:
-        aio, cpu, hand = [], [], []
+        aio, cpu, hand, floor = [], [], [], []
         manager = kit.manager(budget, batch_window=window) if window is not None else None
         if manager is not None:
             await manager.__aenter__()
@@ -489,6 +526,12 @@ async def run_stream(
                 hand.append(kit.hand_stream(xs, ys, queued=queued))
                 for x, y in zip(xs, ys):
                     _check(x, y, f"hand-written stream {label}")
+                if label in FLOORS:
+                    for y in ys:
+                        y.fill(np.nan)
+                    floor.append(await kit.hand_async_stream(xs, ys, tasks))
+                    for x, y in zip(xs, ys):
+                        _check(x, y, f"hand-written asyncio stream {label}")
         if manager is not None:
             await manager.aclose()
         a, h = _median(aio[1:]), (_median(hand[1:]) if hand else None)
@@ -502,7 +545,18 @@ async def run_stream(
             a * 1e3,
             _ratio(a, h),
         )
-        rows.append({"job": f"stream {label}", "hand_s": h, "aiocubie_s": a, "host_cpu_us_per_batch": host_us})
+        row = {"job": f"stream {label}", "hand_s": h, "aiocubie_s": a, "host_cpu_us_per_batch": host_us}
+        if floor:
+            f = row["floor_s"] = _median(floor[1:])
+            table.add(
+                f"... the same, hand-written asyncio: {tasks} task(s), a pool allocation a batch, events polled",
+                f"aiocubie {_ratio(a, f)} of it",
+                1,
+                h and h * 1e3,
+                f * 1e3,
+                _ratio(f, h),
+            )
+        rows.append(row)
 
 
 _ACTIVATION = re.compile(r"activate|set_current|on_device|make_current|cuCtx(Push|Pop|SetCurrent|GetCurrent)")
