@@ -1,4 +1,5 @@
-"""The allocation history: every plan, allocation, release, failure, recovery step and reset, in a ring.
+"""The allocation history: every plan, allocation, release, failure, recovery step and reset, in a ring;
+and each request's way (queued, ready), each batch's waits and each walk's chunks.
 
 Opt-in (``MemoryManager.record_history``): when off, the hot path pays one ``is not None``
 check. Pure: no device and no event loop; the only I/O is the explicit :meth:`History.to_json`,
@@ -16,6 +17,7 @@ import os
 import time
 import traceback
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,8 @@ from . import _memory_viz, _trace
 from ._errors import ConfigurationError, shown
 from ._ledger import Allocation, Ledger
 from ._planner import ChunkPlan
+from ._protocols import Queued
+from ._requests import ArrayResponse
 from ._stats import Snapshot
 
 __all__ = ["EventKind", "History", "HistoryEvent", "HistoryRecorder"]
@@ -54,6 +58,10 @@ class EventKind(str, enum.Enum):
     REGROUP = "regroup"  #: an instance moved to another stream group with what it holds (one event per group)
     SPILL = "spill"  #: one spillable array copied to host, its device memory given back
     RESTORE = "restore"  #: a response's spilled arrays back on the device (their allocations are recorded too)
+    QUEUED = "queued"  #: a request's batch was allocated: its wait in the queue, from ``since``, ended
+    READY = "ready"  #: the device reached a request's batch's event (an ordered request: at its allocation)
+    WAIT = "wait"  #: a batch waited from ``since`` (``detail`` says for what), or made way for a higher priority
+    WALK = "walk"  #: a step of a walk's ``chunk``; ``label``: ``"copy in"``, ``"body"``, ``"copy out"``, ``"landed"``
 
 
 @attrs.frozen
@@ -81,6 +89,13 @@ class HistoryEvent:
         Words: the plan's runs and requests, the error, the recovery step, what was reset.
     stack : tuple of str or None
         Where it was asked from, innermost last (``record_history(stacks=True)`` only).
+    priority : int or None
+        The request's or the batch's priority (queued, ready, wait).
+    since : float or None
+        ``time.monotonic()`` when what the event ends began: the request was asked (queued), the
+        batch began to wait (wait).
+    chunk : int or None
+        The chunk of a walk (walk).
     """
 
     kind: EventKind = attrs.field(converter=EventKind)
@@ -96,11 +111,14 @@ class HistoryEvent:
     instance_live: int | None = None
     detail: str = ""
     stack: tuple[str, ...] | None = attrs.field(default=None, converter=attrs.converters.optional(tuple))
+    priority: int | None = None
+    since: float | None = None
+    chunk: int | None = None
 
 
 _FIELDS = tuple(field.name for field in attrs.fields(HistoryEvent))
 _NAMES = ("group", "instance", "label", "memory_kind")
-_COUNTS = ("chunks", "chunk_length", "group_live", "instance_live")
+_COUNTS = ("chunks", "chunk_length", "group_live", "instance_live", "priority", "chunk")
 
 
 def _wrong_fields(event: HistoryEvent) -> list[str]:
@@ -116,6 +134,7 @@ def _wrong_fields(event: HistoryEvent) -> list[str]:
         for name, ok in (
             ("time", number(event.time, False, real=True) and math.isfinite(event.time)),
             ("nbytes", number(event.nbytes, False)),
+            ("since", number(event.since, True, real=True) and math.isfinite(event.since or 0.0)),
             *((name, number(getattr(event, name), True)) for name in _COUNTS),
             *((name, getattr(event, name) is None or isinstance(getattr(event, name), str)) for name in _NAMES),
             ("detail", isinstance(event.detail, str)),
@@ -377,11 +396,21 @@ class HistoryRecorder:
         chunks, length, runs, planned = plan.chunks, plan.chunk_length, plan.runs, plan.planned_bytes
         self._put(("plan", None, group, chunks, length, requests, stack, runs, planned))
 
-    def allocated(self, batch: Sequence[Sequence[Allocation]], plan: ChunkPlan | None) -> None:
+    def allocated(
+        self,
+        batch: Sequence[Sequence[Allocation]],
+        plan: ChunkPlan | None,
+        responses: Sequence[ArrayResponse] = (),
+    ) -> None:
         """A batch was handed out with ``plan``: the allocations of each response (one key, one group each).
 
         ``plan`` None: bytes another library holds for an instance, counted as its own (torch's).
+        ``responses`` (one for each of ``batch``): their walks record their chunks here.
         """
+        for response, allocations in zip(responses, batch):
+            if allocations:
+                a = allocations[0]
+                response.lease.walked = partial(self.walked, a.group, self._names(a.key))
         # never the Allocation itself: it holds the array, and its group changes when it moves
         now, stack = time.monotonic(), self._stack() if self.stacks else None
         chunks, length = (None, None) if plan is None else (plan.chunks, plan.chunk_length)
@@ -438,6 +467,42 @@ class HistoryRecorder:
             detail = f"context: {detail}"
         self._put(("reset", None, None, 0, detail, held))
 
+    # A request's way and a batch's waits (a scheduler's), and a walk's steps: called only while recording.
+    def queued(self, group: str, tickets: Sequence[Queued]) -> None:
+        """``tickets`` of ``group`` were allocated: their wait in the queue ended (ordered ones are ready)."""
+        offset = time.monotonic() - time.perf_counter()
+        for ticket in tickets:
+            name, priority = self._names(ticket.key), ticket.priority
+            self._put(("queued", None, group, name, ticket.enqueued + offset, priority, None, None))
+            if ticket.ordered:
+                self._put(("ready", None, group, name, None, priority, None, None))
+
+    def ready(self, group: str, tickets: Sequence[Queued]) -> None:
+        """The device reached the event of ``tickets``' batch in ``group``."""
+        for ticket in tickets:
+            if not ticket.ordered:  # ready when allocated (see queued)
+                self._put(("ready", None, group, self._names(ticket.key), None, ticket.priority, None, None))
+
+    def express(self, group: str, key: int, priority: int, start: float) -> None:
+        """A request of ``key`` asked at ``start`` (``perf_counter``) was allocated and ready at once."""
+        name = self._names(key)
+        self._put(("queued", None, group, name, start + time.monotonic() - time.perf_counter(), priority, None, None))
+        self._put(("ready", None, group, name, None, priority, None, None))
+
+    def waited(self, group: str, reason: str, start: float, priority: int, requests: int) -> None:
+        """A batch of ``requests`` requests of ``group`` waited since ``start`` (``perf_counter``) for ``reason``."""
+        since = start + time.monotonic() - time.perf_counter()
+        self._put(("wait", None, group, None, since, priority, f"{reason} ({requests} request(s))", None))
+
+    def walked(self, group: str, name: str, step: str, index: int) -> None:
+        """A walk over a response of ``name`` in ``group`` reached ``step`` of chunk ``index``.
+
+        ``step``: ``"copy in"`` (its inputs' copies are queued), ``"body"`` (the chunk is handed to
+        the loop's body), ``"copy out"`` (the body returned: its outputs' copies are queued),
+        ``"landed"`` (its outputs are in their host arrays).
+        """
+        self._put(("walk", None, group, name, None, None, step, index))
+
     def dump(self) -> None:
         """Write the history where ``dump_on_oom`` asks (an error writing it is logged, not raised)."""
         if self.dump_on_oom is None:
@@ -468,6 +533,12 @@ class HistoryRecorder:
                 events.append(_planned(row))
             elif kind == "regroup":
                 events.extend(self._moved(row, owner, groups))
+            elif kind in _WAYS:
+                _, at, group, name, since, priority, label, chunk = row[:8]
+                detail = label if kind == "wait" else ""
+                label = label if kind == "walk" else None
+                events.append(HistoryEvent(kind, at, group, name, label, detail=detail, priority=priority,
+                                           since=since, chunk=chunk))  # fmt: skip
             else:
                 _, at, group, nbytes, detail, held = row[:6]
                 if held is not None:  # a context reset: before it, this was held
@@ -519,6 +590,10 @@ class HistoryRecorder:
         ]
         groups[old], groups[new] = groups.get(old, 0) + nbytes, groups.get(new, 0) - nbytes
         return events
+
+
+#: The kinds of a request's way, a batch's waits and a walk's steps (rows: group, name, since, priority, label, chunk).
+_WAYS = frozenset({"queued", "ready", "wait", "walk"})
 
 
 def _owners(rows: list[tuple[Any, ...]]) -> list[str | None]:
