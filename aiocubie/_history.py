@@ -473,21 +473,21 @@ class HistoryRecorder:
         offset = time.monotonic() - time.perf_counter()
         for ticket in tickets:
             name, priority = self._names(ticket.key), ticket.priority
-            self._put(("queued", None, group, name, ticket.enqueued + offset, priority, None, None))
+            self._put(("queued", None, group, name, ticket.enqueued + offset, priority, ticket.key, None))
             if ticket.ordered:
-                self._put(("ready", None, group, name, None, priority, None, None))
+                self._put(("ready", None, group, name, None, priority, ticket.key, None))
 
     def ready(self, group: str, tickets: Sequence[Queued]) -> None:
         """The device reached the event of ``tickets``' batch in ``group``."""
         for ticket in tickets:
             if not ticket.ordered:  # ready when allocated (see queued)
-                self._put(("ready", None, group, self._names(ticket.key), None, ticket.priority, None, None))
+                self._put(("ready", None, group, self._names(ticket.key), None, ticket.priority, ticket.key, None))
 
     def express(self, group: str, key: int, priority: int, start: float) -> None:
         """A request of ``key`` asked at ``start`` (``perf_counter``) was allocated and ready at once."""
         name = self._names(key)
-        self._put(("queued", None, group, name, start + time.monotonic() - time.perf_counter(), priority, None, None))
-        self._put(("ready", None, group, name, None, priority, None, None))
+        self._put(("queued", None, group, name, start + time.monotonic() - time.perf_counter(), priority, key, None))
+        self._put(("ready", None, group, name, None, priority, key, None))
 
     def waited(self, group: str, reason: str, start: float, priority: int, requests: int) -> None:
         """A batch of ``requests`` requests of ``group`` waited since ``start`` (``perf_counter``) for ``reason``."""
@@ -592,7 +592,8 @@ class HistoryRecorder:
         return events
 
 
-#: The kinds of a request's way, a batch's waits and a walk's steps (rows: group, name, since, priority, label, chunk).
+#: The kinds of a request's way, a batch's waits and a walk's steps (rows: group, name, since, priority, then
+#: the request's key, the wait's reason or the walk's step, then the walk's chunk).
 _WAYS = frozenset({"queued", "ready", "wait", "walk"})
 
 
@@ -603,6 +604,8 @@ def _owners(rows: list[tuple[Any, ...]]) -> list[str | None]:
     for row in rows:
         if row[0] == "allocate":
             names[row[3]] = row[7]
+        elif row[0] in ("queued", "ready"):  # the name of a key whose allocation left the ring
+            names[row[6]] = row[3]
         key = row[3] if row[0] in ("release", "spill") else row[2] if row[0] == "regroup" else None
         owners.append(None if key is None else names.get(key))
     return owners
