@@ -7,6 +7,8 @@ import importlib.util
 import json
 import math
 import os
+import shutil
+import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -433,6 +435,43 @@ async def test_perfetto_trace_processor_reads_the_tracks(sim: SimulatorBackend, 
     assert {"group solve", "group load", "a", "b", "c"} <= threads
     assert {"batch", "request", "allocate", "x", "p", "y"} <= slices
     assert not errors, [(row.name, row.value) for row in errors]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_catapults_trace_viewer_imports_the_trace(sim: SimulatorBackend, tmp_path: Path) -> None:
+    """Optional: needs node and a catapult checkout ($AIOCUBIE_CATAPULT): the importer chrome://tracing runs
+    reads every track, with no warning (shown to warn on an E with no B, as the validator refuses)."""
+    catapult, node = os.environ.get("AIOCUBIE_CATAPULT"), shutil.which("node")
+    if not catapult or node is None:
+        pytest.skip("set AIOCUBIE_CATAPULT to a catapult checkout (and install node) to run its trace importer")
+    script = Path(__file__).resolve().parent.parent / "scripts" / "catapult_import.js"
+
+    def imported(trace: dict[str, Any]) -> dict[str, Any]:
+        (tmp_path / "t.json").write_text(json.dumps(trace))
+        done = subprocess.run([node, str(script), catapult, str(tmp_path / "t.json")], capture_output=True, check=True)
+        return dict(json.loads(done.stdout))
+
+    async with MemoryManager(sim, batch_window=0.005) as mgr:
+        mgr.record_history()
+        await _workload(mgr)
+        part = Part()
+        mgr.register(part, stream_group="walk", name="w")
+        x = np.arange(TOTAL // 8, dtype=np.float64)  # the device: chunked
+        async with mgr.request(part, walk_requests({"x": ArrayRequest.like(x)})) as response:
+            async for chunk in walk_chunks(response, inputs={"x": x}, outputs={"x": x}, depth=2):
+                chunk.device["x"][...] += 1
+        history = mgr.history()
+    trace = json.loads(history.to_perfetto(tmp_path / "trace.json").read_text())
+    got = imported(trace)
+    assert got["warnings"] == []
+    assert {f"aiocubie: stream groups/group {g}" for g in ("solve", "load", "walk")} <= set(got["threads"])
+    assert {f"aiocubie: instances/{name}" for name in ("a", "b", "c", "w", "w: walks")} <= set(got["threads"])
+    assert {"batch", "request", "queued", "planned", "allocated", "in flight", "ready", "x", "p", "y"} <= set(
+        got["slices"]
+    )
+    assert {"chunk 0", "chunk 1", "host->device", "body", "device->host"} <= set(got["slices"])
+    broken = {**trace, "traceEvents": [*trace["traceEvents"], {"ph": "E", "name": "x", "ts": 1, "pid": 2, "tid": 1}]}
+    assert imported(broken)["warnings"]
 
 
 async def test_the_docs_picture_is_drawn_from_a_trace(sim: SimulatorBackend, tmp_path: Path) -> None:
