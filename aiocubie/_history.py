@@ -17,7 +17,6 @@ import os
 import time
 import traceback
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -373,6 +372,9 @@ class HistoryRecorder:
         # per row grew the heap until the ring was full: 1.4-1.7x per request on Python 3.12.)
         self._flat: list[Any] = [None] * (max_entries * _WIDTH)
         self._times = array.array("d", bytes(8 * max_entries))
+        # perf_counter (a ticket's and a wait's start) -> monotonic: both are monotonic, their offset fixed
+        self._walked = self.walked  # bound once: each response of a batch is handed it
+        self._perf_offset = time.monotonic() - time.perf_counter()
         self._ledger = ledger
         self._names = names
 
@@ -407,10 +409,9 @@ class HistoryRecorder:
         ``plan`` None: bytes another library holds for an instance, counted as its own (torch's).
         ``responses`` (one for each of ``batch``): their walks record their chunks here.
         """
-        for response, allocations in zip(responses, batch):
-            if allocations:
-                a = allocations[0]
-                response.lease.walked = partial(self.walked, a.group, self._names(a.key))
+        walked = self._walked
+        for response in responses:
+            response.lease.walked = walked
         # never the Allocation itself: it holds the array, and its group changes when it moves
         now, stack = time.monotonic(), self._stack() if self.stacks else None
         chunks, length = (None, None) if plan is None else (plan.chunks, plan.chunk_length)
@@ -468,40 +469,36 @@ class HistoryRecorder:
         self._put(("reset", None, None, 0, detail, held))
 
     # A request's way and a batch's waits (a scheduler's), and a walk's steps: called only while recording.
+    # Rows hold the member's key and perf_counter times as given: names and clocks are read in history().
     def queued(self, group: str, tickets: Sequence[Queued]) -> None:
         """``tickets`` of ``group`` were allocated: their wait in the queue ended (ordered ones are ready)."""
-        offset = time.monotonic() - time.perf_counter()
-        for ticket in tickets:
-            name, priority = self._names(ticket.key), ticket.priority
-            self._put(("queued", None, group, name, ticket.enqueued + offset, priority, ticket.key, None))
-            if ticket.ordered:
-                self._put(("ready", None, group, name, None, priority, ticket.key, None))
+        for ticket in tickets:  # an ordered one is ready too: one row for both
+            self._put(("queued", None, group, ticket.key, ticket.enqueued, ticket.priority, ticket.ordered, None))
 
     def ready(self, group: str, tickets: Sequence[Queued]) -> None:
         """The device reached the event of ``tickets``' batch in ``group``."""
         for ticket in tickets:
             if not ticket.ordered:  # ready when allocated (see queued)
-                self._put(("ready", None, group, self._names(ticket.key), None, ticket.priority, ticket.key, None))
+                self._put(("ready", None, group, ticket.key, None, ticket.priority, None, None))
 
     def express(self, group: str, key: int, priority: int, start: float) -> None:
         """A request of ``key`` asked at ``start`` (``perf_counter``) was allocated and ready at once."""
-        name = self._names(key)
-        self._put(("queued", None, group, name, start + time.monotonic() - time.perf_counter(), priority, key, None))
-        self._put(("ready", None, group, name, None, priority, key, None))
+        self._put(("queued", None, group, key, start, priority, True, None))  # and ready: one row for both
 
     def waited(self, group: str, reason: str, start: float, priority: int, requests: int) -> None:
         """A batch of ``requests`` requests of ``group`` waited since ``start`` (``perf_counter``) for ``reason``."""
-        since = start + time.monotonic() - time.perf_counter()
-        self._put(("wait", None, group, None, since, priority, f"{reason} ({requests} request(s))", None))
+        self._put(("wait", None, group, None, start, priority, f"{reason} ({requests} request(s))", None))
 
-    def walked(self, group: str, name: str, step: str, index: int) -> None:
-        """A walk over a response of ``name`` in ``group`` reached ``step`` of chunk ``index``.
+    def walked(self, response: object, step: str, index: int) -> None:
+        """A walk over ``response`` reached ``step`` of chunk ``index`` (a released one's steps are left out).
 
         ``step``: ``"copy in"`` (its inputs' copies are queued), ``"body"`` (the chunk is handed to
         the loop's body), ``"copy out"`` (the body returned: its outputs' copies are queued),
         ``"landed"`` (its outputs are in their host arrays).
         """
-        self._put(("walk", None, group, name, None, None, step, index))
+        held = self._ledger.of(response)
+        if held:
+            self._put(("walk", None, held[0].group, held[0].key, None, None, step, index))
 
     def dump(self) -> None:
         """Write the history where ``dump_on_oom`` asks (an error writing it is logged, not raised)."""
@@ -534,7 +531,11 @@ class HistoryRecorder:
             elif kind == "regroup":
                 events.extend(self._moved(row, owner, groups))
             elif kind in _WAYS:
-                _, at, group, name, since, priority, label, chunk = row[:8]
+                _, at, group, key, since, priority, label, chunk = row[:8]
+                name = None if key is None else owner or self._names(key)
+                since = None if since is None else since + self._perf_offset
+                if kind == "queued" and label:  # ready when allocated (walking back: before its queued event)
+                    events.append(HistoryEvent("ready", at, group, name, priority=priority))
                 detail = label if kind == "wait" else ""
                 label = label if kind == "walk" else None
                 events.append(HistoryEvent(kind, at, group, name, label, detail=detail, priority=priority,
@@ -592,8 +593,9 @@ class HistoryRecorder:
         return events
 
 
-#: The kinds of a request's way, a batch's waits and a walk's steps (rows: group, name, since, priority, then
-#: the request's key, the wait's reason or the walk's step, then the walk's chunk).
+#: The kinds of a request's way, a batch's waits and a walk's steps (rows: group, the member's key, since as
+#: perf_counter, priority, the wait's reason, the walk's step or whether a queued one was ready at once, the
+#: walk's chunk).
 _WAYS = frozenset({"queued", "ready", "wait", "walk"})
 
 
@@ -604,9 +606,7 @@ def _owners(rows: list[tuple[Any, ...]]) -> list[str | None]:
     for row in rows:
         if row[0] == "allocate":
             names[row[3]] = row[7]
-        elif row[0] in ("queued", "ready"):  # the name of a key whose allocation left the ring
-            names[row[6]] = row[3]
-        key = row[3] if row[0] in ("release", "spill") else row[2] if row[0] == "regroup" else None
+        key = row[3] if row[0] in ("release", "spill") or row[0] in _WAYS else row[2] if row[0] == "regroup" else None
         owners.append(None if key is None else names.get(key))
     return owners
 

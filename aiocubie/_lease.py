@@ -67,7 +67,7 @@ class Lease:
     priority : int
         The priority its arrays are spilled at (lowest first): its request's.
     walked : callable or None
-        ``walked(step, chunk)`` records a walk's steps in the allocation history (None: not recording).
+        ``walked(response, step, chunk)`` records a walk's steps in the allocation history (None: not recording).
     """
 
     __slots__ = (
@@ -99,7 +99,7 @@ class Lease:
         self.views: dict[str, Any] | None = None
         self.spill: Spillable | None = None
         self.priority = 0
-        self.walked: Callable[[str, int], None] | None = None
+        self.walked: Callable[[object, str, int], None] | None = None
 
     def release(self, response: object) -> None:
         """Free ``response``'s arrays through the account (nothing if released, or built by hand)."""

@@ -86,7 +86,7 @@ async def test_history_is_a_bounded_ring_and_stops_when_asked(sim: SimulatorBack
         with pytest.raises(ConfigurationError, match="max_entries"):
             mgr.record_history(max_entries=0)
         mgr.record_history(max_entries=3)
-        await _work(mgr, sim)
+        parts = await _work(mgr, sim)  # registered: a release whose allocation left the ring is named after its key
         history = mgr.history()
         assert len(history.events) == 3 and history.dropped == 9 and history.max_entries == 3
         assert [e.kind for e in history.events] == [EventKind.QUEUED, EventKind.READY, EventKind.RELEASE]
@@ -96,6 +96,7 @@ async def test_history_is_a_bounded_ring_and_stops_when_asked(sim: SimulatorBack
         async with mgr.request(part, {"x": vec(10)}):
             pass
         assert mgr.history() == history  # what was recorded stays; nothing more is
+        assert {e.instance for e in history.events} == {"b"} and parts
 
 
 async def test_record_history_refuses_a_ring_it_cannot_allocate() -> None:

@@ -73,15 +73,15 @@ class Rotation:
                 self.transfer.live()
                 while issued < min(response.chunks, index + self.depth):
                     if walked is not None:
-                        walked("copy in", issued)
+                        walked(response, "copy in", issued)
                     await self._copy_in(issued)
                     issued += 1
                 await self._before_body(index)
                 if walked is not None:
-                    walked("body", index)
+                    walked(response, "body", index)
                 yield self._chunk(index)
                 if walked is not None:
-                    walked("copy out", index)
+                    walked(response, "copy out", index)
                 await self._after_body(index)
             await self._settle(up_to=response.chunks)
             await self._whole_out()
@@ -257,7 +257,7 @@ class Rotation:
             await self.loop.wait(done)
             del landed[index]
             if self.transfer.walked is not None:
-                self.transfer.walked("landed", index)
+                self.transfer.walked(self.response, "landed", index)
             if isinstance(done, Staging):
                 done.result()
 

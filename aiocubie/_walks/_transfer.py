@@ -51,7 +51,7 @@ class Transfer:
         self.device: Device = response.device
         self.stream = response.stream
         self.loop: Loop = running_loop()
-        #: ``walked(step, chunk)`` records the walk's steps in the allocation history (None: not recording)
+        #: ``walked(response, step, chunk)`` records the walk's steps in the allocation history (None: not recording)
         self.walked = response.lease.walked
         #: What every walk of a batch stream asks again (dropped on release: see Lease._drop_views)
         views = self.views = response.lease.cached_views()
