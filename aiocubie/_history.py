@@ -372,8 +372,8 @@ class HistoryRecorder:
         # per row grew the heap until the ring was full: 1.4-1.7x per request on Python 3.12.)
         self._flat: list[Any] = [None] * (max_entries * _WIDTH)
         self._times = array.array("d", bytes(8 * max_entries))
-        # perf_counter (a ticket's and a wait's start) -> monotonic: both are monotonic, their offset fixed
         self._walked = self.walked  # bound once: each response of a batch is handed it
+        # perf_counter (a ticket's and a wait's start) -> monotonic: both are monotonic, their offset fixed
         self._perf_offset = time.monotonic() - time.perf_counter()
         self._ledger = ledger
         self._names = names

@@ -107,10 +107,8 @@ class _Timeline:
                 if batch.end is None:  # a batch (a wait has its end)
                     ends = [s.end or batch.start for s in (*batch.children, *self._served.get(id(batch), ()))]
                     batch.end = max(ends, default=batch.start)
-        for chunk in self._chunks.values():  # a walk left early: its chunk ends at its last step
-            chunk.end = max(c.end or c.start for c in chunk.children)
-            for step in chunk.children:
-                step.end = step.start if step.end is None else step.end
+        for chunk in self._chunks.values():
+            _cut(chunk)
 
     def _plan(self, event: HistoryRecord) -> None:
         group = event.group or "?"
@@ -198,6 +196,9 @@ class _Timeline:
         """A step of a walk's chunk: its copy in, its body, its copy out, its outputs landed."""
         instance, index, step = event.instance or "?", event.chunk or 0, event.label
         if step == "copy in":
+            left = self._chunks.pop((instance, index), None)
+            if left is not None:  # the last walk over its responses left early
+                _cut(left)
             began = self._chunks[instance, index] = _Span(event.time, f"chunk {index}", {"chunk": index})
             began.add(event.time, "host->device")
             self.walks.setdefault(instance, []).append(began)
@@ -213,12 +214,21 @@ class _Timeline:
             chunk.add(event.time, "body" if step == "body" else "device->host")
 
     def _forget(self, at: float) -> None:
-        """A context reset: every array is gone."""
+        """A context reset: every array is gone (and the requests in flight never become ready)."""
+        self._asked.clear()
+        self._flying.clear()
         for held in self._held.values():
             for array in held:
                 array.end = at
                 array.args["ended by"] = "context reset"
         self._held.clear()
+
+
+def _cut(chunk: _Span) -> None:
+    """A chunk of a walk that was left early: it ends at its last step."""
+    chunk.end = max(c.end or c.start for c in chunk.children)
+    for step in chunk.children:
+        step.end = step.start if step.end is None else step.end
 
 
 class _Tracks:

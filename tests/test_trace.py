@@ -3,12 +3,14 @@ bytes against the history, through the command line, and (where a trace processo
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -229,6 +231,7 @@ async def test_a_requests_way_queued_planned_in_flight_ready_released(sim: Simul
             tasks.start_soon(ask)
             await anyio.sleep(0.02)
             first = mgr.history()
+            opened = time.monotonic()
             gate.set()
         await mgr.request(b, {"y": vec(10)})
         mgr.free_all()
@@ -238,6 +241,8 @@ async def test_a_requests_way_queued_planned_in_flight_ready_released(sim: Simul
     queued = next(e for e in history.events if e.kind is EventKind.QUEUED and e.instance == "a")
     assert queued.priority == 3 and queued.since is not None and queued.since < history.events[0].time
     assert not any(e.kind is EventKind.READY for e in first.events)  # not before the device was there
+    (ready_a,) = [e for e in history.events if e.kind is EventKind.READY and e.instance == "a"]
+    assert ready_a.time >= opened  # when the stream's work was done
     events = check_trace_event_format(json.loads(history.to_perfetto(tmp_path / "t.json").read_text()))
     request, waited, planned, allocated, *inside = _spans(events, "a")
     assert [request["name"], waited["name"], planned["name"], allocated["name"]] == [
@@ -247,7 +252,7 @@ async def test_a_requests_way_queued_planned_in_flight_ready_released(sim: Simul
     for before, after in ((waited, planned), (planned, allocated)):  # one after the other, inside the request
         assert before["ts"] + before["dur"] == pytest.approx(after["ts"], abs=NS) and _inside(request, after)
     flight = next(e for e in inside if e["name"] == "in flight")
-    assert flight["dur"] >= 15_000 and _inside(allocated, flight)  # the gate held the stream 20 ms
+    assert flight["dur"] > 0 and _inside(allocated, flight)  # the gate held the stream
     assert {e["name"] for e in inside} == {"in flight", "x"} and all(_inside(allocated, e) for e in inside)
     (ready,) = [
         e for e in events if e["ph"] == "i" and e["name"] == "ready" and _tracks(events)[e["pid"], e["tid"]] == "a"
@@ -279,7 +284,7 @@ async def test_a_batchs_wait_is_one_span_on_its_group_track(sim: SimulatorBacken
     waits = [e for e in events if e["ph"] == "X" and e["name"].startswith("wait:")]
     assert [w["name"] for w in waits] == ["wait: memory (policy wait) (1 request(s))"]
     (wait,) = waits
-    assert wait["dur"] >= 120_000 and wait["args"]["priority"] == 2 and wait["args"]["steps"] >= 3
+    assert wait["dur"] >= 120_000 and wait["args"]["priority"] == 2 and wait["args"]["steps"] >= 2
     assert _tracks(events)[wait["pid"], wait["tid"]].startswith("group g")
     (request,) = [e for e in _spans(events, "waiter") if e["name"] == "request"]
     assert request["ts"] <= wait["ts"] and request["args"]["queued (us)"] >= wait["dur"]
@@ -323,6 +328,31 @@ async def test_a_walks_chunks_with_their_copies(tmp_path: Path, depth: int) -> N
         )
     if depth > 1:  # overlapped: the next chunk's copy in before this one's body ended: lanes
         assert len({s["tid"] for s in spans}) > 1
+
+
+async def test_a_walk_left_early_ends_its_chunks_at_their_last_step(tmp_path: Path) -> None:
+    x = np.arange(4096, dtype=np.float32).reshape(64, 64)
+    with SimulatorBackend(total=16 << 10) as sim:
+        async with MemoryManager(sim) as mgr:
+            part = Part()
+            mgr.register(part, name="p")
+            mgr.record_history()
+            requests = walk_requests({"x": ArrayRequest.like(x)})
+            async with mgr.request(part, requests) as response:
+                for _ in range(2):  # left at its second chunk, then walked whole
+                    async with contextlib.aclosing(walk_chunks(response, inputs={"x": x}, depth=1)) as chunks:
+                        async for chunk in chunks:
+                            if chunk.index == 1 and _ == 0:
+                                break
+            history = mgr.history()
+    events = check_trace_event_format(json.loads(history.to_perfetto(tmp_path / "t.json").read_text()))
+    chunks = sorted((e for e in events if e["ph"] == "X" and e["name"].startswith("chunk")), key=lambda e: e["ts"])
+    assert [c["name"] for c in chunks][:3] == ["chunk 0", "chunk 1", "chunk 0"]
+    left = chunks[1]  # its body, cut where the walk was left: no copy out
+    inside = [e["name"] for e in events if e["ph"] == "X" and e["tid"] == left["tid"] and e is not left
+              and left["ts"] <= e["ts"] <= left["ts"] + left["dur"] + NS and not e["name"].startswith("chunk")]  # fmt: skip
+    assert inside[:2] == ["host->device", "body"] and "device->host" not in inside[:2]
+    assert 0 < left["dur"] and left["ts"] + left["dur"] < chunks[2]["ts"]
 
 
 async def test_a_recorders_snapshots_add_the_pool_and_other_libraries(sim: SimulatorBackend, tmp_path: Path) -> None:
