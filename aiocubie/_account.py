@@ -15,7 +15,7 @@ from ._budget import Budget
 from ._ledger import Allocation, Ledger
 from ._options import Options
 from ._planner import ChunkPlan
-from ._protocols import Event, RecoveryLog, StreamLike
+from ._protocols import Event, RequestLog, StreamLike
 from ._requests import ArrayResponse, RequestSet
 from ._spill import Spills
 from ._stats import RecoveryStats
@@ -47,8 +47,8 @@ class Account(Protocol):
         """The manager's options (the batch window, the policy, ...)."""
 
     @property
-    def history(self) -> RecoveryLog | None:
-        """Where a batch's failure is recorded (None: nowhere)."""
+    def history(self) -> RequestLog | None:
+        """Where requests' way, batches' waits and failures are recorded (None: nowhere)."""
 
     @property
     def ledger(self) -> Ledger:

@@ -26,7 +26,7 @@ from ._lease import Lease
 from ._ledger import SPILLED, Allocation, Ledger
 from ._options import Options
 from ._planner import ChunkPlan, offered_bytes
-from ._protocols import RecoveryLog
+from ._protocols import RequestLog
 from ._recovery import ReclaimHook, Recovery
 from ._requests import ArrayResponse, MemoryKind, RequestSet
 from ._spill import Spills
@@ -37,8 +37,9 @@ __all__ = ["DeviceAccount", "Recording"]
 log = logging.getLogger("aiocubie")
 
 
-class Recording(RecoveryLog, Protocol):
-    """Where the account records plans, allocations, releases, regroupings and resets (and its recovery's steps).
+class Recording(RequestLog, Protocol):
+    """Where the account records plans, allocations, releases, regroupings and resets (and its recovery's steps,
+    and its schedulers' requests and waits).
 
     :class:`~aiocubie._history.HistoryRecorder` is one: the account is handed it (:meth:`DeviceAccount.record_to`).
     """
@@ -46,8 +47,11 @@ class Recording(RecoveryLog, Protocol):
     def plan(self, group: str, plan: ChunkPlan, requests: int) -> None:
         """A batch of ``requests`` requests of ``group`` is about to be allocated with ``plan``."""
 
-    def allocated(self, batch: Sequence[Sequence[Allocation]], plan: ChunkPlan | None) -> None:
-        """A batch was handed out with ``plan``: the allocations of each response (``plan`` None: another library's)."""
+    def allocated(
+        self, batch: Sequence[Sequence[Allocation]], plan: ChunkPlan | None, responses: Sequence[ArrayResponse] = ()
+    ) -> None:
+        """A batch was handed out with ``plan``: the allocations of each of ``responses`` (``plan`` None: another
+        library's)."""
 
     def released(self, allocations: Sequence[Allocation], kind: str = "release") -> None:
         """``allocations`` were freed (``kind`` ``"spill"``: their arrays went to host)."""
@@ -430,7 +434,7 @@ class DeviceAccount:
                 for (_, requests), allocs, vram in zip(entries, batch, totals)
             ]
         if history is not None:
-            history.allocated(batch, plan)
+            history.allocated(batch, plan, responses)
         if debug:
             log.debug("group %r: allocated %d array(s), %d bytes", group, sum(map(len, batch)), sum(totals))
         return responses, event

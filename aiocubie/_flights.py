@@ -161,6 +161,8 @@ class Flights:
                 response.lease.priority = ticket.priority  # what its spillable arrays are spilled at
             if not ticket.ordered:
                 waiting = True
+        if (history := self._account.history) is not None:
+            history.queued(self.name, batch)
         counted = batch[0].counters if len(batch) == 1 else {id(c): c for t in batch for c in t.counters}.values()
         for counters in counted:
             counters.batches += 1
@@ -238,6 +240,8 @@ class Flights:
             member.waits.append(waited)
         if member.priority:
             response.lease.priority = member.priority  # what its spillable arrays are spilled at
+        if (history := account.history) is not None:
+            history.express(self.name, member.key, member.priority, start)
         return response
 
     def poll(self) -> None:
@@ -285,6 +289,8 @@ class Flights:
             elif ticket.state is State.READY:
                 for counters in ticket.counters:
                     counters.ready_latency.append(latency)
+        if (history := self._account.history) is not None:
+            history.ready(self.name, tickets)
         if self.group.hooks:
             self._run_hooks(tickets, plan, stream)
 

@@ -1,4 +1,5 @@
-"""The allocation history: every plan, allocation, release, failure, recovery step and reset, in a ring.
+"""The allocation history: every plan, allocation, release, failure, recovery step and reset, in a ring;
+and each request's way (queued, ready), each batch's waits and each walk's chunks.
 
 Opt-in (``MemoryManager.record_history``): when off, the hot path pays one ``is not None``
 check. Pure: no device and no event loop; the only I/O is the explicit :meth:`History.to_json`,
@@ -25,6 +26,8 @@ from . import _memory_viz, _trace
 from ._errors import ConfigurationError, shown
 from ._ledger import Allocation, Ledger
 from ._planner import ChunkPlan
+from ._protocols import Queued
+from ._requests import ArrayResponse
 from ._stats import Snapshot
 
 __all__ = ["EventKind", "History", "HistoryEvent", "HistoryRecorder"]
@@ -54,6 +57,10 @@ class EventKind(str, enum.Enum):
     REGROUP = "regroup"  #: an instance moved to another stream group with what it holds (one event per group)
     SPILL = "spill"  #: one spillable array copied to host, its device memory given back
     RESTORE = "restore"  #: a response's spilled arrays back on the device (their allocations are recorded too)
+    QUEUED = "queued"  #: a request's batch was allocated: its wait in the queue, from ``since``, ended
+    READY = "ready"  #: the device reached a request's batch's event (an ordered request: at its allocation)
+    WAIT = "wait"  #: a batch waited from ``since`` (``detail`` says for what), or made way for a higher priority
+    WALK = "walk"  #: a step of a walk's ``chunk``; ``label``: ``"copy in"``, ``"body"``, ``"copy out"``, ``"landed"``
 
 
 @attrs.frozen
@@ -81,6 +88,13 @@ class HistoryEvent:
         Words: the plan's runs and requests, the error, the recovery step, what was reset.
     stack : tuple of str or None
         Where it was asked from, innermost last (``record_history(stacks=True)`` only).
+    priority : int or None
+        The request's or the batch's priority (queued, ready, wait).
+    since : float or None
+        ``time.monotonic()`` when what the event ends began: the request was asked (queued), the
+        batch began to wait (wait).
+    chunk : int or None
+        The chunk of a walk (walk).
     """
 
     kind: EventKind = attrs.field(converter=EventKind)
@@ -96,11 +110,14 @@ class HistoryEvent:
     instance_live: int | None = None
     detail: str = ""
     stack: tuple[str, ...] | None = attrs.field(default=None, converter=attrs.converters.optional(tuple))
+    priority: int | None = None
+    since: float | None = None
+    chunk: int | None = None
 
 
 _FIELDS = tuple(field.name for field in attrs.fields(HistoryEvent))
 _NAMES = ("group", "instance", "label", "memory_kind")
-_COUNTS = ("chunks", "chunk_length", "group_live", "instance_live")
+_COUNTS = ("chunks", "chunk_length", "group_live", "instance_live", "priority", "chunk")
 
 
 def _wrong_fields(event: HistoryEvent) -> list[str]:
@@ -116,6 +133,7 @@ def _wrong_fields(event: HistoryEvent) -> list[str]:
         for name, ok in (
             ("time", number(event.time, False, real=True) and math.isfinite(event.time)),
             ("nbytes", number(event.nbytes, False)),
+            ("since", number(event.since, True, real=True) and math.isfinite(event.since or 0.0)),
             *((name, number(getattr(event, name), True)) for name in _COUNTS),
             *((name, getattr(event, name) is None or isinstance(getattr(event, name), str)) for name in _NAMES),
             ("detail", isinstance(event.detail, str)),
@@ -354,6 +372,9 @@ class HistoryRecorder:
         # per row grew the heap until the ring was full: 1.4-1.7x per request on Python 3.12.)
         self._flat: list[Any] = [None] * (max_entries * _WIDTH)
         self._times = array.array("d", bytes(8 * max_entries))
+        self._walked = self.walked  # bound once: each response of a batch is handed it
+        # perf_counter (a ticket's and a wait's start) -> monotonic: both are monotonic, their offset fixed
+        self._perf_offset = time.monotonic() - time.perf_counter()
         self._ledger = ledger
         self._names = names
 
@@ -377,11 +398,20 @@ class HistoryRecorder:
         chunks, length, runs, planned = plan.chunks, plan.chunk_length, plan.runs, plan.planned_bytes
         self._put(("plan", None, group, chunks, length, requests, stack, runs, planned))
 
-    def allocated(self, batch: Sequence[Sequence[Allocation]], plan: ChunkPlan | None) -> None:
+    def allocated(
+        self,
+        batch: Sequence[Sequence[Allocation]],
+        plan: ChunkPlan | None,
+        responses: Sequence[ArrayResponse] = (),
+    ) -> None:
         """A batch was handed out with ``plan``: the allocations of each response (one key, one group each).
 
         ``plan`` None: bytes another library holds for an instance, counted as its own (torch's).
+        ``responses`` (one for each of ``batch``): their walks record their chunks here.
         """
+        walked = self._walked
+        for response in responses:
+            response.lease.walked = walked
         # never the Allocation itself: it holds the array, and its group changes when it moves
         now, stack = time.monotonic(), self._stack() if self.stacks else None
         chunks, length = (None, None) if plan is None else (plan.chunks, plan.chunk_length)
@@ -438,6 +468,38 @@ class HistoryRecorder:
             detail = f"context: {detail}"
         self._put(("reset", None, None, 0, detail, held))
 
+    # A request's way and a batch's waits (a scheduler's), and a walk's steps: called only while recording.
+    # Rows hold the member's key and perf_counter times as given: names and clocks are read in history().
+    def queued(self, group: str, tickets: Sequence[Queued]) -> None:
+        """``tickets`` of ``group`` were allocated: their wait in the queue ended (ordered ones are ready)."""
+        for ticket in tickets:  # an ordered one is ready too: one row for both
+            self._put(("queued", None, group, ticket.key, ticket.enqueued, ticket.priority, ticket.ordered, None))
+
+    def ready(self, group: str, tickets: Sequence[Queued]) -> None:
+        """The device reached the event of ``tickets``' batch in ``group``."""
+        for ticket in tickets:
+            if not ticket.ordered:  # ready when allocated (see queued)
+                self._put(("ready", None, group, ticket.key, None, ticket.priority, None, None))
+
+    def express(self, group: str, key: int, priority: int, start: float) -> None:
+        """A request of ``key`` asked at ``start`` (``perf_counter``) was allocated and ready at once."""
+        self._put(("queued", None, group, key, start, priority, True, None))  # and ready: one row for both
+
+    def waited(self, group: str, reason: str, start: float, priority: int, requests: int) -> None:
+        """A batch of ``requests`` requests of ``group`` waited since ``start`` (``perf_counter``) for ``reason``."""
+        self._put(("wait", None, group, None, start, priority, f"{reason} ({requests} request(s))", None))
+
+    def walked(self, response: object, step: str, index: int) -> None:
+        """A walk over ``response`` reached ``step`` of chunk ``index`` (a released one's steps are left out).
+
+        ``step``: ``"copy in"`` (its inputs' copies are queued), ``"body"`` (the chunk is handed to
+        the loop's body), ``"copy out"`` (the body returned: its outputs' copies are queued),
+        ``"landed"`` (its outputs are in their host arrays).
+        """
+        held = self._ledger.of(response)
+        if held:
+            self._put(("walk", None, held[0].group, held[0].key, None, None, step, index))
+
     def dump(self) -> None:
         """Write the history where ``dump_on_oom`` asks (an error writing it is logged, not raised)."""
         if self.dump_on_oom is None:
@@ -468,6 +530,16 @@ class HistoryRecorder:
                 events.append(_planned(row))
             elif kind == "regroup":
                 events.extend(self._moved(row, owner, groups))
+            elif kind in _WAYS:
+                _, at, group, key, since, priority, label, chunk = row[:8]
+                name = None if key is None else owner or self._names(key)
+                since = None if since is None else since + self._perf_offset
+                if kind == "queued" and label:  # ready when allocated (walking back: before its queued event)
+                    events.append(HistoryEvent("ready", at, group, name, priority=priority))
+                detail = label if kind == "wait" else ""
+                label = label if kind == "walk" else None
+                events.append(HistoryEvent(kind, at, group, name, label, detail=detail, priority=priority,
+                                           since=since, chunk=chunk))  # fmt: skip
             else:
                 _, at, group, nbytes, detail, held = row[:6]
                 if held is not None:  # a context reset: before it, this was held
@@ -521,6 +593,12 @@ class HistoryRecorder:
         return events
 
 
+#: The kinds of a request's way, a batch's waits and a walk's steps (rows: group, the member's key, since as
+#: perf_counter, priority, the wait's reason, the walk's step or whether a queued one was ready at once, the
+#: walk's chunk).
+_WAYS = frozenset({"queued", "ready", "wait", "walk"})
+
+
 def _owners(rows: list[tuple[Any, ...]]) -> list[str | None]:
     """For each row: the name its key had when it allocated (a release or a move takes it), else None."""
     names: dict[Hashable, str] = {}
@@ -528,7 +606,7 @@ def _owners(rows: list[tuple[Any, ...]]) -> list[str | None]:
     for row in rows:
         if row[0] == "allocate":
             names[row[3]] = row[7]
-        key = row[3] if row[0] in ("release", "spill") else row[2] if row[0] == "regroup" else None
+        key = row[3] if row[0] in ("release", "spill") or row[0] in _WAYS else row[2] if row[0] == "regroup" else None
         owners.append(None if key is None else names.get(key))
     return owners
 

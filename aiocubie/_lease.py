@@ -66,6 +66,8 @@ class Lease:
         The spill state of its spillable arrays (None: it has none; the account sets it).
     priority : int
         The priority its arrays are spilled at (lowest first): its request's.
+    walked : callable or None
+        ``walked(response, step, chunk)`` records a walk's steps in the allocation history (None: not recording).
     """
 
     __slots__ = (
@@ -78,6 +80,7 @@ class Lease:
         "released",
         "spill",
         "views",
+        "walked",
         "walks",
     )
 
@@ -96,6 +99,7 @@ class Lease:
         self.views: dict[str, Any] | None = None
         self.spill: Spillable | None = None
         self.priority = 0
+        self.walked: Callable[[object, str, int], None] | None = None
 
     def release(self, response: object) -> None:
         """Free ``response``'s arrays through the account (nothing if released, or built by hand)."""

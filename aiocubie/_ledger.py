@@ -120,6 +120,10 @@ class Ledger:
         """Whether ``owner`` holds allocations here."""
         return id(owner) in self._by_owner
 
+    def of(self, owner: object) -> list[Allocation]:
+        """What ``owner`` holds here (nothing if released)."""
+        return self._by_owner.get(id(owner), [])
+
     def pop_owner(self, owner: object) -> list[Allocation]:
         """Remove and return everything ``owner`` holds (nothing if already released)."""
         allocs = self._by_owner.pop(id(owner), None)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import abc
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Event", "HistoryRecord", "RecoveryLog", "StreamLike", "is_async_callable"]
+__all__ = ["Event", "HistoryRecord", "Queued", "RecoveryLog", "RequestLog", "StreamLike", "is_async_callable"]
 
 
 def is_async_callable(hook: object) -> bool:
@@ -74,12 +74,51 @@ class RecoveryLog(Protocol):
         """Write what was recorded where the user asked for it on a failure (if anywhere)."""
 
 
+class Queued(Protocol):
+    """A request as the history reads it when its batch is allocated or ready (a scheduler's ticket)."""
+
+    @property
+    def key(self) -> int:
+        """The requesting member's key."""
+
+    @property
+    def enqueued(self) -> float:
+        """``time.perf_counter()`` when it was asked."""
+
+    @property
+    def priority(self) -> int:
+        """Its priority."""
+
+    @property
+    def ordered(self) -> bool:
+        """Ready as soon as its arrays are allocated."""
+
+
+class RequestLog(RecoveryLog, Protocol):
+    """Where a scheduler records its requests' way (queued, ready) and its batches' waits, while a history records.
+
+    :class:`~aiocubie._history.HistoryRecorder` is one. Only called while recording: the request
+    path pays one ``is not None`` check where it hands over what it has already.
+    """
+
+    def queued(self, group: str, tickets: Sequence[Queued]) -> None:
+        """``tickets`` of ``group`` were allocated (their wait in the queue ends; ordered ones are ready)."""
+
+    def ready(self, group: str, tickets: Sequence[Queued]) -> None:
+        """The device reached the event of ``tickets``' batch in ``group``."""
+
+    def express(self, group: str, key: int, priority: int, start: float) -> None:
+        """A request of ``key`` asked at ``start`` (``perf_counter``) was served and ready at once, with no ticket."""
+
+    def waited(self, group: str, reason: str, start: float, priority: int, requests: int) -> None:
+        """A batch of ``requests`` requests of ``group`` waited since ``start`` (``perf_counter``) for ``reason``."""
+
+
 class HistoryRecord(Protocol):
     """One event of an allocation history as its exporters read it (:class:`~aiocubie.stats.HistoryEvent` is one).
 
-    ``kind`` is one of ``"plan"``, ``"allocate"``, ``"release"``, ``"failure"``, ``"recovery"``,
-    ``"reset"`` and ``"regroup"`` (an exporter shows a kind it does not know as a mark); times are
-    ``time.monotonic()`` seconds, sizes bytes.
+    ``kind`` is one of :class:`~aiocubie.stats.EventKind`'s values (an exporter shows a kind it does
+    not know as a mark); times are ``time.monotonic()`` seconds, sizes bytes.
     """
 
     @property
@@ -108,3 +147,9 @@ class HistoryRecord(Protocol):
     def detail(self) -> str: ...
     @property
     def stack(self) -> tuple[str, ...] | None: ...
+    @property
+    def priority(self) -> int | None: ...
+    @property
+    def since(self) -> float | None: ...
+    @property
+    def chunk(self) -> int | None: ...

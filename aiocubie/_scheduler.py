@@ -443,30 +443,48 @@ class GroupScheduler:
             while batch := [t for t in self._planning if t.state is _PENDING]:
                 plan = self._try_plan(batch)
                 if plan is None and self._lease.short is not None:
-                    await self._lease.take(batch[0].priority)
+                    await self._waiting("a lease from the node broker", self._lease.take(batch[0].priority), batch)
                     continue
                 if plan is not None and not self._behind():
                     return plan
                 room, self._room = self._room, None
                 if room is not None:  # spill idle arrays first, then plan again
-                    await room()
+                    await self._waiting("idle arrays to spill", room(), batch)
                     continue
                 options = self._account.options
                 if plan is None and self._short:  # it does not fit whole: make room, then plan again
                     short, self._short, self._relieved = self._short, 0, True
-                    await self._account.recovery.make_room(short, batch[0].priority, self.name, options.reclaim_timeout)
+                    freed = self._account.recovery.make_room(
+                        short, batch[0].priority, self.name, options.reclaim_timeout
+                    )
+                    await self._waiting("the reclaim hooks", freed, batch)
                     continue
                 if self._mixed and outranked(batch, self.queue, time.perf_counter(), options.priority_aging):
                     self._requeue(batch, keep=[])  # it makes way: the next batch is picked by rank
+                    if (history := self._account.history) is not None:  # its requests wait in the queue again
+                        history.waited(self.name, "made way", time.perf_counter(), batch[0].priority, len(batch))
                     return None
                 if options.waits and not options.active:
                     self._line.join(self, *standing(batch))
                 # not enough room yet: wait for a release (or re-read the device now and then)
+                reason = "a waiting batch of another group" if plan is not None else "memory (policy wait)"
                 with anyio.move_on_after(0.05):
-                    await self._sleep("_changed")
+                    await self._waiting(reason, self._sleep("_changed"), batch)
             return None
         finally:
             self._line.leave(self)
+
+    async def _waiting(self, reason: str, wait: Awaitable[object], batch: list[Ticket]) -> None:
+        """Await ``wait``: the batch waits for ``reason`` (recorded in the history, if one records)."""
+        history = self._account.history
+        if history is None:
+            await wait
+            return
+        start = time.perf_counter()
+        try:
+            await wait
+        finally:
+            history.waited(self.name, reason, start, batch[0].priority, len(batch))
 
     def _behind(self) -> bool:
         """True if this group's batch waits for memory behind another group's (passive, policy wait).

@@ -35,22 +35,35 @@ SNAPSHOT_COUNTERS: dict[str, Callable[[Snapshot], Mapping[str, int | None]]] = {
 
 
 class _Span:
-    """A stretch of time on a track, with the spans drawn inside it."""
+    """A stretch of time on a track, with the spans drawn inside it (``inner``: where its arrays go)."""
 
-    __slots__ = ("args", "children", "end", "name", "start")
+    __slots__ = ("args", "children", "end", "inner", "name", "start")
 
     def __init__(self, start: float, name: str, args: dict[str, Any], end: float | None = None) -> None:
         self.start, self.name, self.args, self.end = start, name, args, end
         self.children: list[_Span] = []
+        self.inner = self
+
+    def add(self, start: float, name: str, end: float | None = None) -> _Span:
+        """A span inside this one, from ``start``."""
+        child = _Span(start, name, {}, end)
+        self.children.append(child)
+        return child
 
 
 class _Timeline:
-    """The spans and marks of a history: each batch on its group's track, each request (its arrays
-    inside) on its instance's track, failures, recoveries, moves and resets as marks."""
+    """The spans and marks of a history: each batch and wait on its group's track, each request
+    (queued, planned, allocated: its arrays inside) on its instance's track, each walk's chunks
+    (their copies inside) on a track of their own, failures, recoveries, moves and resets as marks."""
 
     def __init__(self) -> None:
-        self.batches: dict[str, list[_Span]] = {}  # group -> its batches (inside: the allocation)
+        self.batches: dict[str, list[_Span]] = {}  # group -> its batches (inside: the allocation) and waits
         self.requests: dict[str, list[_Span]] = {}  # instance -> its requests (inside: their arrays)
+        self.walks: dict[str, list[_Span]] = {}  # instance -> the chunks its walks copied (inside: the copies)
+        self._asked: dict[str, deque[_Span]] = {}  # instance -> requests allocated, their queue wait not yet read
+        self._flying: dict[str, deque[_Span]] = {}  # instance -> requests allocated, not yet ready
+        self._chunks: dict[tuple[str, int], _Span] = {}  # (instance, index) -> a walk's chunk under way
+        self._waits: dict[str, _Span] = {}  # group -> its last wait (consecutive steps of one wait are one span)
         self.marks: list[tuple[float, int, str, str, dict[str, Any]]] = []  # (time, pid, track, name, args)
         self._served: dict[int, list[_Span]] = {}  # id(batch) -> its requests: a batch ends with the last
         self._planned: dict[str, _Span] = {}  # group -> its last batch, which takes the allocations that follow
@@ -69,6 +82,12 @@ class _Timeline:
                 self._allocate(event)
             elif kind == "release":
                 self._release(event)
+            elif kind in ("queued", "ready"):
+                self._way(kind, event)
+            elif kind == "wait":
+                self._wait(event)
+            elif kind == "walk":
+                self._walk(event)
             else:
                 if kind == "reset" and event.detail.startswith("context"):
                     self._forget(event.time)
@@ -80,11 +99,16 @@ class _Timeline:
                 array.args["held at the end"] = True
         for spans in self.requests.values():
             for request in spans:
-                request.end = max((a.end or request.start for a in request.children), default=request.start)
+                inner = request.inner
+                inner.end = max((a.end or inner.start for a in inner.children), default=inner.start)
+                request.end = max(inner.end, *(c.end or request.start for c in request.children))
         for spans in self.batches.values():
             for batch in spans:
-                ends = [s.end or batch.start for s in (*batch.children, *self._served.get(id(batch), ()))]
-                batch.end = max(ends, default=batch.start)
+                if batch.end is None:  # a batch (a wait has its end)
+                    ends = [s.end or batch.start for s in (*batch.children, *self._served.get(id(batch), ()))]
+                    batch.end = max(ends, default=batch.start)
+        for chunk in self._chunks.values():
+            _cut(chunk)
 
     def _plan(self, event: HistoryRecord) -> None:
         group = event.group or "?"
@@ -111,15 +135,18 @@ class _Timeline:
             request = _Span(event.time if batch is None else batch.start, name, args)
             self.requests.setdefault(instance, []).append(request)
             self._request = (key, request)
-            if batch is not None:
-                request.children.append(_Span(batch.start, "allocate", {}, end=event.time))
+            if batch is not None:  # planned, then allocated: its arrays inside, and its flight to the device
+                request.add(batch.start, "planned", end=event.time)
+                request.inner = request.add(event.time, "allocated")
+                self._asked.setdefault(instance, deque()).append(request)
+                self._flying.setdefault(instance, deque()).append(request)
                 served = self._served.setdefault(id(batch), [])
                 if not served:  # the batch's allocation, as on its requests' tracks
                     batch.children.append(_Span(batch.start, "allocate", {}, end=event.time))
                 served.append(request)
         request = self._request[1]
         array = _Span(event.time, event.label or "?", {"bytes": event.nbytes, "memory": event.memory_kind})
-        request.children.append(array)
+        request.inner.children.append(array)
         request.args["bytes"] += event.nbytes
         request.args["arrays"][event.label or "?"] = event.nbytes
         self._held.setdefault((instance, event.label), deque()).append(array)
@@ -132,13 +159,76 @@ class _Timeline:
             args = {"bytes": event.nbytes, "detail": "allocated before the history's first event"}
             self.marks.append((event.time, INSTANCES, event.instance or "?", f"release {event.label}", args))
 
+    def _way(self, kind: str, event: HistoryRecord) -> None:
+        """A request's queue wait ended (``queued``: it starts when it was asked), or it is ready."""
+        instance = event.instance or "?"
+        waiting = (self._asked if kind == "queued" else self._flying).get(instance)
+        if not waiting:  # allocated before the history's oldest event
+            return
+        request = waiting.popleft()
+        request.args["priority"] = event.priority
+        if kind == "queued" and event.since is not None:
+            planned = request.start
+            request.start = min(event.since, planned)
+            request.args["queued (us)"] = round((planned - request.start) * 1e6, 3)
+            request.children.insert(0, _Span(request.start, "queued", {"priority": event.priority}, end=planned))
+        elif kind == "ready":
+            held = request.inner
+            request.args["ready after allocation (us)"] = round((event.time - held.start) * 1e6, 3)
+            if event.time > held.start:
+                held.add(held.start, "in flight", end=event.time)
+            self.marks.append((event.time, INSTANCES, instance, "ready", {"priority": event.priority}))
+
+    def _wait(self, event: HistoryRecord) -> None:
+        """A batch's wait on its group's track; steps of one wait that follow each other are one span."""
+        group, since = event.group or "?", event.time if event.since is None else event.since
+        name = f"wait: {event.detail}"
+        last = self._waits.get(group)
+        if last is not None and last.name == name and last.end is not None and since - last.end < 1e-3:
+            last.end = event.time
+            last.args["steps"] += 1
+            return
+        wait = _Span(since, name, {"priority": event.priority, "steps": 1}, end=event.time)
+        self.batches.setdefault(group, []).append(wait)
+        self._waits[group] = wait
+
+    def _walk(self, event: HistoryRecord) -> None:
+        """A step of a walk's chunk: its copy in, its body, its copy out, its outputs landed."""
+        instance, index, step = event.instance or "?", event.chunk or 0, event.label
+        if step == "copy in":
+            left = self._chunks.pop((instance, index), None)
+            if left is not None:  # the last walk over its responses left early
+                _cut(left)
+            began = self._chunks[instance, index] = _Span(event.time, f"chunk {index}", {"chunk": index})
+            began.add(event.time, "host->device")
+            self.walks.setdefault(instance, []).append(began)
+            return
+        chunk = self._chunks.get((instance, index))
+        if chunk is None:  # its copy in is before the history's oldest event
+            return
+        chunk.children[-1].end = event.time
+        if step == "landed":
+            chunk.end = event.time
+            del self._chunks[instance, index]
+        else:
+            chunk.add(event.time, "body" if step == "body" else "device->host")
+
     def _forget(self, at: float) -> None:
-        """A context reset: every array is gone."""
+        """A context reset: every array is gone (and the requests in flight never become ready)."""
+        self._asked.clear()
+        self._flying.clear()
         for held in self._held.values():
             for array in held:
                 array.end = at
                 array.args["ended by"] = "context reset"
         self._held.clear()
+
+
+def _cut(chunk: _Span) -> None:
+    """A chunk of a walk that was left early: it ends at its last step."""
+    chunk.end = max(c.end or c.start for c in chunk.children)
+    for step in chunk.children:
+        step.end = step.start if step.end is None else step.end
 
 
 class _Tracks:
@@ -197,7 +287,9 @@ def trace_events(
             raise ConfigurationError(
                 f"snapshots are a Recorder's (recorder.snapshots), got {shown(snapshot)} among them"
             )
+    # a request's queue wait and a batch's wait begin before they are recorded (``since``)
     times = [e.time for e in events[:1]] + [s.time for s in snapshots[:1]]
+    times += [e.since for e in events if e.since is not None]
     origin = min(times, default=0.0)
 
     def us(t: float) -> float:
@@ -207,10 +299,14 @@ def trace_events(
     timeline.read(events)
     tracks = _Tracks()
     out: list[dict[str, Any]] = []
-    for pid, prefix, table in ((GROUPS, "group ", timeline.batches), (INSTANCES, "", timeline.requests)):
+    for pid, track, table in (
+        (GROUPS, "group {}", timeline.batches),
+        (INSTANCES, "{}", timeline.requests),
+        (INSTANCES, "{}: walks", timeline.walks),
+    ):
         for name, spans in table.items():
             for index, lane in enumerate(_lanes(spans)):
-                tid = tracks.tid(pid, f"{prefix}{name}" + (f" ({index + 1})" if index else ""))
+                tid = tracks.tid(pid, track.format(name) + (f" ({index + 1})" if index else ""))
                 for span in lane:
                     _complete(out, span, pid, tid, us)
     for t, pid, track, name, args in timeline.marks:

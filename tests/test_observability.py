@@ -50,18 +50,27 @@ async def test_history_records_plans_allocations_and_releases(sim: SimulatorBack
         EventKind.PLAN,
         EventKind.ALLOCATE,
         EventKind.ALLOCATE,
+        EventKind.QUEUED,  # its wait in the queue ended: allocated
+        EventKind.READY,  # the device reached its event
         EventKind.RELEASE,
         EventKind.RELEASE,
         EventKind.PLAN,
         EventKind.ALLOCATE,
+        EventKind.QUEUED,
+        EventKind.READY,
         EventKind.RELEASE,
     ]
-    plan, x, p = history.events[:3]
+    queued, ready = history.events[3:5]
+    assert (queued.group, queued.instance, queued.priority) == (ready.group, ready.instance, ready.priority)
+    assert (queued.instance, queued.priority) == ("a", 0) and queued.since is not None
+    assert queued.since <= history.events[0].time <= queued.time <= ready.time
+    memory = [e for e in history.events if e.kind not in (EventKind.QUEUED, EventKind.READY)]
+    plan, x, p = memory[:3]
     assert (plan.group, plan.chunks, plan.chunk_length, plan.nbytes) == ("solve", 1, 1000, 8080)
     assert (x.group, x.instance, x.label, x.nbytes, x.memory_kind) == ("solve", "a", "x", 8000, "device")
     assert (x.group_live, p.group_live, p.instance_live) == (8000, 8080, 8080)
-    assert [e.group_live for e in history.events[3:5]] == [80, 0]  # released in the order allocated
-    big_plan, big = history.events[5:7]
+    assert [e.group_live for e in memory[3:5]] == [80, 0]  # released in the order allocated
+    big_plan, big = memory[5:7]
     assert big_plan.chunks > 1 and big.chunks == big_plan.chunks and big.chunk_length == big_plan.chunk_length
     assert big.nbytes == big.chunk_length * 8 and big.stack is None
     assert history.events == tuple(sorted(history.events, key=lambda e: e.time))
@@ -77,16 +86,17 @@ async def test_history_is_a_bounded_ring_and_stops_when_asked(sim: SimulatorBack
         with pytest.raises(ConfigurationError, match="max_entries"):
             mgr.record_history(max_entries=0)
         mgr.record_history(max_entries=3)
-        await _work(mgr, sim)
+        parts = await _work(mgr, sim)  # registered: a release whose allocation left the ring is named after its key
         history = mgr.history()
-        assert len(history.events) == 3 and history.dropped == 5 and history.max_entries == 3
-        assert [e.kind for e in history.events] == [EventKind.PLAN, EventKind.ALLOCATE, EventKind.RELEASE]
+        assert len(history.events) == 3 and history.dropped == 9 and history.max_entries == 3
+        assert [e.kind for e in history.events] == [EventKind.QUEUED, EventKind.READY, EventKind.RELEASE]
         mgr.record_history(False)
         part = Part()
         mgr.register(part)
         async with mgr.request(part, {"x": vec(10)}):
             pass
         assert mgr.history() == history  # what was recorded stays; nothing more is
+        assert {e.instance for e in history.events} == {"b"} and parts
 
 
 async def test_record_history_refuses_a_ring_it_cannot_allocate() -> None:
@@ -103,8 +113,9 @@ async def test_history_stacks_name_the_requesting_code(sim: SimulatorBackend) ->
         mgr.register(part)
         async with mgr.request(part, {"x": vec(10)}):  # served inline: in this task
             pass
-        plan, alloc, release = mgr.history().events
+        plan, alloc, queued, ready, release = mgr.history().events
     assert plan.stack is not None and alloc.stack is not None and release.stack is None
+    assert queued.kind is EventKind.QUEUED and ready.kind is EventKind.READY
     assert any("test_history_stacks_name_the_requesting_code" in frame for frame in alloc.stack)
     assert not any("/aiocubie/_" in frame for frame in alloc.stack)
 
@@ -209,7 +220,7 @@ async def test_cli_history_verb(sim: SimulatorBackend, tmp_path: Path, capsys: p
         await _work(mgr, sim)
         mgr.history().to_json(tmp_path / "h.json")
     assert cli(["history", str(tmp_path / "h.json")]) == 0
-    assert "8 events (0 dropped) drawn in" in capsys.readouterr().out
+    assert "12 events (0 dropped) drawn in" in capsys.readouterr().out
     assert (tmp_path / "h.html").read_text().startswith("<!DOCTYPE html>")
     assert cli(["history", str(tmp_path / "h.json"), "--out", str(tmp_path / "page.htm")]) == 0
     assert (tmp_path / "page.htm").exists()

@@ -112,6 +112,8 @@ async def test_reclaim_hooks_run_after_the_cache_and_the_allocation_goes_on(pool
         EventKind.PLAN,
         EventKind.RELEASE,  # the hook's release, inside the recovery
         EventKind.ALLOCATE,
+        EventKind.QUEUED,
+        EventKind.READY,
         EventKind.RELEASE,
     ]
 

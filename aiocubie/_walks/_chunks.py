@@ -150,17 +150,25 @@ async def walk_chunks(
         elif not isinstance(overlap, bool):
             raise InvalidRequestError(f"overlap must be True, False or None (by depth), got {shown(overlap)}")
         if copies_in is not None and copies_out is not None:  # fits whole, straight: on the group's stream
-            finished = False
+            finished, steps = False, transfer.walked
             try:
+                if steps is not None:
+                    steps(served, "copy in", 0)
                 for label, copy, ready in copies_in:
                     copy(ready, ("in", 0, label))
                 if not overlap:  # serial: the data is on the device when the body runs
                     await transfer.done()
+                if steps is not None:
+                    steps(served, "body", 0)
                 yield transfer.chunk(0, ins, outs)
                 transfer.live()
+                if steps is not None:
+                    steps(served, "copy out", 0)
                 for label, copy, ready in copies_out:
                     copy(ready, ("out", 0, label))
                 await transfer.done()
+                if steps is not None:
+                    steps(served, "landed", 0)
                 finished = True
             finally:
                 if not finished:

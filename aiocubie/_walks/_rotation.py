@@ -63,7 +63,7 @@ class Rotation:
 
     async def walk(self) -> AsyncGenerator[Chunk, None]:
         """Yield the chunks in order, each with its inputs in place; copy its outputs out after the body."""
-        response = self.response
+        response, walked = self.response, self.transfer.walked
         finished = False
         response.lease.walk_started()  # a release while it walks frees the blocks once it has ended
         try:
@@ -72,10 +72,16 @@ class Rotation:
             for index in range(response.chunks):
                 self.transfer.live()
                 while issued < min(response.chunks, index + self.depth):
+                    if walked is not None:
+                        walked(response, "copy in", issued)
                     await self._copy_in(issued)
                     issued += 1
                 await self._before_body(index)
+                if walked is not None:
+                    walked(response, "body", index)
                 yield self._chunk(index)
+                if walked is not None:
+                    walked(response, "copy out", index)
                 await self._after_body(index)
             await self._settle(up_to=response.chunks)
             await self._whole_out()
@@ -250,6 +256,8 @@ class Rotation:
                 break
             await self.loop.wait(done)
             del landed[index]
+            if self.transfer.walked is not None:
+                self.transfer.walked(self.response, "landed", index)
             if isinstance(done, Staging):
                 done.result()
 

@@ -44,13 +44,15 @@ class Transfer:
         The walk's name, for its errors.
     """
 
-    __slots__ = ("copiers", "device", "loop", "response", "stream", "view", "views", "walk")
+    __slots__ = ("copiers", "device", "loop", "response", "stream", "view", "views", "walk", "walked")
 
     def __init__(self, response: ArrayResponse, walk: str) -> None:
         self.response, self.walk = response, walk
         self.device: Device = response.device
         self.stream = response.stream
         self.loop: Loop = running_loop()
+        #: ``walked(response, step, chunk)`` records the walk's steps in the allocation history (None: not recording)
+        self.walked = response.lease.walked
         #: What every walk of a batch stream asks again (dropped on release: see Lease._drop_views)
         views = self.views = response.lease.cached_views()
         #: (label, into the device?) -> its copier, bound once a response (on first use: a walk copies
