@@ -4,7 +4,6 @@ bytes against the history, through the command line, and (where a trace processo
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import math
 import os
@@ -502,16 +501,3 @@ async def test_catapults_trace_viewer_imports_the_trace(sim: SimulatorBackend, t
     assert {"chunk 0", "chunk 1", "host->device", "body", "device->host"} <= set(got["slices"])
     broken = {**trace, "traceEvents": [*trace["traceEvents"], {"ph": "E", "name": "x", "ts": 1, "pid": 2, "tid": 1}]}
     assert imported(broken)["warnings"]
-
-
-async def test_the_docs_picture_is_drawn_from_a_trace(sim: SimulatorBackend, tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
-    script = Path(__file__).resolve().parent.parent / "scripts" / "trace_picture.py"
-    spec = importlib.util.spec_from_file_location("trace_picture", script)
-    assert spec is not None and spec.loader is not None
-    picture = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(picture)
-    history = await _history(sim)
-    history.to_perfetto(tmp_path / "trace.json")
-    assert picture.main([str(tmp_path / "trace.json"), str(tmp_path / "trace.png")]) == 0
-    assert (tmp_path / "trace.png").read_bytes().startswith(b"\x89PNG")
