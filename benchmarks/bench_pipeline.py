@@ -602,7 +602,46 @@ async def profile_stream(kit: Any, mgr: MemoryManager, batch: int, batches: int,
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
     (out / f"{kit.name}-pipeline-profile.txt").write_text(text.getvalue())
-    return {"host_s_per_batch": total / batches, "activation_share": activation / total if total else 0.0}
+    return {
+        "host_s_per_batch": total / batches,
+        "activation_share": activation / total if total else 0.0,
+        "phases_us": await _phases(kit, mgr, xs, ys, 4 * batch * 4),
+    }
+
+
+async def _phases(kit: Any, mgr: MemoryManager, xs: list[Any], ys: list[Any], budget: int) -> dict[str, float]:
+    """Median microseconds of each phase of a one-at-a-time batch (aio_stream's loader, taken apart)."""
+    owner = _Owner()
+    mgr.register(owner, proportion=budget / mgr.pool.memory_info().total)
+    requests = walk_requests(
+        {"x": ArrayRequest.like(xs[0], chunk_axis=0), "y": ArrayRequest.like(ys[0], chunk_axis=0)}, 2
+    )
+    names = ("request", "walk up to the body", "body (the kernel launch)", "walk after the body", "release")
+    times: dict[str, list[float]] = {name: [] for name in names}
+    clock = time.perf_counter_ns
+    try:
+        for repeat in range(3):
+            for b in range(len(xs)):
+                t0 = clock()
+                pending = mgr.request(owner, requests, ordered=True)
+                response = await pending.__aenter__()
+                t1 = clock()
+                walk = walk_chunks(response, inputs={"x": xs[b]}, outputs={"y": ys[b]}, depth=2, overlap=True)
+                chunk = await walk.__anext__()
+                t2 = clock()
+                kit.kernel(chunk.stream, chunk.device["x"], chunk.device["y"])
+                t3 = clock()
+                async for _ in walk:  # the copy out, awaited
+                    pass
+                t4 = clock()
+                await pending.__aexit__(None, None, None)
+                t5 = clock()
+                if repeat:  # the first round warms
+                    for name, ns in zip(names, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
+                        times[name].append(ns / 1e3)
+    finally:
+        mgr.unregister(owner)
+    return {name: round(_median(values), 1) for name, values in times.items()}
 
 
 async def main(argv: list[str] | None = None) -> int:
@@ -643,6 +682,7 @@ async def main(argv: list[str] | None = None) -> int:
         report += (
             f"\nOne-at-a-time batch stream under cProfile: {p['host_s_per_batch'] * 1e6:.0f} us of host time a batch, "
             f"{p['activation_share'] * 100:.1f}% of it making the device current.\n"
+            f"Phases of one batch, median us: {p['phases_us']}\n"
         )
     print(report)
     (args.out / f"{name}.md").write_text(report)
