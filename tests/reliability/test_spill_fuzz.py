@@ -59,6 +59,10 @@ class Cache:
     n: int
     value: float = 0.0
     pins: int = 0
+    record: Any = attrs.field(init=False)  # its spill state, kept past a release
+
+    def __attrs_post_init__(self) -> None:
+        self.record = self.response.lease.spill
 
     def ask(self) -> Ask:  # its restore: a request of its member at the response's priority
         return Ask(self.group, self.response.lease.priority, 4 * self.n, 0, 4 * self.n)
@@ -155,6 +159,15 @@ def over_caps(mgr: MemoryManager, sim: SimulatorBackend) -> list[str]:
     return over + [f"{name} {g.live_bytes} > {g.cap_bytes}" for name, g in mgr.stats().groups.items() if g.over_cap]
 
 
+async def quiet(mgr: MemoryManager, made: list[Cache]) -> None:
+    """Wait until no request is pending (one cancelled in flight frees its arrays once its event is
+    reached) and no spill copies (a spill goes on, shielded, after the batch it was for is cancelled,
+    and after its response is released: ``made`` holds every cache, released ones too)."""
+    await settle(mgr)
+    while any(c.record.state.name == "SPILLING" for c in made):
+        await anyio.sleep(0.002)
+
+
 @pytest.fixture
 def refusals_logged() -> Any:
     """The aiocubie logger at INFO for the test (it logs each failed batch at INFO)."""
@@ -173,7 +186,8 @@ def refusals_logged() -> Any:
 async def test_pressure_fuzz(seed: int, mode: str, policy: str, refusals_logged: logging.Logger) -> None:
     rng = random.Random(seed)
     levels = rng.choice([[0], [-1, 0, 1, 2], [0, 5]])  # some seeds at one priority, as before priorities
-    caches: set[Cache] = set()
+    caches: set[Cache] = set()  # those not released
+    made: list[Cache] = []
     samples: list[list[str]] = []
     left: list[Cache] = []  # caches left for the manager's exit
     leaving: list[Part] = []  # members unregistered (their caches freed) once every component is done:
@@ -199,6 +213,7 @@ async def test_pressure_fuzz(seed: int, mode: str, policy: str, refusals_logged:
                     refused(exc, ask)
                     return None
                 caches.add(cache)
+                made.append(cache)
                 return cache
 
             async def use(cache: Cache) -> None:
@@ -269,7 +284,7 @@ async def test_pressure_fuzz(seed: int, mode: str, policy: str, refusals_logged:
                             for i, part in enumerate(parts):
                                 work.start_soon(component, part, f"g{i % 2}")
                         stop.set()
-                    await settle(mgr)  # a request cancelled in flight frees its arrays once its event is reached
+                    await quiet(mgr, made)
             finally:
                 refusals_logged.removeHandler(refusals)
             for part in leaving:
