@@ -253,9 +253,19 @@ class DeviceSet:
         """The manager of the device ``instance`` is registered on (see :meth:`device_of`)."""
         return self._managers[self.device_of(instance)]
 
-    def request(self, instance: object, requests: Mapping[str, ArrayRequest]) -> PendingRequest:
-        """``instance``'s manager's :meth:`MemoryManager.request` (await it, or ``async with``)."""
-        return self.manager_of(instance).request(instance, requests)
+    def request(
+        self,
+        instance: object,
+        requests: Mapping[str, ArrayRequest],
+        *,
+        replace: bool = False,
+        ordered: bool = False,
+        priority: int | None = None,
+    ) -> PendingRequest:
+        """``instance``'s manager's :meth:`MemoryManager.request`, with its keywords (await it, or ``async with``)."""
+        return self.manager_of(instance).request(
+            instance, requests, replace=replace, ordered=ordered, priority=priority
+        )
 
     # -- observability -----------------------------------------------------------------------
     def stats(self) -> dict[int, Snapshot]:

@@ -91,7 +91,7 @@ class Observer:
             self._account.recovery.stats,
             self._account.other_bytes(facts.in_use),
             {p: Percentiles.of(samples) for p, samples in self._telemetry.priorities.items() if samples},
-            spills.total.frozen() if spills is not None else SpillStats(),
+            spills.total if spills is not None else SpillStats(),
         )
 
     def statistics(self, running: bool, groups: dict[str, GroupStatistics], draining: int) -> ManagerStatistics:

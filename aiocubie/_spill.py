@@ -30,7 +30,7 @@ from ._policy import Totals
 from ._requests import ArrayRequest, ArrayResponse, RequestSet, check_requests
 from ._stats import SpillStats
 
-__all__ = ["Serve", "SpillAccount", "SpillCounts", "SpillRecord", "Spills", "spill_room"]
+__all__ = ["Serve", "SpillAccount", "SpillRecord", "Spills", "spill_room"]
 
 log = logging.getLogger("aiocubie")
 
@@ -76,34 +76,36 @@ class _Entry:
     host: np.ndarray[Any, Any] | None = None
 
 
-@attrs.define
-class SpillCounts:
-    """The running counters behind a :class:`SpillStats`."""
+_NONE = SpillStats()
 
-    now: int = 0
-    peak: int = 0
-    spills: int = 0
-    spilled_bytes: int = 0
-    spill_seconds: float = 0.0
-    restores: int = 0
-    restored_bytes: int = 0
-    restore_seconds: float = 0.0
+# How a spill, a restore and host copies dropped change a SpillStats: it is frozen, so each count makes
+# a new one (spills are rare); what stats() hands out is the object itself.
 
-    def spilled(self, nbytes: int, seconds: float) -> None:
-        self.now += nbytes
-        self.peak = max(self.peak, self.now)
-        self.spills += 1
-        self.spilled_bytes += nbytes
-        self.spill_seconds += seconds
 
-    def restored(self, nbytes: int, seconds: float) -> None:
-        self.now -= nbytes
-        self.restores += 1
-        self.restored_bytes += nbytes
-        self.restore_seconds += seconds
+def _spilled(stats: SpillStats, nbytes: int, seconds: float) -> SpillStats:
+    now = stats.now + nbytes
+    return attrs.evolve(
+        stats,
+        now=now,
+        peak=max(stats.peak, now),
+        spills=stats.spills + 1,
+        spilled_bytes=stats.spilled_bytes + nbytes,
+        spill_seconds=stats.spill_seconds + seconds,
+    )
 
-    def frozen(self) -> SpillStats:
-        return SpillStats(*attrs.astuple(self))
+
+def _restored(stats: SpillStats, nbytes: int, seconds: float) -> SpillStats:
+    return attrs.evolve(
+        stats,
+        now=stats.now - nbytes,
+        restores=stats.restores + 1,
+        restored_bytes=stats.restored_bytes + nbytes,
+        restore_seconds=stats.restore_seconds + seconds,
+    )
+
+
+def _dropped(stats: SpillStats, nbytes: int, seconds: float) -> SpillStats:
+    return attrs.evolve(stats, now=stats.now - nbytes)
 
 
 class _Prioritised(Protocol):
@@ -231,9 +233,9 @@ class Spills:
         self._account = account
         self._serve = serve
         self.records: dict[int, SpillRecord] = {}
-        self.total = SpillCounts()
-        self.by_key: dict[Hashable, SpillCounts] = {}
-        self.by_group: dict[str, SpillCounts] = {}
+        self.total = SpillStats()
+        self.by_key: dict[Hashable, SpillStats] = {}
+        self.by_group: dict[str, SpillStats] = {}
 
     def track(self, response: ArrayResponse, allocations: list[Allocation], labels: Collection[str]) -> None:
         """``response`` holds spillable arrays (``labels``): they may be spilled while it is not in ``use()``."""
@@ -253,13 +255,11 @@ class Spills:
 
     def key_stats(self, key: Hashable) -> SpillStats:
         """The spilling of member ``key`` so far."""
-        found = self.by_key.get(key)
-        return SpillStats() if found is None else found.frozen()
+        return self.by_key.get(key, _NONE)
 
     def group_stats(self, group: str) -> SpillStats:
         """The spilling of the members of ``group`` so far (counted where each spill and restore was)."""
-        found = self.by_group.get(group)
-        return SpillStats() if found is None else found.frozen()
+        return self.by_group.get(group, _NONE)
 
     def spilled(self) -> int:
         """Responses whose spillable arrays are on host now."""
@@ -348,19 +348,23 @@ class Spills:
     def unpin(self, record: SpillRecord, entries: list[_Entry]) -> None:
         """Give the host copies of ``entries`` back to the pinned pool (what was on host leaves the counts)."""
         pool = self._account.device.pinned_pool
-        on_host = record.spilled
+        gone = 0
         for entry in entries:
             if entry.buffer is not None:
                 pool.release(entry.buffer)
-                if on_host:
-                    for counts in self._counts(record):
-                        counts.now -= entry.nbytes
+                gone += entry.nbytes
             entry.buffer = entry.host = None
+        if gone and record.spilled:
+            self._count(record, _dropped, gone, 0.0)
 
-    def _counts(self, record: SpillRecord) -> tuple[SpillCounts, ...]:
-        key = self.by_key.setdefault(record.key, SpillCounts())
-        group = self.by_group.setdefault(record.group, SpillCounts())
-        return self.total, key, group
+    def _count(
+        self, record: SpillRecord, change: Callable[[SpillStats, int, float], SpillStats], nbytes: int, seconds: float
+    ) -> None:
+        """Count a spill, a restore or host copies dropped of ``record`` for the manager, its member and its group."""
+        self.total = change(self.total, nbytes, seconds)
+        key, group = record.key, record.group
+        self.by_key[key] = change(self.by_key.get(key, _NONE), nbytes, seconds)
+        self.by_group[group] = change(self.by_group.get(group, _NONE), nbytes, seconds)
 
     def _finish(self, record: SpillRecord, began: float) -> int:
         """The copies are done: free the device memory (unless the arrays were used or released meanwhile: a
@@ -381,8 +385,7 @@ class Spills:
         record.state = _State.SPILLED
         lease.walk_ended()
         seconds = time.perf_counter() - began
-        for counts in self._counts(record):
-            counts.spilled(record.nbytes, seconds)
+        self._count(record, _spilled, record.nbytes, seconds)
         return freed
 
     # -- restoring -----------------------------------------------------------------------------
@@ -436,5 +439,4 @@ class Spills:
             record.response.lease.swap(label, restored)
         record.state = _State.RESIDENT
         self.unpin(record, record.entries)
-        for counts in self._counts(record):
-            counts.restored(record.nbytes, time.perf_counter() - began)
+        self._count(record, _restored, record.nbytes, time.perf_counter() - began)

@@ -12,7 +12,13 @@ from simkit import ByHand, ignore_waits_on_itself
 
 import aiocubie as ac
 from aiocubie import ArrayRequest, DeviceSet, MemoryKind, MemoryManager, create_backend, device_count
-from aiocubie.errors import BackendError, ConfigurationError, ManagerStateError, RegistrationError
+from aiocubie.errors import (
+    BackendError,
+    ConfigurationError,
+    InvalidRequestError,
+    ManagerStateError,
+    RegistrationError,
+)
 from aiocubie.simulator import SimulatorBackend
 
 MiB = 1 << 20
@@ -127,6 +133,19 @@ async def test_placement_explicit_then_fewest_members_then_most_free_then_lowest
             devices.manager_of(e)
         with pytest.raises(ConfigurationError, match=r"device 7 is not in this set: it holds \[0, 1, 2\]"):
             devices.register(Component(), device=7)
+
+
+@pytest.mark.anyio
+async def test_a_device_set_request_takes_the_managers_keywords() -> None:
+    async with _set([MiB, MiB]) as devices:
+        c = Component()
+        devices.register(c, device=1, priority=1)
+        async with devices.request(c, {"x": ArrayRequest((16,), np.float32)}, priority=7) as response:
+            assert response.lease.priority == 7
+        await (await devices.request(c, {"x": ArrayRequest((16,), np.float32)})).aclose()
+        assert sorted(devices.manager(1).stats().waits_by_priority) == [1, 7]
+        with pytest.raises(InvalidRequestError, match="priority"):
+            devices.request(c, {"x": ArrayRequest((16,), np.float32)}, priority=1.5)  # type: ignore[arg-type]
 
 
 @pytest.mark.anyio
