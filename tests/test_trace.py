@@ -355,6 +355,30 @@ async def test_a_walk_left_early_ends_its_chunks_at_their_last_step(tmp_path: Pa
     assert 0 < left["dur"] and left["ts"] + left["dur"] < chunks[2]["ts"]
 
 
+async def test_a_walk_records_to_the_history_recording_when_it_walks() -> None:
+    """Not to the one recording when its response was allocated: a stopped history stays as it was, a new
+    one has the walks of a response allocated before it began."""
+    x = np.arange(4096, dtype=np.float32).reshape(64, 64)
+
+    async def walked(response: ArrayResponse, mgr: MemoryManager) -> int:
+        async for _chunk in walk_chunks(response, inputs={"x": x}):
+            pass
+        return sum(e.kind is EventKind.WALK for e in mgr.history().events)
+
+    with SimulatorBackend(total=16 << 10) as sim:
+        async with MemoryManager(sim) as mgr:
+            part = Part()
+            mgr.register(part, name="p")
+            async with mgr.request(part, walk_requests({"x": ArrayRequest.like(x)})) as response:
+                mgr.record_history()
+                steps = await walked(response, mgr)
+                assert steps >= 4 * response.chunks
+                mgr.record_history(False)
+                assert await walked(response, mgr) == steps  # stopped: nothing more
+                mgr.record_history()
+                assert await walked(response, mgr) == steps  # a new history: this walk's steps
+
+
 async def test_a_recorders_snapshots_add_the_pool_and_other_libraries(sim: SimulatorBackend, tmp_path: Path) -> None:
     async with MemoryManager(sim) as mgr:
         mgr.record_history()
