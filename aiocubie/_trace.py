@@ -181,7 +181,9 @@ class _Timeline:
 
     def _wait(self, event: HistoryRecord) -> None:
         """A batch's wait on its group's track; steps of one wait that follow each other are one span."""
-        group, since = event.group or "?", event.time if event.since is None else event.since
+        # ``since`` is perf_counter moved onto monotonic: where monotonic ticks coarser (Windows before
+        # Python 3.13: 15.6 ms), a short wait's start can read after its end
+        group, since = event.group or "?", event.time if event.since is None else min(event.since, event.time)
         name = f"wait: {event.detail}"
         last = self._waits.get(group)
         if last is not None and last.name == name and last.end is not None and since - last.end < 1e-3:

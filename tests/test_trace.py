@@ -24,7 +24,7 @@ from aiocubie import ArrayRequest, ArrayResponse, MemoryManager, walk_chunks, wa
 from aiocubie.__main__ import main as cli
 from aiocubie.errors import ConfigurationError
 from aiocubie.simulator import SimulatorBackend
-from aiocubie.stats import EventKind, History, Recorder, render_history
+from aiocubie.stats import EventKind, History, HistoryEvent, Recorder, render_history
 
 pytestmark = pytest.mark.anyio
 
@@ -377,6 +377,17 @@ async def test_a_walk_records_to_the_history_recording_when_it_walks() -> None:
                 assert await walked(response, mgr) == steps  # stopped: nothing more
                 mgr.record_history()
                 assert await walked(response, mgr) == steps  # a new history: this walk's steps
+
+
+def test_a_wait_that_reads_as_starting_after_it_ended_is_drawn_from_its_end(tmp_path: Path) -> None:
+    """Its start is perf_counter moved onto monotonic: where monotonic ticks coarser (Windows before
+    Python 3.13), it can read later than the event's time. No negative duration."""
+    detail = "memory (policy wait) (1 request(s))"
+    wait = HistoryEvent("wait", 1.010, "g", detail=detail, priority=0, since=1.020)
+    history = History((HistoryEvent("plan", 1.0, "g", chunks=1, chunk_length=1, detail="x"), wait), 0.0)
+    events = check_trace_event_format(json.loads(history.to_perfetto(tmp_path / "t.json").read_text()))
+    (drawn,) = [e for e in events if e["ph"] == "X" and e["name"] == f"wait: {detail}"]
+    assert drawn["dur"] == 0 and drawn["ts"] == pytest.approx(10_000, abs=NS)
 
 
 async def test_a_recorders_snapshots_add_the_pool_and_other_libraries(sim: SimulatorBackend, tmp_path: Path) -> None:
