@@ -163,6 +163,9 @@ class _Timeline:
         """A request's queue wait ended (``queued``: it starts when it was asked), or it is ready."""
         instance = event.instance or "?"
         waiting = (self._asked if kind == "queued" else self._flying).get(instance)
+        if kind == "ready":  # a request freed whole before the next was allocated failed in flight (invalidate_all)
+            while waiting and len(waiting) > 1 and _gone(waiting[0], waiting[1].inner.start):
+                waiting.popleft()
         if not waiting:  # allocated before the history's oldest event
             return
         request = waiting.popleft()
@@ -224,6 +227,11 @@ class _Timeline:
                 array.end = at
                 array.args["ended by"] = "context reset"
         self._held.clear()
+
+
+def _gone(request: _Span, at: float) -> bool:
+    """Whether every array of ``request`` was freed by ``at``."""
+    return all(array.end is not None and array.end <= at for array in request.inner.children)
 
 
 def _cut(chunk: _Span) -> None:

@@ -22,7 +22,7 @@ from simkit import TOTAL, Part, hold_stream, vec
 
 from aiocubie import ArrayRequest, ArrayResponse, MemoryManager, walk_chunks, walk_requests
 from aiocubie.__main__ import main as cli
-from aiocubie.errors import ConfigurationError
+from aiocubie.errors import ConfigurationError, ContextResetError
 from aiocubie.simulator import SimulatorBackend
 from aiocubie.stats import EventKind, History, HistoryEvent, Recorder, render_history
 
@@ -452,6 +452,41 @@ async def test_marks_and_a_context_reset_end_every_span(sim: SimulatorBackend, t
     (z,) = [e for e in events if e["ph"] == "X" and e["name"] == "z"]
     reset = next(e for e in events if e["ph"] == "i" and e["name"] == "reset")
     assert z["args"]["ended by"] == "context reset" and z["ts"] + z["dur"] == pytest.approx(reset["ts"], abs=1e-3)
+
+
+async def test_a_request_failed_in_flight_by_invalidate_all_is_not_ready_later(
+    sim: SimulatorBackend, tmp_path: Path
+) -> None:
+    """invalidate_all fails the requests in flight (they are never ready): the next request's ready is its own."""
+    async with MemoryManager(sim, batch_window=0.001) as mgr:
+        part = Part()
+        mgr.register(part, stream_group="g", name="p")
+        mgr.record_history()
+        gate = hold_stream(mgr.groups.stream(part))
+
+        async def ask() -> None:
+            with pytest.raises(ContextResetError):
+                await mgr.request(part, {"x": vec(100)})
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(ask)
+            await anyio.sleep(0.02)
+            mgr.pool.invalidate_all()
+        gate.set()
+        await anyio.sleep(0.02)
+        await mgr.request(part, {"y": vec(10)})
+        mgr.free_all()
+        history = mgr.history()
+    events = check_trace_event_format(json.loads(history.to_perfetto(tmp_path / "t.json").read_text()))
+    tracks = _tracks(events)
+    requests = sorted((e for e in events if e["name"] == "request" and tracks[e["pid"], e["tid"]].startswith("p")),
+                      key=lambda e: e["ts"])  # fmt: skip
+    (x,) = [e for e in events if e["ph"] == "X" and e["name"] == "x"]
+    assert [r["args"]["arrays"] for r in requests] == [{"x": 800}, {"y": 80}]
+    assert requests[0]["ts"] + requests[0]["dur"] == pytest.approx(x["ts"] + x["dur"], abs=NS)  # not to y's ready
+    ready = "ready after allocation (us)"
+    assert ready not in requests[0]["args"] and ready in requests[1]["args"]
+    assert len({tracks[r["pid"], r["tid"]] for r in requests}) == 1  # one after the other: one lane
 
 
 def test_refusals_name_what_is_wrong(tmp_path: Path) -> None:
