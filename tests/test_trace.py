@@ -290,6 +290,28 @@ async def test_a_batchs_wait_is_one_span_on_its_group_track(sim: SimulatorBacken
     assert request["ts"] <= wait["ts"] and request["args"]["queued (us)"] >= wait["dur"]
 
 
+async def test_a_wait_that_ends_after_the_history_stopped_is_not_recorded(sim: SimulatorBackend) -> None:
+    async with MemoryManager(sim, mode="active", policy="wait", batch_window=0) as mgr:
+        holder, waiter = Part(), Part()
+        mgr.register(holder, proportion=0.25, stream_group="g", name="holder")
+        mgr.register(waiter, proportion=0.25, stream_group="g", name="waiter")
+        mgr.record_history()
+        held = await mgr.request(holder, {"x": vec(TOTAL // 8 * 2 // 5)})
+
+        async def ask() -> None:
+            await mgr.request(waiter, {"y": vec(TOTAL // 8 * 3 // 10, unchunkable=True)})
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(ask)
+            await anyio.sleep(0.02)  # inside one of the scheduler's 50 ms looks
+            mgr.record_history(False)
+            stopped = mgr.history()
+            mgr.release(held)
+        mgr.free_all()
+        after = mgr.history()
+    assert [(e.kind, e.time) for e in after.events] == [(e.kind, e.time) for e in stopped.events]  # no wait added
+
+
 @pytest.mark.parametrize("depth", [1, 2])
 async def test_a_walks_chunks_with_their_copies(tmp_path: Path, depth: int) -> None:
     """Each chunk a span on the instance's walk track: host->device, the body, device->host, one after the other."""
