@@ -59,7 +59,8 @@ class EventKind(str, enum.Enum):
     QUEUED = "queued"  #: a request's batch was allocated: its wait in the queue, from ``since``, ended
     READY = "ready"  #: the device reached a request's batch's event (an ordered request: at its allocation)
     WAIT = "wait"  #: a batch waited from ``since`` (``detail`` says for what), or made way for a higher priority
-    WALK = "walk"  #: a step of a walk's ``chunk``; ``label``: ``"copy in"``, ``"body"``, ``"copy out"``, ``"landed"``
+    WALK = "walk"  #: a step of a walk's ``chunk``; ``label``: ``"copy in"``, ``"body"``, ``"copy out"``, ``"landed"``;
+    #: ``detail``: the response walked (its ``id``: walks of one instance at once are told apart)
 
 
 @attrs.frozen
@@ -487,7 +488,7 @@ class HistoryRecorder:
         """
         held = self._ledger.of(response)
         if held:
-            self._put(("walk", None, held[0].group, held[0].key, None, None, step, index))
+            self._put(("walk", None, held[0].group, held[0].key, None, None, step, index, id(response)))
 
     def dump(self) -> None:
         """Write the history where ``dump_on_oom`` asks (an error writing it is logged, not raised)."""
@@ -525,7 +526,7 @@ class HistoryRecorder:
                 since = None if since is None else since + self._perf_offset
                 if kind == "queued" and label:  # ready when allocated (walking back: before its queued event)
                     events.append(HistoryEvent("ready", at, group, name, priority=priority))
-                detail = label if kind == "wait" else ""
+                detail = label if kind == "wait" else f"response {row[8]:#x}" if kind == "walk" else ""
                 label = label if kind == "walk" else None
                 events.append(HistoryEvent(kind, at, group, name, label, detail=detail, priority=priority,
                                            since=since, chunk=chunk))  # fmt: skip

@@ -352,6 +352,34 @@ async def test_a_walks_chunks_with_their_copies(tmp_path: Path, depth: int) -> N
         assert len({s["tid"] for s in spans}) > 1
 
 
+async def test_walks_of_one_instance_at_once_each_have_their_chunks(tmp_path: Path) -> None:
+    """Two tasks of one component walk their own responses at the same time: a chunk span each, with its steps."""
+    x = np.arange(4096, dtype=np.float32).reshape(64, 64)
+    with SimulatorBackend(total=64 << 10) as sim:
+        async with MemoryManager(sim) as mgr:
+            part = Part()
+            mgr.register(part, name="p")
+            mgr.record_history()
+
+            async def walk() -> None:
+                async with mgr.request(part, walk_requests({"x": ArrayRequest.like(x)}, 1)) as response:
+                    async for _chunk in walk_chunks(response, inputs={"x": x}, depth=1):
+                        await anyio.sleep(0.001)
+                    assert response.chunks == 1
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(walk)
+                tasks.start_soon(walk)
+            history = mgr.history()
+    events = check_trace_event_format(json.loads(history.to_perfetto(tmp_path / "t.json").read_text()))
+    chunks = [e for e in events if e["ph"] == "X" and e["name"] == "chunk 0"]
+    assert len(chunks) == 2
+    for chunk in chunks:
+        inside = [e["name"] for e in events if e["ph"] == "X" and (e["pid"], e["tid"]) == (chunk["pid"], chunk["tid"])
+                  and e is not chunk and chunk["ts"] <= e["ts"] <= chunk["ts"] + chunk["dur"]]  # fmt: skip
+        assert inside == ["host->device", "body", "device->host"]
+
+
 async def test_a_walk_left_early_ends_its_chunks_at_their_last_step(tmp_path: Path) -> None:
     x = np.arange(4096, dtype=np.float32).reshape(64, 64)
     with SimulatorBackend(total=16 << 10) as sim:
