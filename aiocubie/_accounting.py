@@ -47,11 +47,11 @@ class Recording(RequestLog, Protocol):
     def plan(self, group: str, plan: ChunkPlan, requests: int) -> None:
         """A batch of ``requests`` requests of ``group`` is about to be allocated with ``plan``."""
 
-    def allocated(
-        self, batch: Sequence[Sequence[Allocation]], plan: ChunkPlan | None, responses: Sequence[ArrayResponse] = ()
-    ) -> None:
-        """A batch was handed out with ``plan``: the allocations of each of ``responses`` (``plan`` None: another
-        library's)."""
+    def allocated(self, batch: Sequence[Sequence[Allocation]], plan: ChunkPlan | None) -> None:
+        """A batch was handed out with ``plan``: the allocations of each response (``plan`` None: another library's)."""
+
+    def walked(self, response: object, step: str, index: int) -> None:
+        """A walk over ``response`` reached ``step`` of chunk ``index`` (see :class:`~aiocubie._lease.WalkLog`)."""
 
     def released(self, allocations: Sequence[Allocation], kind: str = "release") -> None:
         """``allocations`` were freed (``kind`` ``"spill"``: their arrays went to host)."""
@@ -434,7 +434,7 @@ class DeviceAccount:
                 for (_, requests), allocs, vram in zip(entries, batch, totals)
             ]
         if history is not None:
-            history.allocated(batch, plan, responses)
+            history.allocated(batch, plan)
         if debug:
             log.debug("group %r: allocated %d array(s), %d bytes", group, sum(map(len, batch)), sum(totals))
         return responses, event

@@ -27,7 +27,6 @@ from ._errors import ConfigurationError, shown
 from ._ledger import Allocation, Ledger
 from ._planner import ChunkPlan
 from ._protocols import Queued
-from ._requests import ArrayResponse
 from ._stats import Snapshot
 
 __all__ = ["EventKind", "History", "HistoryEvent", "HistoryRecorder"]
@@ -60,7 +59,8 @@ class EventKind(str, enum.Enum):
     QUEUED = "queued"  #: a request's batch was allocated: its wait in the queue, from ``since``, ended
     READY = "ready"  #: the device reached a request's batch's event (an ordered request: at its allocation)
     WAIT = "wait"  #: a batch waited from ``since`` (``detail`` says for what), or made way for a higher priority
-    WALK = "walk"  #: a step of a walk's ``chunk``; ``label``: ``"copy in"``, ``"body"``, ``"copy out"``, ``"landed"``
+    WALK = "walk"  #: a step of a walk's ``chunk``; ``label``: ``"copy in"``, ``"body"``, ``"copy out"``, ``"landed"``;
+    #: ``detail``: the response walked (its ``id``: walks of one instance at once are told apart)
 
 
 @attrs.frozen
@@ -372,7 +372,6 @@ class HistoryRecorder:
         # per row grew the heap until the ring was full: 1.4-1.7x per request on Python 3.12.)
         self._flat: list[Any] = [None] * (max_entries * _WIDTH)
         self._times = array.array("d", bytes(8 * max_entries))
-        self._walked = self.walked  # bound once: each response of a batch is handed it
         # perf_counter (a ticket's and a wait's start) -> monotonic: both are monotonic, their offset fixed
         self._perf_offset = time.monotonic() - time.perf_counter()
         self._ledger = ledger
@@ -398,20 +397,11 @@ class HistoryRecorder:
         chunks, length, runs, planned = plan.chunks, plan.chunk_length, plan.runs, plan.planned_bytes
         self._put(("plan", None, group, chunks, length, requests, stack, runs, planned))
 
-    def allocated(
-        self,
-        batch: Sequence[Sequence[Allocation]],
-        plan: ChunkPlan | None,
-        responses: Sequence[ArrayResponse] = (),
-    ) -> None:
+    def allocated(self, batch: Sequence[Sequence[Allocation]], plan: ChunkPlan | None) -> None:
         """A batch was handed out with ``plan``: the allocations of each response (one key, one group each).
 
         ``plan`` None: bytes another library holds for an instance, counted as its own (torch's).
-        ``responses`` (one for each of ``batch``): their walks record their chunks here.
         """
-        walked = self._walked
-        for response in responses:
-            response.lease.walked = walked
         # never the Allocation itself: it holds the array, and its group changes when it moves
         now, stack = time.monotonic(), self._stack() if self.stacks else None
         chunks, length = (None, None) if plan is None else (plan.chunks, plan.chunk_length)
@@ -498,7 +488,7 @@ class HistoryRecorder:
         """
         held = self._ledger.of(response)
         if held:
-            self._put(("walk", None, held[0].group, held[0].key, None, None, step, index))
+            self._put(("walk", None, held[0].group, held[0].key, None, None, step, index, id(response)))
 
     def dump(self) -> None:
         """Write the history where ``dump_on_oom`` asks (an error writing it is logged, not raised)."""
@@ -536,7 +526,7 @@ class HistoryRecorder:
                 since = None if since is None else since + self._perf_offset
                 if kind == "queued" and label:  # ready when allocated (walking back: before its queued event)
                     events.append(HistoryEvent("ready", at, group, name, priority=priority))
-                detail = label if kind == "wait" else ""
+                detail = label if kind == "wait" else f"response {row[8]:#x}" if kind == "walk" else ""
                 label = label if kind == "walk" else None
                 events.append(HistoryEvent(kind, at, group, name, label, detail=detail, priority=priority,
                                            since=since, chunk=chunk))  # fmt: skip

@@ -16,7 +16,14 @@ import numpy as np
 
 from ._errors import ReleasedError, SpilledError
 
-__all__ = ["Lease", "ReleasedArray", "Releaser", "Spillable", "SpilledArray"]
+__all__ = ["Lease", "ReleasedArray", "Releaser", "Spillable", "SpilledArray", "WalkLog"]
+
+
+class WalkLog(Protocol):
+    """Where walks record their steps: the allocation history while one records."""
+
+    def walked(self, response: object, step: str, index: int) -> None:
+        """A walk over ``response`` reached ``step`` of chunk ``index``."""
 
 
 class Releaser(Protocol):
@@ -24,6 +31,10 @@ class Releaser(Protocol):
 
     def release(self, response: Any) -> object:
         """Free the arrays of ``response`` (nothing if it was released); what it returns is not used."""
+
+    @property
+    def history(self) -> WalkLog | None:
+        """Where its walks record their steps now (None: no history records)."""
 
 
 class Spillable(Protocol):
@@ -66,8 +77,6 @@ class Lease:
         The spill state of its spillable arrays (None: it has none; the account sets it).
     priority : int
         The priority its arrays are spilled at (lowest first): its request's.
-    walked : callable or None
-        ``walked(response, step, chunk)`` records a walk's steps in the allocation history (None: not recording).
     """
 
     __slots__ = (
@@ -80,7 +89,6 @@ class Lease:
         "released",
         "spill",
         "views",
-        "walked",
         "walks",
     )
 
@@ -99,7 +107,15 @@ class Lease:
         self.views: dict[str, Any] | None = None
         self.spill: Spillable | None = None
         self.priority = 0
-        self.walked: Callable[[object, str, int], None] | None = None
+
+    @property
+    def walked(self) -> Callable[[object, str, int], None] | None:
+        """``walked(response, step, chunk)`` records a walk's steps in the history recording now (None: none).
+
+        Read when a walk starts: a history started or stopped since the allocation is the one it records to.
+        """
+        history = None if self._account is None else self._account.history
+        return None if history is None else history.walked
 
     def release(self, response: object) -> None:
         """Free ``response``'s arrays through the account (nothing if released, or built by hand)."""

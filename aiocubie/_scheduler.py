@@ -476,15 +476,15 @@ class GroupScheduler:
 
     async def _waiting(self, reason: str, wait: Awaitable[object], batch: list[Ticket]) -> None:
         """Await ``wait``: the batch waits for ``reason`` (recorded in the history, if one records)."""
-        history = self._account.history
-        if history is None:
+        if self._account.history is None:
             await wait
             return
         start = time.perf_counter()
         try:
             await wait
         finally:
-            history.waited(self.name, reason, start, batch[0].priority, len(batch))
+            if (history := self._account.history) is not None:  # the one recording now: a stopped one stays as it was
+                history.waited(self.name, reason, start, batch[0].priority, len(batch))
 
     def _behind(self) -> bool:
         """True if this group's batch waits for memory behind another group's (passive, policy wait).

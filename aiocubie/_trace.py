@@ -62,7 +62,7 @@ class _Timeline:
         self.walks: dict[str, list[_Span]] = {}  # instance -> the chunks its walks copied (inside: the copies)
         self._asked: dict[str, deque[_Span]] = {}  # instance -> requests allocated, their queue wait not yet read
         self._flying: dict[str, deque[_Span]] = {}  # instance -> requests allocated, not yet ready
-        self._chunks: dict[tuple[str, int], _Span] = {}  # (instance, index) -> a walk's chunk under way
+        self._chunks: dict[tuple[str, str, int], _Span] = {}  # (instance, response, index) -> a chunk under way
         self._waits: dict[str, _Span] = {}  # group -> its last wait (consecutive steps of one wait are one span)
         self.marks: list[tuple[float, int, str, str, dict[str, Any]]] = []  # (time, pid, track, name, args)
         self._served: dict[int, list[_Span]] = {}  # id(batch) -> its requests: a batch ends with the last
@@ -163,6 +163,9 @@ class _Timeline:
         """A request's queue wait ended (``queued``: it starts when it was asked), or it is ready."""
         instance = event.instance or "?"
         waiting = (self._asked if kind == "queued" else self._flying).get(instance)
+        if kind == "ready":  # a request freed whole before the next was allocated failed in flight (invalidate_all)
+            while waiting and len(waiting) > 1 and _gone(waiting[0], waiting[1].inner.start):
+                waiting.popleft()
         if not waiting:  # allocated before the history's oldest event
             return
         request = waiting.popleft()
@@ -181,7 +184,9 @@ class _Timeline:
 
     def _wait(self, event: HistoryRecord) -> None:
         """A batch's wait on its group's track; steps of one wait that follow each other are one span."""
-        group, since = event.group or "?", event.time if event.since is None else event.since
+        # ``since`` is perf_counter moved onto monotonic: where monotonic ticks coarser (Windows before
+        # Python 3.13: 15.6 ms), a short wait's start can read after its end
+        group, since = event.group or "?", event.time if event.since is None else min(event.since, event.time)
         name = f"wait: {event.detail}"
         last = self._waits.get(group)
         if last is not None and last.name == name and last.end is not None and since - last.end < 1e-3:
@@ -195,21 +200,22 @@ class _Timeline:
     def _walk(self, event: HistoryRecord) -> None:
         """A step of a walk's chunk: its copy in, its body, its copy out, its outputs landed."""
         instance, index, step = event.instance or "?", event.chunk or 0, event.label
+        key = (instance, event.detail, index)  # walks of one instance at once: each over its own response
         if step == "copy in":
-            left = self._chunks.pop((instance, index), None)
-            if left is not None:  # the last walk over its responses left early
+            left = self._chunks.pop(key, None)
+            if left is not None:  # the last walk over its response left early
                 _cut(left)
-            began = self._chunks[instance, index] = _Span(event.time, f"chunk {index}", {"chunk": index})
+            began = self._chunks[key] = _Span(event.time, f"chunk {index}", {"chunk": index})
             began.add(event.time, "host->device")
             self.walks.setdefault(instance, []).append(began)
             return
-        chunk = self._chunks.get((instance, index))
+        chunk = self._chunks.get(key)
         if chunk is None:  # its copy in is before the history's oldest event
             return
         chunk.children[-1].end = event.time
         if step == "landed":
             chunk.end = event.time
-            del self._chunks[instance, index]
+            del self._chunks[key]
         else:
             chunk.add(event.time, "body" if step == "body" else "device->host")
 
@@ -222,6 +228,11 @@ class _Timeline:
                 array.end = at
                 array.args["ended by"] = "context reset"
         self._held.clear()
+
+
+def _gone(request: _Span, at: float) -> bool:
+    """Whether every array of ``request`` was freed by ``at``."""
+    return all(array.end is not None and array.end <= at for array in request.inner.children)
 
 
 def _cut(chunk: _Span) -> None:

@@ -21,9 +21,9 @@ from simkit import TOTAL, Part, hold_stream, vec
 
 from aiocubie import ArrayRequest, ArrayResponse, MemoryManager, walk_chunks, walk_requests
 from aiocubie.__main__ import main as cli
-from aiocubie.errors import ConfigurationError
+from aiocubie.errors import ConfigurationError, ContextResetError
 from aiocubie.simulator import SimulatorBackend
-from aiocubie.stats import EventKind, History, Recorder, render_history
+from aiocubie.stats import EventKind, History, HistoryEvent, Recorder, render_history
 
 pytestmark = pytest.mark.anyio
 
@@ -289,6 +289,28 @@ async def test_a_batchs_wait_is_one_span_on_its_group_track(sim: SimulatorBacken
     assert request["ts"] <= wait["ts"] and request["args"]["queued (us)"] >= wait["dur"]
 
 
+async def test_a_wait_that_ends_after_the_history_stopped_is_not_recorded(sim: SimulatorBackend) -> None:
+    async with MemoryManager(sim, mode="active", policy="wait", batch_window=0) as mgr:
+        holder, waiter = Part(), Part()
+        mgr.register(holder, proportion=0.25, stream_group="g", name="holder")
+        mgr.register(waiter, proportion=0.25, stream_group="g", name="waiter")
+        mgr.record_history()
+        held = await mgr.request(holder, {"x": vec(TOTAL // 8 * 2 // 5)})
+
+        async def ask() -> None:
+            await mgr.request(waiter, {"y": vec(TOTAL // 8 * 3 // 10, unchunkable=True)})
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(ask)
+            await anyio.sleep(0.02)  # inside one of the scheduler's 50 ms looks
+            mgr.record_history(False)
+            stopped = mgr.history()
+            mgr.release(held)
+        mgr.free_all()
+        after = mgr.history()
+    assert [(e.kind, e.time) for e in after.events] == [(e.kind, e.time) for e in stopped.events]  # no wait added
+
+
 @pytest.mark.parametrize("depth", [1, 2])
 async def test_a_walks_chunks_with_their_copies(tmp_path: Path, depth: int) -> None:
     """Each chunk a span on the instance's walk track: host->device, the body, device->host, one after the other."""
@@ -329,6 +351,34 @@ async def test_a_walks_chunks_with_their_copies(tmp_path: Path, depth: int) -> N
         assert len({s["tid"] for s in spans}) > 1
 
 
+async def test_walks_of_one_instance_at_once_each_have_their_chunks(tmp_path: Path) -> None:
+    """Two tasks of one component walk their own responses at the same time: a chunk span each, with its steps."""
+    x = np.arange(4096, dtype=np.float32).reshape(64, 64)
+    with SimulatorBackend(total=64 << 10) as sim:
+        async with MemoryManager(sim) as mgr:
+            part = Part()
+            mgr.register(part, name="p")
+            mgr.record_history()
+
+            async def walk() -> None:
+                async with mgr.request(part, walk_requests({"x": ArrayRequest.like(x)}, 1)) as response:
+                    async for _chunk in walk_chunks(response, inputs={"x": x}, depth=1):
+                        await anyio.sleep(0.001)
+                    assert response.chunks == 1
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(walk)
+                tasks.start_soon(walk)
+            history = mgr.history()
+    events = check_trace_event_format(json.loads(history.to_perfetto(tmp_path / "t.json").read_text()))
+    chunks = [e for e in events if e["ph"] == "X" and e["name"] == "chunk 0"]
+    assert len(chunks) == 2
+    for chunk in chunks:
+        inside = [e["name"] for e in events if e["ph"] == "X" and (e["pid"], e["tid"]) == (chunk["pid"], chunk["tid"])
+                  and e is not chunk and chunk["ts"] <= e["ts"] <= chunk["ts"] + chunk["dur"]]  # fmt: skip
+        assert inside == ["host->device", "body", "device->host"]
+
+
 async def test_a_walk_left_early_ends_its_chunks_at_their_last_step(tmp_path: Path) -> None:
     x = np.arange(4096, dtype=np.float32).reshape(64, 64)
     with SimulatorBackend(total=16 << 10) as sim:
@@ -352,6 +402,41 @@ async def test_a_walk_left_early_ends_its_chunks_at_their_last_step(tmp_path: Pa
               and left["ts"] <= e["ts"] <= left["ts"] + left["dur"] + NS and not e["name"].startswith("chunk")]  # fmt: skip
     assert inside[:2] == ["host->device", "body"] and "device->host" not in inside[:2]
     assert 0 < left["dur"] and left["ts"] + left["dur"] < chunks[2]["ts"]
+
+
+async def test_a_walk_records_to_the_history_recording_when_it_walks() -> None:
+    """Not to the one recording when its response was allocated: a stopped history stays as it was, a new
+    one has the walks of a response allocated before it began."""
+    x = np.arange(4096, dtype=np.float32).reshape(64, 64)
+
+    async def walked(response: ArrayResponse, mgr: MemoryManager) -> int:
+        async for _chunk in walk_chunks(response, inputs={"x": x}):
+            pass
+        return sum(e.kind is EventKind.WALK for e in mgr.history().events)
+
+    with SimulatorBackend(total=16 << 10) as sim:
+        async with MemoryManager(sim) as mgr:
+            part = Part()
+            mgr.register(part, name="p")
+            async with mgr.request(part, walk_requests({"x": ArrayRequest.like(x)})) as response:
+                mgr.record_history()
+                steps = await walked(response, mgr)
+                assert steps >= 4 * response.chunks
+                mgr.record_history(False)
+                assert await walked(response, mgr) == steps  # stopped: nothing more
+                mgr.record_history()
+                assert await walked(response, mgr) == steps  # a new history: this walk's steps
+
+
+def test_a_wait_that_reads_as_starting_after_it_ended_is_drawn_from_its_end(tmp_path: Path) -> None:
+    """Its start is perf_counter moved onto monotonic: where monotonic ticks coarser (Windows before
+    Python 3.13), it can read later than the event's time. No negative duration."""
+    detail = "memory (policy wait) (1 request(s))"
+    wait = HistoryEvent("wait", 1.010, "g", detail=detail, priority=0, since=1.020)
+    history = History((HistoryEvent("plan", 1.0, "g", chunks=1, chunk_length=1, detail="x"), wait), 0.0)
+    events = check_trace_event_format(json.loads(history.to_perfetto(tmp_path / "t.json").read_text()))
+    (drawn,) = [e for e in events if e["ph"] == "X" and e["name"] == f"wait: {detail}"]
+    assert drawn["dur"] == 0 and drawn["ts"] == pytest.approx(10_000, abs=NS)
 
 
 async def test_a_recorders_snapshots_add_the_pool_and_other_libraries(sim: SimulatorBackend, tmp_path: Path) -> None:
@@ -416,6 +501,41 @@ async def test_marks_and_a_context_reset_end_every_span(sim: SimulatorBackend, t
     (z,) = [e for e in events if e["ph"] == "X" and e["name"] == "z"]
     reset = next(e for e in events if e["ph"] == "i" and e["name"] == "reset")
     assert z["args"]["ended by"] == "context reset" and z["ts"] + z["dur"] == pytest.approx(reset["ts"], abs=1e-3)
+
+
+async def test_a_request_failed_in_flight_by_invalidate_all_is_not_ready_later(
+    sim: SimulatorBackend, tmp_path: Path
+) -> None:
+    """invalidate_all fails the requests in flight (they are never ready): the next request's ready is its own."""
+    async with MemoryManager(sim, batch_window=0.001) as mgr:
+        part = Part()
+        mgr.register(part, stream_group="g", name="p")
+        mgr.record_history()
+        gate = hold_stream(mgr.groups.stream(part))
+
+        async def ask() -> None:
+            with pytest.raises(ContextResetError):
+                await mgr.request(part, {"x": vec(100)})
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(ask)
+            await anyio.sleep(0.02)
+            mgr.pool.invalidate_all()
+        gate.set()
+        await anyio.sleep(0.02)
+        await mgr.request(part, {"y": vec(10)})
+        mgr.free_all()
+        history = mgr.history()
+    events = check_trace_event_format(json.loads(history.to_perfetto(tmp_path / "t.json").read_text()))
+    tracks = _tracks(events)
+    requests = sorted((e for e in events if e["name"] == "request" and tracks[e["pid"], e["tid"]].startswith("p")),
+                      key=lambda e: e["ts"])  # fmt: skip
+    (x,) = [e for e in events if e["ph"] == "X" and e["name"] == "x"]
+    assert [r["args"]["arrays"] for r in requests] == [{"x": 800}, {"y": 80}]
+    assert requests[0]["ts"] + requests[0]["dur"] == pytest.approx(x["ts"] + x["dur"], abs=NS)  # not to y's ready
+    ready = "ready after allocation (us)"
+    assert ready not in requests[0]["args"] and ready in requests[1]["args"]
+    assert len({tracks[r["pid"], r["tid"]] for r in requests}) == 1  # one after the other: one lane
 
 
 def test_refusals_name_what_is_wrong(tmp_path: Path) -> None:
