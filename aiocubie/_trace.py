@@ -34,6 +34,10 @@ SNAPSHOT_COUNTERS: dict[str, Callable[[Snapshot], Mapping[str, int | None]]] = {
 }
 
 
+#: Seconds between two looks of one batch's wait drawn as one span (the scheduler looks every 50 ms).
+_LOOKS_APART = 0.05
+
+
 class _Span:
     """A stretch of time on a track, with the spans drawn inside it (``inner``: where its arrays go)."""
 
@@ -91,6 +95,7 @@ class _Timeline:
             else:
                 if kind == "reset" and event.detail.startswith("context"):
                     self._forget(event.time)
+                self._waits.pop(event.group or "?", None)  # a failure or a reset ends the group's wait
                 args = {"detail": event.detail, "bytes": event.nbytes, "instance": event.instance}
                 self.marks.append((event.time, GROUPS, f"group {event.group}" if event.group else "", kind, args))
         for held in self._held.values():
@@ -116,6 +121,7 @@ class _Timeline:
         batch = _Span(event.time, "batch", {**args, "detail": event.detail})
         self.batches.setdefault(group, []).append(batch)
         self._planned[group] = batch
+        self._waits.pop(group, None)  # what waited was planned: a later wait is another
 
     def _allocate(self, event: HistoryRecord) -> None:
         instance, group = event.instance or "?", event.group or "?"
@@ -189,7 +195,9 @@ class _Timeline:
         group, since = event.group or "?", event.time if event.since is None else min(event.since, event.time)
         name = f"wait: {event.detail}"
         last = self._waits.get(group)
-        if last is not None and last.name == name and last.end is not None and since - last.end < 1e-3:
+        # the next look of the same wait starts as soon as the last one's re-plan is done (a few ms under a
+        # loaded CPU); a batch planned or failed in between ends it (see _plan and read)
+        if last is not None and last.name == name and last.end is not None and since - last.end < _LOOKS_APART:
             last.end = event.time
             last.args["steps"] += 1
             return
