@@ -404,6 +404,12 @@ class Spills:
             }
             requests = check_requests({n: ArrayRequest(e.shape, e.dtype, unchunkable=True) for n, e in names.items()})
             fresh = await self._serve(record.key, requests, record.priority)
+            kept = {id(e) for e in record.entries}
+            if record.dropped or any(id(e) not in kept for e in names.values()):
+                # released (whole or in part) while the memory was awaited: those host copies went back to the
+                # pinned pool; what is left restores on use()'s next turn (nothing, if the whole was released)
+                self._account.release(fresh)
+                return
             with anyio.CancelScope(shield=True):
                 await self._copy_back(record, fresh, names, began)
         finally:

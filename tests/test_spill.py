@@ -17,7 +17,7 @@ import pytest
 from simkit import HANG_GUARD, LOOPS, Part, hold_stream, wait_until
 
 from aiocubie import ArrayRequest, ArrayResponse, MemoryManager, walk_batches, walk_chunks
-from aiocubie.errors import InsufficientMemoryError, InvalidRequestError, SpilledError
+from aiocubie.errors import InsufficientMemoryError, InvalidRequestError, ReleasedError, SpilledError
 from aiocubie.simulator import SimulatorBackend
 
 pytestmark = pytest.mark.anyio
@@ -341,6 +341,52 @@ async def test_cancelled_during_a_restore_the_array_ends_either_way_intact() -> 
                 gate.set()
             await check(response, 10.0)
             response.release()
+            assert pinned(sim) == 0 and mgr.stats().live_bytes == 0
+
+
+@pytest.mark.parametrize("whole", [True, False])
+async def test_released_while_its_restore_waits_for_memory(whole: bool) -> None:
+    """A response released while its ``use()`` waits for the memory to restore into: its host copies are
+    gone, so nothing is copied from them; ``use()`` hands out what the response holds then (stand-ins of
+    the released arrays, which raise ReleasedError), and every byte goes back."""
+    requests = (
+        cache_request()
+        if whole
+        else {**cache_request(), "d": ArrayRequest((N,), "f8", unchunkable=True, spillable=True)}
+    )
+    with SimulatorBackend(total=TOTAL) as sim:
+        async with MemoryManager(sim, policy="wait", batch_window=0) as mgr:
+            cache, stage = Part(), Part()
+            mgr.register(cache, stream_group="a")
+            mgr.register(stage, stream_group="b")
+            response = await mgr.request(cache, requests)
+            async with response.use() as arrays:
+                for array in arrays.values():
+                    array.set(np.full(N, 3.0))
+            big = await mgr.request(stage, {"y": ArrayRequest((TOTAL // 8 - N,), "f8", unchunkable=True)})
+            assert mgr.statistics().spilled == 1
+            seen: list[Any] = []
+
+            async def use() -> None:
+                async with response.use() as arrays:
+                    seen.append(dict(arrays))
+
+            with anyio.fail_after(HANG_GUARD):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(use)
+                    await anyio.sleep(0.05)  # the restore waits for memory
+                    if whole:
+                        response.release()
+                    else:
+                        mgr.free("c", cache)  # one of its arrays: the other comes back
+                    await anyio.sleep(0.01)
+                    big.release()  # the restore's memory is there now
+            (arrays,) = seen
+            with pytest.raises(ReleasedError):
+                arrays["c"].get()
+            if not whole:
+                assert (arrays["d"].get() == 3.0).all()
+                response.release()
             assert pinned(sim) == 0 and mgr.stats().live_bytes == 0
 
 
