@@ -102,6 +102,8 @@ class Channel:
             When the peer closed the connection.
         anyio.BrokenResourceError
             When the connection broke.
+        anyio.ClosedResourceError
+            When the channel was closed meanwhile.
         """
         buffer = self._in
         while True:
@@ -127,7 +129,9 @@ class Channel:
             buffer += self._chunk[:count]
 
     def close(self) -> None:
-        """Close the socket (no task may be waiting on it)."""
+        """Close the socket; a task waiting on it gets :exc:`anyio.ClosedResourceError`."""
+        if self.sock.fileno() != -1:
+            anyio.notify_closing(self.sock)
         self.sock.close()
 
 

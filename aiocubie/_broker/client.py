@@ -30,7 +30,7 @@ CONNECT_TIMEOUT = 5.0
 
 Spawn = Callable[..., object]
 #: How a read of the connection ends when the broker goes (or breaks the protocol).
-_ENDS = (ProtocolError, anyio.EndOfStream, anyio.BrokenResourceError, OSError)
+_ENDS = (ProtocolError, anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 
 
 def _unreachable(path: str, exc: BaseException) -> BrokerError:
@@ -296,6 +296,9 @@ class BrokerLease:
         if self._reader is not None:
             self._reader.cancel()  # the reader task, and its drain, end
             self._reader = None
+        if self._aside is not None:
+            self._aside.set()  # a grow waiting for the reader to step aside: its ask has ended
+        self._parked = self._aside = None  # the next connection's reader parks anew
         self.granted = self._used()  # slack is the broker's no longer; a new broker is told what is held
         for ask in self._asks.values():
             ask.error = gone
