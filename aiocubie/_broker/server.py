@@ -214,11 +214,17 @@ class Broker:
     async def _serve_client(self, channel: Channel, client: Client, hold: int) -> None:
         joined = self.leases.join(client, hold)
         log.info("client pid %d (%s) joined holding %d bytes", client.pid, client.name, hold)
+        stopping = False
         try:
             await self._session(channel, client, lambda: self._read(channel, client, joined))
+        except anyio.get_cancelled_exc_class():
+            stopping = True  # the broker stops: nothing goes out to the others on its way down
+            raise
         finally:
             self._channels.pop(client, None)
-            self._post(self.leases.leave(client))
+            left = self.leases.leave(client)
+            if not stopping:
+                self._post(left)
             log.info("client pid %d left; its lease is back", client.pid)
 
     async def _read(self, channel: Channel, client: Client, joined: Outbox) -> None:
