@@ -5,13 +5,15 @@ Usage: python benchmarks/bench_broker.py [--backend simulator|cuda] [--quick]
 1. ``async with mgr.request(...)`` of one 1 MiB array whose lease already covers it, against the
    same request by a manager without a broker, in the same run (alternating rounds; target <= 1.05x).
 2. A lease round trip to a broker in another process (``python -m aiocubie broker``): p50 and p99
-   (target p50 <= 100 us), beside a bare anyio echo round trip (the floor).
+   (target p50 <= 100 us), beside two floors in another process: a bare anyio stream echo, and a raw
+   non-blocking socket echo with ``anyio.wait_readable`` on both sides (what the broker's channel stands on).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -124,6 +126,49 @@ def echo_in_process(path: str, count: int) -> list[float]:
         server.wait()
 
 
+RAW_ECHO = (
+    "import anyio, socket, sys\n"
+    "async def main():\n"
+    "    listener = socket.socket(socket.AF_UNIX)\n"
+    "    listener.bind(sys.argv[1]); listener.listen(); listener.setblocking(False)\n"
+    "    async def echo(peer):\n"
+    "        peer.setblocking(False)\n"
+    "        while data := (await anyio.wait_readable(peer), peer.recv(65536))[1]:\n"
+    "            peer.send(data)\n"
+    "    async with anyio.create_task_group() as tasks:\n"
+    "        while True:\n"
+    "            await anyio.wait_readable(listener)\n"
+    "            tasks.start_soon(echo, listener.accept()[0])\n"
+    "anyio.run(main)\n"
+)
+
+
+def raw_echo_in_process(path: str, count: int) -> list[float]:
+    """Seconds of each of ``count`` round trips of 8 bytes over raw non-blocking sockets (wait_readable both sides)."""
+    server = subprocess.Popen([sys.executable, "-c", RAW_ECHO, path])
+    try:
+        while not Path(path).exists():
+            time.sleep(0.02)
+
+        async def client() -> list[float]:
+            samples: list[float] = []
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.connect(path)
+                sock.setblocking(False)
+                for _ in range(count + 1):
+                    started = time.perf_counter()
+                    sock.send(b"12345678")
+                    await anyio.wait_readable(sock)
+                    sock.recv(65536)
+                    samples.append(time.perf_counter() - started)
+            return samples[1:]
+
+        return anyio.run(client)
+    finally:
+        server.terminate()
+        server.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=("simulator", "cuda"), default="simulator")
@@ -148,6 +193,7 @@ def main() -> None:
         broker.terminate()
         broker.wait()
     echo = sorted(echo_in_process(str(folder / "echo.sock"), trips))
+    raw = sorted(raw_echo_in_process(str(folder / "raw.sock"), trips))
     p50, p99 = samples[len(samples) // 2], samples[int(len(samples) * 0.99)]
     ratio = leased / bare
     print(f"backend {args.backend}; best of {rounds} rounds of {count} requests (1 MiB, request + release)")
@@ -161,6 +207,9 @@ def main() -> None:
 
     print(
         f"echo round trip ({trips}, bare anyio Unix socket, another process: the floor): p50 {echo[len(echo) // 2] * 1e6:.1f} us, p99 {echo[int(len(echo) * 0.99)] * 1e6:.1f} us"
+    )
+    print(
+        f"raw socket echo ({trips}, non-blocking, wait_readable both sides): p50 {raw[len(raw) // 2] * 1e6:.1f} us, p99 {raw[int(len(raw) * 0.99)] * 1e6:.1f} us; lease p50 / raw p50 {p50 / raw[len(raw) // 2]:.2f}x"
     )
 
 

@@ -353,7 +353,7 @@ def test_the_command_needs_a_budget_and_a_broker(where: Path) -> None:
 
 
 @pytest.mark.anyio
-async def test_a_grow_reads_inline_beside_the_reader_and_ends_when_the_broker_goes(where: Path) -> None:
+async def test_grows_beside_a_waiting_grow_are_answered_and_end_when_the_broker_goes(where: Path) -> None:
     from aiocubie._broker.client import BrokerLease
 
     async with anyio.create_task_group() as tasks:
@@ -371,18 +371,18 @@ async def test_a_grow_reads_inline_beside_the_reader_and_ends_when_the_broker_go
             async def waits() -> None:
                 got.append(await asker.grow(4 * MiB, 4 * MiB, wait=True))
 
-            tasks.start_soon(waits)  # queued at the broker, reading inline
+            tasks.start_soon(waits)  # queued at the broker
             await anyio.sleep(0.05)
-            assert not got and asker._inline
+            assert not got
             with anyio.fail_after(5), pytest.raises(LeaseError, match="1 waiting"):
-                await asker.grow(0, 0, wait=False)  # answered while the first grow waits: read for it, not by it
-            assert not got and asker._inline
+                await asker.grow(0, 0, wait=False)  # answered while the first grow waits
+            assert not got
             holder.bind(lambda: 0, lambda: None)  # now idle: the broker's pressure (read by its parked reader)
-            holder.released()  # gives it back; the queued grow is granted, read inline
+            holder.released()  # gives it back; the queued grow is granted
             with anyio.fail_after(5):
                 while not got:
                     await anyio.sleep(0.01)
-            assert got == [4 * MiB] and holder.granted == 0 and not asker._inline
+            assert got == [4 * MiB] and holder.granted == 0
             ends: list[BaseException] = []
             holder.bind(lambda: holder.granted, lambda: None)
             asker.bind(lambda: asker.granted, lambda: None)  # each holds its grant now: the next ask waits
@@ -390,15 +390,15 @@ async def test_a_grow_reads_inline_beside_the_reader_and_ends_when_the_broker_go
 
             async def queued() -> None:
                 try:
-                    await asker.grow(2 * MiB, 2 * MiB, wait=True)  # over what is free: waits, reading inline
+                    await asker.grow(2 * MiB, 2 * MiB, wait=True)  # over what is free: waits
                 except BrokerError as exc:
                     ends.append(exc)
 
             tasks.start_soon(queued)
             await anyio.sleep(0.05)
-            assert asker._inline and not ends
-        with anyio.fail_after(5):  # the broker stopped: the inline read ends the wait
+            assert not ends
+        with anyio.fail_after(5):  # the broker stopped: the reader ends the wait
             while not ends:
                 await anyio.sleep(0.01)
-        assert "went away" in str(ends[0]) and asker.granted == 4 * MiB and not asker._inline  # what it holds
+        assert "went away" in str(ends[0]) and asker.granted == 4 * MiB  # what it holds
         tasks.cancel_scope.cancel()

@@ -15,11 +15,11 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
-import anyio.abc
 
 from .._errors import BrokerError, LeaseError
 from .._stats import LeaseStatistics
-from .protocol import VERSION, ProtocolError, encode, receive, send
+from .channel import Channel, connect
+from .protocol import VERSION, ProtocolError
 
 __all__ = ["BrokerLease", "broker_status"]
 
@@ -40,27 +40,27 @@ def _unreachable(path: str, exc: BaseException) -> BrokerError:
     )
 
 
-async def _connect(path: str, hello: dict[str, Any]) -> tuple[anyio.abc.SocketStream, bytearray, dict[str, Any]]:
-    """Connect, say ``hello``, and return the stream, its buffer and the broker's welcome."""
-    try:
-        stream = await anyio.connect_unix(path)
-    except OSError as exc:
-        raise _unreachable(path, exc) from None
-    buffer = bytearray()
+async def _connect(path: str, hello: dict[str, Any]) -> tuple[Channel, dict[str, Any]]:
+    """Connect, say ``hello``, and return the channel and the broker's welcome."""
     try:
         with anyio.fail_after(CONNECT_TIMEOUT):
-            await send(stream, hello)
-            answer = await receive(stream, buffer)
+            channel = await connect(path)
+    except (OSError, TimeoutError) as exc:
+        raise _unreachable(path, exc) from None
+    try:
+        with anyio.fail_after(CONNECT_TIMEOUT):
+            channel.write(hello)
+            answer = await channel.read()
     except BaseException as exc:
-        await anyio.aclose_forcefully(stream)
+        channel.close()
         if isinstance(exc, TimeoutError | ProtocolError | OSError | anyio.EndOfStream | anyio.BrokenResourceError):
             raise BrokerError(f"the broker at {path} did not welcome this client: {exc!r}") from exc
         raise
     if answer["op"] == "refused" or answer.get("v") != VERSION:
-        await anyio.aclose_forcefully(stream)
+        channel.close()
         reason = answer.get("reason") or f"the broker speaks protocol {answer.get('v')}, this client {VERSION}"
         raise BrokerError(f"the broker at {path} refused this client: {reason}; run one aiocubie version on the node")
-    return stream, buffer, answer
+    return channel, answer
 
 
 async def broker_status(path: str) -> dict[str, Any]:
@@ -72,10 +72,14 @@ async def broker_status(path: str) -> dict[str, Any]:
         If no broker answers there, or it refuses this client.
     """
     hello = {"op": "hello", "v": VERSION, "role": "status", "pid": os.getpid(), "name": "status", "hold": 0}
-    stream, buffer, _ = await _connect(path, hello)
-    async with stream:
-        await send(stream, {"op": "status"})
-        report = await receive(stream, buffer)
+    channel, _ = await _connect(path, hello)
+    try:
+        channel.write({"op": "status"})
+        report = await channel.read()  # a large record waits in the socket: the broker sends it as it is read
+    except _ENDS as exc:
+        raise BrokerError(f"the broker at {path} went away: {exc!r}") from exc
+    finally:
+        channel.close()
     status: dict[str, Any] = report["status"]
     return status
 
@@ -97,8 +101,8 @@ class BrokerLease:
     path : str
         The broker's socket.
     spawn : callable
-        ``spawn(async_fn, *args, name=...)`` starts a task of the manager (the connection's reader,
-        a return of idle slabs); returns False when the manager does not serve.
+        ``spawn(async_fn, *args, name=...)`` starts a task of the manager (the connection's reader);
+        returns False when the manager does not serve.
     name : str
         How the broker shows this client.
     """
@@ -110,15 +114,14 @@ class BrokerLease:
         self._name = name or os.path.basename(sys.argv[0] or "python")
         self._used: Callable[[], int] = lambda: 0
         self._changed: Callable[[], None] = lambda: None
-        self._stream: anyio.abc.SocketStream | None = None
-        self._connecting = anyio.Lock()
-        self._sending = anyio.Lock(fast_acquire=True)  # one frame at a time on the stream (no checkpoint when free)
-        # who receives: the reader task, parked in a receive while no grow waits; a grow takes the socket
-        # (cancelling the parked receive, which loses nothing) and reads its answer inline: no task hop
-        self._reading = anyio.Lock()
+        self._channel: Channel | None = None
+        self._reader: anyio.CancelScope | None = None
+        # who reads the socket: the reader task, parked in a read while no grow reads; a grow that asks
+        # takes the socket (cancelling the parked read) and reads its answer in its own task
         self._parked: anyio.CancelScope | None = None
-        self._inline = False  # a grow reads (or is about to); other grows wait for their answer
-        self._buffer = bytearray()
+        self._aside: anyio.Event | None = None  # set when the parked reader has stepped aside
+        self._inline: anyio.Event | None = None  # a grow reads; set when it hands the socket back
+        self._connecting = anyio.Lock()
         self._asks: dict[int, _Ask] = {}
         self._ids = itertools.count(1)
         self._slab = 0
@@ -134,7 +137,7 @@ class BrokerLease:
     def statistics(self) -> LeaseStatistics:
         """The lease now (see :class:`~aiocubie.stats.LeaseStatistics`)."""
         return LeaseStatistics(
-            self.path, self._stream is not None, self.granted, self._used(), self._slab, self._leases, self._returns
+            self.path, self._channel is not None, self.granted, self._used(), self._slab, self._leases, self._returns
         )
 
     async def grow(self, least: int, want: int, *, wait: bool, priority: int = 0) -> int:
@@ -150,24 +153,24 @@ class BrokerLease:
         BrokerError
             If the broker cannot be reached, refuses this client, or goes away meanwhile.
         """
-        stream = await self._connected()
+        channel = self._channel or await self._connected()
         slab = self._slab
         want = max(want, least, -(-want // slab) * slab if slab else want)
         id = next(self._ids)
         ask = self._asks[id] = _Ask()
         self._leases += 1
         try:
-            if self._stream is not stream:  # the broker went between the connection and now
+            # a write never awaits: the frame is out whole, and the reader task takes the answer
+            message = {"op": "lease", "id": id, "min": least, "want": want, "wait": wait, "priority": priority}
+            if not self._write(channel, message):
                 raise BrokerError(f"the broker at {self.path} went away; the arrays held now stay valid")
-            await self._send({"op": "lease", "id": id, "min": least, "want": want, "wait": wait, "priority": priority})
-            if self._inline or ask.done.is_set():
-                await ask.done.wait()  # another grow reads, or the reader task: it answers this one too
+            if self._inline is None:
+                await self._read_inline(channel, ask)
             else:
-                await self._read_inline(stream, ask)
+                await ask.done.wait()  # another grow reads: it takes this answer too
         except BaseException:
-            if not ask.done.is_set() and self._stream is stream:
-                with anyio.CancelScope(shield=True):
-                    await self._send({"op": "cancel", "id": id})
+            if not ask.done.is_set():
+                self._write(channel, {"op": "cancel", "id": id})
             raise
         finally:
             del self._asks[id]
@@ -187,45 +190,49 @@ class BrokerLease:
 
     def _give_back(self) -> None:
         extra = self.granted - self._used() - self._reserved
-        # not serving (the manager is closing): nothing can be sent; the lease ends with the connection
-        message = {"op": "return", "bytes": extra}
-        if extra > 0 and self._stream is not None and self._spawn(self._send, message, name="aiocubie broker return"):
+        channel = self._channel
+        if extra > 0 and channel is not None:
             self.granted -= extra
             self._returns += 1
+            self._write(channel, {"op": "return", "bytes": extra})
             self._changed()
 
-    async def _send(self, message: dict[str, Any]) -> None:
-        stream = self._stream
-        if stream is None:
-            return
+    def _write(self, channel: Channel, message: dict[str, Any]) -> bool:
+        """Send ``message``; False if the broker went (it may be back: the next grow connects again)."""
+        if self._channel is not channel:
+            return False
         try:
-            async with self._sending:
-                await stream.send(encode(message))
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            pass  # the reader sees the broker go
+            channel.write(message)
+        except (anyio.BrokenResourceError, anyio.WouldBlock) as exc:
+            self._lost(channel, exc)
+            return False
+        return True
 
-    async def _read_inline(self, stream: anyio.abc.SocketStream, ask: _Ask) -> None:
-        """Read the socket in this task until ``ask`` is answered; the reader task waits meanwhile."""
-        self._inline = True
+    async def _read_inline(self, channel: Channel, ask: _Ask) -> None:
+        """Read the socket in this task until ``ask`` is answered; the reader task steps aside meanwhile.
+
+        The hand-off happens while the ask is on its way: the answer wakes this task, not the reader
+        (a task switch less on the round trip).
+        """
+        self._inline = back = anyio.Event()
         try:
             if self._parked is not None:
-                self._parked.cancel()  # after the send: the reader steps aside while the answer is on its way
-            async with self._reading:
-                try:
-                    while not ask.done.is_set():
-                        self._take(await receive(stream, self._buffer))
-                except _ENDS as exc:
-                    self._lost(stream, exc)
+                aside = self._aside = anyio.Event()
+                self._parked.cancel()  # a cancelled read loses nothing
+                await aside.wait()
+            while not ask.done.is_set():
+                self._take(await channel.read())
+        except _ENDS as exc:
+            self._lost(channel, exc)
         finally:
-            self._inline = False
+            self._inline = None
+            back.set()
 
-    async def _connected(self) -> anyio.abc.SocketStream:
+    async def _connected(self) -> Channel:
         """The connection, made (again) if there is none."""
-        if self._stream is not None:  # the usual case: no lock, no checkpoint (the send is one)
-            return self._stream
         async with self._connecting:
-            if self._stream is not None:
-                return self._stream
+            if self._channel is not None:
+                return self._channel
             hold = self._used()
             hello = {
                 "op": "hello",
@@ -235,50 +242,68 @@ class BrokerLease:
                 "name": self._name,
                 "hold": hold,
             }
-            stream, buffer, welcome = await _connect(self.path, hello)
-            self._stream, self._slab, self.granted, self._buffer = stream, welcome["slab"], hold, buffer
-            if not self._spawn(self._read, stream, name="aiocubie broker reader"):
-                await anyio.aclose_forcefully(stream)
-                self._stream = None
+            channel, welcome = await _connect(self.path, hello)
+            self._channel, self._slab, self.granted = channel, welcome["slab"], hold
+            if not self._spawn(self._read, channel, name="aiocubie broker reader"):
+                channel.close()
+                self._channel = None
                 raise BrokerError(f"leasing from the broker at {self.path} needs a running manager (async with)")
             log.info("leasing from the broker at %s (slab %d bytes)", self.path, self._slab)
             self._changed()
-            return stream
+            return channel
 
-    async def _read(self, stream: anyio.abc.SocketStream) -> None:
-        """Take the broker's messages while no grow reads, until it goes; then end the waits."""
+    async def _read(self, channel: Channel) -> None:
+        """Take the broker's messages (answers, pressure), sending what the socket did not take; until it goes."""
         try:
-            async with stream:
-                while self._stream is stream:
-                    async with self._reading:
-                        if self._inline or self._stream is not stream:
-                            continue  # a grow is about to read: let it have the socket (or the end came)
-                        message = None
+            async with anyio.create_task_group() as tasks:
+                if self._channel is channel:
+                    self._reader = tasks.cancel_scope  # _lost ends it
+                tasks.start_soon(self._drain, channel)
+                try:
+                    while self._channel is channel:
+                        if self._inline is not None:
+                            await self._inline.wait()  # a grow reads: it hands the socket back when answered
+                            continue
                         with anyio.CancelScope() as self._parked:
-                            message = await receive(stream, self._buffer)  # a cancelled receive loses nothing
+                            self._take(await channel.read())
                         self._parked = None
-                        if message is not None:
-                            self._take(message)
-        except _ENDS as exc:
-            self._lost(stream, exc)
+                        if self._aside is not None:
+                            self._aside.set()
+                            self._aside = None
+                except _ENDS as exc:
+                    self._lost(channel, exc)
+                tasks.cancel_scope.cancel()
         finally:
-            self._lost(stream, None)
+            self._lost(channel, None)
+            channel.close()
 
-    def _lost(self, stream: anyio.abc.SocketStream, exc: BaseException | None) -> None:
+    async def _drain(self, channel: Channel) -> None:
+        try:
+            await channel.drain()
+        except anyio.BrokenResourceError as exc:
+            self._lost(channel, exc)
+
+    def _lost(self, channel: Channel, exc: BaseException | None) -> None:
         """The connection ended (``exc``: how, None when cancelled): keep only what is held; end the waits."""
-        if self._stream is not stream:
+        if self._channel is not channel:
             return
         gone = BrokerError(f"the broker at {self.path} went away; the arrays held now stay valid")
         if isinstance(exc, ProtocolError):
             gone = BrokerError(f"the broker at {self.path} broke the protocol: {exc}")
         if exc is not None:
             log.warning("%s", gone)
-        self._stream, self._pressure = None, False
+        self._channel, self._pressure = None, False
+        if self._reader is not None:
+            self._reader.cancel()  # the reader task, and its drain, end
+            self._reader = None
+        if self._aside is not None:
+            self._aside.set()  # a grow waiting for the reader to step aside: its ask has ended
+        self._parked = self._aside = None  # the next connection's reader parks anew
         self.granted = self._used()  # slack is the broker's no longer; a new broker is told what is held
         for ask in self._asks.values():
             ask.error = gone
             ask.done.set()
-        self._changed()  # the reader task closes the stream
+        self._changed()  # the reader task closes the channel
 
     def _take(self, message: dict[str, Any]) -> None:
         op = message["op"]

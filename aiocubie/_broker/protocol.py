@@ -2,8 +2,8 @@
 
 A frame is a 4-byte big-endian length and that many bytes of UTF-8 JSON holding one object with
 an ``op``. Every message a peer sends is checked here (:func:`check`) before anything acts on it;
-a message that fails is a :class:`ProtocolError` and ends that connection. No I/O but reading and
-writing frames on a stream handed in; no pickle.
+a message that fails is a :class:`ProtocolError` and ends that connection. No I/O (the channel
+does it); no pickle.
 """
 
 from __future__ import annotations
@@ -12,17 +12,16 @@ import json
 import struct
 from typing import Any, Final
 
-import anyio.abc
-
 from .._errors import AiocubieError, shown
 
-__all__ = ["MAX_FRAME", "VERSION", "ProtocolError", "check", "decode", "encode", "receive", "send"]
+__all__ = ["HEADER", "MAX_FRAME", "VERSION", "ProtocolError", "check", "decode", "encode"]
 
 #: The protocol's version: a hello of another version is refused (and says which it speaks).
 VERSION: Final = 1
 #: The largest frame either side accepts, in bytes (a status of many clients fits).
 MAX_FRAME: Final = 1 << 20
-_HEADER = struct.Struct(">I")
+#: A frame's header: the length of its body.
+HEADER: Final = struct.Struct(">I")
 _JSON = json.JSONEncoder(separators=(",", ":"))  # made once: json.dumps makes one per call given separators
 
 #: Each op a peer may send: its fields and their types (ints are never bools).
@@ -52,7 +51,7 @@ class ProtocolError(AiocubieError):
 def encode(message: dict[str, Any]) -> bytes:
     """``message`` as one frame: its length, then its JSON."""
     body = _JSON.encode(message).encode()
-    return _HEADER.pack(len(body)) + body
+    return HEADER.pack(len(body)) + body
 
 
 def decode(body: bytes) -> dict[str, Any]:
@@ -95,30 +94,3 @@ def check(message: object) -> dict[str, Any]:
     if op == "lease" and message["min"] > message["want"]:
         raise ProtocolError(f"lease asks for min {message['min']} over want {message['want']}")
     return message
-
-
-async def send(stream: anyio.abc.ByteSendStream, message: dict[str, Any]) -> None:
-    """Write ``message`` as one frame."""
-    await stream.send(encode(message))
-
-
-async def receive(stream: anyio.abc.ByteReceiveStream, buffer: bytearray) -> dict[str, Any]:
-    """Read the next message (``buffer`` keeps what was read past it).
-
-    Raises
-    ------
-    ProtocolError
-        For a frame over :data:`MAX_FRAME` (before reading it) or a message :func:`check` refuses.
-    anyio.EndOfStream
-        When the peer closed the connection.
-    """
-    while len(buffer) < _HEADER.size:
-        buffer += await stream.receive()
-    (length,) = _HEADER.unpack_from(buffer)
-    if length > MAX_FRAME:
-        raise ProtocolError(f"a frame of {length} bytes is over the limit of {MAX_FRAME}")
-    while len(buffer) < _HEADER.size + length:
-        buffer += await stream.receive()
-    body = bytes(buffer[_HEADER.size : _HEADER.size + length])
-    del buffer[: _HEADER.size + length]
-    return decode(body)

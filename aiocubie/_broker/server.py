@@ -14,16 +14,17 @@ import os
 import socket
 import stat
 import struct
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.abc
-from anyio.streams.memory import MemoryObjectSendStream
 
 from .._errors import BrokerError
+from .channel import Channel
 from .leases import Client, Leases, Outbox
-from .protocol import VERSION, ProtocolError, receive, send
+from .protocol import VERSION, ProtocolError
 
 __all__ = ["Broker", "peer_credentials", "prepare_socket"]
 
@@ -31,17 +32,14 @@ log = logging.getLogger("aiocubie.broker")
 
 #: Seconds a peer has to say hello.
 HELLO_TIMEOUT = 5.0
-#: Messages queued for a client that does not read before it is disconnected.
-OUTBOX = 256
 
 
-def peer_credentials(stream: anyio.abc.SocketStream) -> tuple[int, int, int] | None:
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int] | None:
     """The (pid, uid, gid) of the process at the other end (Linux's SO_PEERCRED; None elsewhere)."""
     option = getattr(socket, "SO_PEERCRED", None)
-    raw = stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
-    if option is None or raw is None:
+    if option is None:
         return None
-    pid, uid, gid = struct.unpack("3i", raw.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i")))
+    pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i")))
     return pid, uid, gid
 
 
@@ -107,7 +105,7 @@ class Broker:
         self.slab = slab if slab is not None else max(4096, budget // 32 // 4096 * 4096)
         self.device = device
         self.allowed_uid = os.getuid() if allowed_uid is None else allowed_uid
-        self._outboxes: dict[Client, MemoryObjectSendStream[dict[str, Any]]] = {}
+        self._channels: dict[Client, tuple[Channel, anyio.CancelScope]] = {}
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled; the socket is removed at the end."""
@@ -134,55 +132,77 @@ class Broker:
                             peer, _ = listener.accept()
                         except (BlockingIOError, InterruptedError, ConnectionAbortedError):
                             continue
-                        connections.start_soon(self._connection, await anyio.abc.UNIXSocketStream.from_socket(peer))
+                        connections.start_soon(self._connection, Channel(peer))
         finally:
             with contextlib.suppress(OSError):
                 self.path.unlink()
 
-    async def _connection(self, stream: anyio.abc.SocketStream) -> None:
+    async def _connection(self, channel: Channel) -> None:
         """One peer, from hello to goodbye; whatever it does, the broker and the others go on."""
-        peer = peer_credentials(stream)
+        peer = peer_credentials(channel.sock)
         who = f"pid {peer[0]}" if peer else "a peer"
         try:
-            async with stream:
+            try:
                 if peer is not None and peer[1] != self.allowed_uid:
                     log.warning("%s of uid %d refused: the broker serves uid %d", who, peer[1], self.allowed_uid)
-                    await send(stream, {"op": "refused", "v": VERSION, "reason": f"uid {peer[1]} is not served here"})
+                    channel.write({"op": "refused", "v": VERSION, "reason": f"uid {peer[1]} is not served here"})
                     return
-                buffer = bytearray()
                 with anyio.fail_after(HELLO_TIMEOUT):
-                    hello = await receive(stream, buffer)
+                    hello = await channel.read()
                 if hello["op"] != "hello":
                     raise ProtocolError(f"the first message must be hello, got {hello['op']!r}")
                 if hello["v"] != VERSION:
                     reason = f"this broker speaks protocol {VERSION}, the client {hello['v']}"
                     log.warning("%s refused: %s", who, reason)
-                    await send(stream, {"op": "refused", "v": VERSION, "reason": reason})
+                    channel.write({"op": "refused", "v": VERSION, "reason": reason})
                     return
                 if hello["role"] == "status":
-                    await send(stream, self._welcome())
-                    await self._report(stream, buffer)
+                    await self._session(channel, None, lambda: self._report(channel))
                     return
                 client = Client(
                     hello["pid"] if peer is None else peer[0], None if peer is None else peer[1], hello["name"]
                 )
-                await self._serve_client(stream, buffer, client, hello["hold"])
+                await self._serve_client(channel, client, hello["hold"])
+            finally:
+                channel.close()
         except ProtocolError as exc:
             log.warning("%s broke the protocol (%s): connection closed", who, exc)
         except TimeoutError:
             log.warning("%s said no hello within %g s: connection closed", who, HELLO_TIMEOUT)
-        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            pass  # the peer left
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.WouldBlock, OSError):
+            pass  # the peer left, or did not read
         except Exception:  # a bug: this connection ends, the broker goes on
             log.exception("%s: unexpected error; connection closed", who)
 
-    async def _report(self, stream: anyio.abc.SocketStream, buffer: bytearray) -> None:
+    async def _session(self, channel: Channel, client: Client | None, serve: Callable[[], Awaitable[None]]) -> None:
+        """Welcome the peer and ``serve()`` it, sending what its channel queued meanwhile; until either ends."""
+        error: Exception | None = None  # raised outside the task group: not wrapped in an ExceptionGroup
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(self._drain, channel, tasks.cancel_scope)
+            if client is not None:
+                self._channels[client] = channel, tasks.cancel_scope
+            channel.write(self._welcome())
+            try:
+                await serve()
+            except Exception as exc:
+                error = exc
+            tasks.cancel_scope.cancel()
+        if error is not None:
+            raise error
+
+    @staticmethod
+    async def _drain(channel: Channel, scope: anyio.CancelScope) -> None:
+        with contextlib.suppress(anyio.BrokenResourceError):
+            await channel.drain()
+        scope.cancel()  # the peer left: end the connection
+
+    async def _report(self, channel: Channel) -> None:
         """A status reader: answer each ``status`` with the record."""
         while True:
-            message = await receive(stream, buffer)
+            message = await channel.read()
             if message["op"] != "status":
                 raise ProtocolError(f"a status reader may only ask status, got {message['op']!r}")
-            await send(stream, {"op": "report", "status": self.status()})
+            channel.write({"op": "report", "status": self.status()})
 
     def _welcome(self) -> dict[str, Any]:
         return {"op": "welcome", "v": VERSION, "budget": self.leases.budget, "slab": self.slab, "device": self.device}
@@ -191,38 +211,27 @@ class Broker:
         """The record (see :meth:`Leases.status`) with the socket, slab and device."""
         return {**self.leases.status(), "socket": str(self.path), "slab": self.slab, "device": self.device}
 
-    async def _serve_client(self, stream: anyio.abc.SocketStream, buffer: bytearray, client: Client, hold: int) -> None:
-        outbox, inbox = anyio.create_memory_object_stream[dict[str, Any]](OUTBOX)
+    async def _serve_client(self, channel: Channel, client: Client, hold: int) -> None:
         joined = self.leases.join(client, hold)
-        self._outboxes[client] = outbox
         log.info("client pid %d (%s) joined holding %d bytes", client.pid, client.name, hold)
-        error: Exception | None = None  # raised outside the task group: not wrapped in an ExceptionGroup
+        stopping = False
         try:
-            async with anyio.create_task_group() as tasks:
-                writing = anyio.Lock(
-                    fast_acquire=True
-                )  # the reader answers its client inline; the writer sends the rest
-                tasks.start_soon(self._write, stream, inbox, writing, tasks.cancel_scope)
-                self._post([(client, self._welcome()), *joined])
-                try:
-                    await self._read(stream, buffer, client, writing)
-                except Exception as exc:
-                    error = exc
-                tasks.cancel_scope.cancel()
-            if error is not None:
-                raise error
+            await self._session(channel, client, lambda: self._read(channel, client, joined))
+        except anyio.get_cancelled_exc_class():
+            stopping = True  # the broker stops: nothing goes out to the others on its way down
+            raise
         finally:
-            del self._outboxes[client]
-            outbox.close()
-            self._post(self.leases.leave(client))
+            self._channels.pop(client, None)
+            left = self.leases.leave(client)
+            if not stopping:
+                self._post(left)
             log.info("client pid %d left; its lease is back", client.pid)
 
-    async def _read(
-        self, stream: anyio.abc.SocketStream, buffer: bytearray, client: Client, writing: anyio.Lock
-    ) -> None:
+    async def _read(self, channel: Channel, client: Client, joined: Outbox) -> None:
         leases = self.leases
+        self._post(joined)
         while True:
-            message = await receive(stream, buffer)
+            message = await channel.read()
             op = message["op"]
             if op == "lease":
                 out = leases.ask(
@@ -236,38 +245,19 @@ class Broker:
                 out = [(client, {"op": "report", "status": self.status()})]
             else:
                 raise ProtocolError(f"a client may not send {op!r}")
-            if out and out[0][0] is client and len(out) == 1:  # its own answer alone: written now, no task switch
-                async with writing:
-                    await send(stream, out[0][1])
-            else:
-                self._post(out)
+            self._post(out)  # written now, on this turn: no task between the ask and its answer
 
     def _post(self, out: Outbox) -> None:
-        """Queue each message for its client; a client too slow to read is disconnected."""
+        """Send each message to its client; a client gone, or too slow to read, is disconnected."""
         for client, message in out:
-            outbox = self._outboxes.get(client)
-            if outbox is None:
+            connection = self._channels.get(client)
+            if connection is None:
                 continue
+            channel, scope = connection
             try:
-                outbox.send_nowait(message)
+                channel.write(message)
             except anyio.WouldBlock:
                 log.warning("client pid %d does not read its messages: disconnected", client.pid)
-                outbox.close()
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                pass
-
-    async def _write(
-        self,
-        stream: anyio.abc.SocketStream,
-        inbox: anyio.abc.ObjectReceiveStream[dict[str, Any]],
-        writing: anyio.Lock,
-        scope: anyio.CancelScope,
-    ) -> None:
-        try:
-            async with inbox:
-                async for message in inbox:
-                    async with writing:
-                        await send(stream, message)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            pass
-        scope.cancel()  # the outbox closed (a slow reader) or the peer left: end the connection
+                scope.cancel()
+            except anyio.BrokenResourceError:
+                scope.cancel()
