@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -26,3 +27,10 @@ def to_host(array: Any) -> np.ndarray[Any, Any]:
     if hasattr(array, "copy_to_host"):
         return np.asarray(array.copy_to_host())
     return np.asarray(array.get())
+
+
+def alone_on_device(why: str) -> None:
+    """Skip a test that reads (or fills) the whole device when other processes share it: pytest-xdist
+    workers, or clients of a node broker."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("AIOCUBIE_BROKER"):
+        pytest.skip(f"{why}: other pytest-xdist workers or broker clients share the device")

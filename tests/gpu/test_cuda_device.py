@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from gpukit import to_host
+from gpukit import alone_on_device, to_host
 
 from aiocubie._errors import (
     AllocationError,
@@ -153,6 +153,7 @@ def test_empty_blocks(device: Any, resource: Any, alloc: Any) -> None:
 
 
 def test_memory_tracks_allocations_and_comes_back(device: Any, resource: Any, alloc: Any) -> None:
+    alone_on_device("reads the device's free memory, which the others change meanwhile")
     stream = device.create_stream()
     resource.release_cached()
     before = device.memory_info()

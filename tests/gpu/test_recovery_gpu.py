@@ -8,12 +8,12 @@ asyncio and trio. Skipped without a GPU or CuPy (see conftest.py).
 from __future__ import annotations
 
 import gc
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
+from gpukit import alone_on_device
 
 from aiocubie import ArrayRequest, MemoryManager
 
@@ -56,9 +56,7 @@ class Hog:
 
 @pytest.fixture
 def hog() -> Iterator[Hog]:
-    if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("AIOCUBIE_BROKER"):
-        # it fills the whole device: the other workers (or processes of the broker) share it
-        pytest.skip("fills the whole device, which other pytest-xdist workers or broker clients share")
+    alone_on_device("fills the whole device")
     hog = Hog()
     yield hog
     hog.give_back()
