@@ -38,7 +38,10 @@ def add_parser(
     broker.add_argument("action", nargs="?", choices=["status"], help="status: show a running broker's record")
     broker.add_argument("--socket", required=True, metavar="PATH", help="the Unix socket (its directory: mode 0700)")
     broker.add_argument(
-        "--budget", type=nbytes, metavar="BYTES", help="the node budget: 8GiB, 60e9, ... (default: --backend's device total)"
+        "--budget",
+        type=nbytes,
+        metavar="BYTES",
+        help="the node budget: 8GiB, 60e9, ... (default: --backend's device total)",
     )
     broker.add_argument("--slab", type=nbytes, metavar="BYTES", help="bytes leased at a time (default: budget/32)")
     broker.add_argument(
