@@ -383,3 +383,16 @@ def test_xdist_workers_lease_from_one_session_broker_that_is_stopped_at_the_end(
     assert not [line for line in without_xdist.outlines if line.startswith("aiocubie broker")]
     without_xdist.assert_outcomes(failed=6)  # no broker, no AIOCUBIE_BROKER
     assert "KeyError: 'AIOCUBIE_BROKER'" in without_xdist.stdout.str()
+
+
+def test_a_session_broker_that_cannot_start_stops_the_session_saying_why(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile("def test_never_run():\n    pass\n")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-n", "2", "--aiocubie-broker=simulator", "--aiocubie-broker-budget=1000GiB"
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--aiocubie-broker: the session's broker exited (*)*--budget * is over device 0's*"])
+    assert "test_never_run" not in result.stdout.str()
+    (line,) = [line for line in result.errlines if "the session's broker exited" in line]
+    assert not Path(line.split(" at ")[1].split(":")[0]).parent.exists()  # its directory removed
