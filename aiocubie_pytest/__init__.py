@@ -5,7 +5,8 @@ Installed with aiocubie, it loads in every pytest session (a ``pytest11`` entry 
 lives outside the ``aiocubie`` package so that loading it imports neither aiocubie nor numpy:
 a session that uses no aiocubie fixture pays nothing (it cost about 0.2 s a session). The
 fixtures import aiocubie when they are set up. It never imports numba.cuda.
-See :mod:`aiocubie.testing` for the fixtures and how to use them.
+See :mod:`aiocubie.testing` for the fixtures and how to use them, and :mod:`.session_broker`
+for ``--aiocubie-broker`` (one node broker shared by the workers of ``pytest -n N``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from . import session_broker
 
 if TYPE_CHECKING:
     from aiocubie import MemoryManager
@@ -47,12 +50,17 @@ DEFAULTS: dict[str, Any] = {
 _SIMULATOR_OPTIONS = ("total", "latency", "granule", "reserved", "array_type")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    session_broker.add_options(parser)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "aiocubie(**settings): simulator and manager settings for aiocubie's fixtures "
         "(total, latency, granule, reserved, array_type, mode, policy, headroom, batch_window, ...)",
     )
+    session_broker.configure(config)
 
 
 def _split(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -6,6 +6,9 @@ tests run on the simulator under anyio (asyncio and trio) and pytest-asyncio.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy  # noqa: F401  (imported here: pytester's inline runs drop modules they first import,
 import pytest  # and numpy cannot be imported twice in one process)
 
@@ -327,3 +330,69 @@ def test_nothing_imported():
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:asyncio", "-p", "no:hypothesispytest")
     result.assert_outcomes(passed=1)
+
+
+BROKER_TESTS = """
+import os
+
+import pytest
+from aiocubie import ArrayRequest
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("index", range(3))
+async def test_leases_from_the_session_broker(aiocubie_manager, index):
+    assert os.environ["AIOCUBIE_BROKER"].endswith("broker.sock")
+    owner = object()
+    aiocubie_manager.register(owner)
+    async with aiocubie_manager.request(owner, {"a": ArrayRequest((1024,), "float32")}):
+        lease = aiocubie_manager.statistics().lease
+        assert lease is not None and lease.connected and lease.granted >= 4096
+
+
+def test_a_crashing_worker():
+    os._exit(3)
+"""
+
+
+def _session_broker(result: pytest.RunResult) -> tuple[int, Path]:
+    """The pid and socket that the session's header names."""
+    (line,) = [line for line in result.outlines if line.startswith("aiocubie broker: pid ")]
+    _, pid, _, path = line.removeprefix("aiocubie broker: ").split()
+    return int(pid), Path(path)
+
+
+def test_xdist_workers_lease_from_one_session_broker_that_is_stopped_at_the_end(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("AIOCUBIE_BROKER", raising=False)
+    pytester.makeconftest(CONFTEST)
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    pytester.makepyfile(BROKER_TESTS)
+    args = ("-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning", "--aiocubie-broker=simulator")
+    result = pytester.runpytest_subprocess("-n", "2", *args)
+    pid, path = _session_broker(result)
+    outcomes = result.parseoutcomes()
+    assert outcomes == {"passed": 6, "failed": 1}, result.stdout.str()  # the crash
+    result.stdout.fnmatch_lines(["*worker 'gw*' crashed while running*test_a_crashing_worker*"])
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # stopped and reaped
+    assert not path.exists() and not path.parent.exists()
+
+    without_xdist = pytester.runpytest_subprocess(*args, "-k", "not crashing")
+    assert not [line for line in without_xdist.outlines if line.startswith("aiocubie broker")]
+    without_xdist.assert_outcomes(failed=6)  # no broker, no AIOCUBIE_BROKER
+    assert "KeyError: 'AIOCUBIE_BROKER'" in without_xdist.stdout.str()
+
+
+def test_a_session_broker_that_cannot_start_stops_the_session_saying_why(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile("def test_never_run():\n    pass\n")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-n", "2", "--aiocubie-broker=simulator", "--aiocubie-broker-budget=1000GiB"
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--aiocubie-broker: the session's broker exited (*)*--budget * is over device 0's*"])
+    assert "test_never_run" not in result.stdout.str()
+    (line,) = [line for line in result.errlines if "the session's broker exited" in line]
+    assert not Path(line.split(" at ")[1].split(":")[0]).parent.exists()  # its directory removed

@@ -37,7 +37,12 @@ def add_parser(
     )
     broker.add_argument("action", nargs="?", choices=["status"], help="status: show a running broker's record")
     broker.add_argument("--socket", required=True, metavar="PATH", help="the Unix socket (its directory: mode 0700)")
-    broker.add_argument("--budget", type=nbytes, metavar="BYTES", help="the node budget: 8GiB, 60e9, ...")
+    broker.add_argument(
+        "--budget",
+        type=nbytes,
+        metavar="BYTES",
+        help="the node budget: 8GiB, 60e9, ... (default: --backend's device total)",
+    )
     broker.add_argument("--slab", type=nbytes, metavar="BYTES", help="bytes leased at a time (default: budget/32)")
     broker.add_argument(
         "--backend",
@@ -54,17 +59,21 @@ def run(args: argparse.Namespace) -> int:
     """Serve (until SIGTERM or SIGINT), or print a broker's status; the exit status."""
     if args.action == "status":
         return _status(args)
-    if args.budget is None:
-        raise ConfigurationError("broker needs --budget BYTES (the node budget), e.g. --budget 60GiB")
+    if args.budget is None and args.device_backend is None:
+        raise ConfigurationError(
+            "broker needs --budget BYTES (the node budget), e.g. --budget 60GiB, or --backend cuda|simulator "
+            "for the whole device"
+        )
     if args.device_backend is not None:
-        _check_device(args.device_backend, args.device, args.budget)
+        args.budget = _check_device(args.device_backend, args.device, args.budget)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s aiocubie broker: %(message)s", stream=sys.stderr)
     broker = Broker(args.socket, args.budget, slab=args.slab, device=args.device)
     anyio.run(_serve, broker)
     return 0
 
 
-def _check_device(name: str, device: int, budget: int) -> None:
+def _check_device(name: str, device: int, budget: int | None) -> int:
+    """The budget, checked against the device (its total where not given)."""
     from .._backends import create_backend
 
     backend = create_backend(name, device=device)
@@ -72,10 +81,13 @@ def _check_device(name: str, device: int, budget: int) -> None:
         total = backend.device.memory_info().total
     finally:
         backend.close()
+    if budget is None:
+        return int(total)
     if budget > total:
         raise ConfigurationError(
             f"--budget {budget} is over device {device}'s {total} bytes ({format_bytes(total)}): give at most that"
         )
+    return budget
 
 
 async def _serve(broker: Broker) -> None:
