@@ -44,10 +44,13 @@ def add_options(parser: pytest.Parser) -> None:
         "--aiocubie-broker-budget",
         default=None,
         metavar="BYTES",
-        help="the session broker's budget: 8GiB, 60e9, ... (default: the device's total; ini: aiocubie_broker_budget)",
+        help="the session broker's budget: 8GiB, 60e9, ... (default: the device's free memory less a tenth of its total; ini: aiocubie_broker_budget)",
     )
     parser.addini("aiocubie_broker", "under pytest-xdist: start a node broker on this backend (cuda or simulator)")
-    parser.addini("aiocubie_broker_budget", "the session broker's budget in bytes (default: the device's total)")
+    parser.addini(
+        "aiocubie_broker_budget",
+        "the session broker's budget in bytes (default: the device's free memory less a tenth of its total)",
+    )
 
 
 class SessionBroker:
@@ -58,7 +61,7 @@ class SessionBroker:
     backend : {"cuda", "simulator"}
         The device whose budget the broker holds.
     budget : str, optional
-        The node budget (``8GiB``); None: the device's total.
+        The node budget (``8GiB``); None: the device's free memory less a tenth of its total.
     timeout : float
         Seconds to wait for the broker to answer.
 

@@ -41,7 +41,7 @@ def add_parser(
         "--budget",
         type=nbytes,
         metavar="BYTES",
-        help="the node budget: 8GiB, 60e9, ... (default: --backend's device total)",
+        help="the node budget: 8GiB, 60e9, ... (default: --backend's device's free memory less a tenth of its total)",
     )
     broker.add_argument("--slab", type=nbytes, metavar="BYTES", help="bytes leased at a time (default: budget/32)")
     broker.add_argument(
@@ -73,16 +73,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_device(name: str, device: int, budget: int | None) -> int:
-    """The budget, checked against the device (its total where not given)."""
+    """The budget, checked against the device (where not given: its free memory less a tenth of its total)."""
     from .._backends import create_backend
 
     backend = create_backend(name, device=device)
     try:
-        total = backend.device.memory_info().total
+        info = backend.device.memory_info()
     finally:
         backend.close()
-    if budget is None:
-        return int(total)
+    total = info.total
+    if budget is None:  # what is free now, less a tenth of the device: the clients' contexts, memory outside leases
+        return max(0, int(info.free) - int(total) // 10)
     if budget > total:
         raise ConfigurationError(
             f"--budget {budget} is over device {device}'s {total} bytes ({format_bytes(total)}): give at most that"
