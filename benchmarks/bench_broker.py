@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,41 +91,16 @@ async def round_trips(path: str, count: int) -> list[float]:
     return samples
 
 
-def echo_in_process(path: str, count: int) -> list[float]:
-    """Seconds of each of ``count`` round trips of 8 bytes to a bare anyio Unix-socket echo in another process.
-
-    The floor a lease round trip stands on: the same sockets and event loops, no protocol.
-    """
-    code = (
-        "import anyio, sys\n"
-        "async def main():\n"
-        "    async def echo(stream):\n"
-        "        async with stream:\n"
-        "            async for data in stream:\n"
-        "                await stream.send(data)\n"
-        "    await (await anyio.create_unix_listener(sys.argv[1])).serve(echo)\n"
-        "anyio.run(main)\n"
-    )
-    server = subprocess.Popen([sys.executable, "-c", code, path])
-    try:
-        while not Path(path).exists():
-            time.sleep(0.02)
-
-        async def client() -> list[float]:
-            samples: list[float] = []
-            async with await anyio.connect_unix(path) as stream:
-                for _ in range(count + 1):
-                    started = time.perf_counter()
-                    await stream.send(b"12345678")
-                    await stream.receive()
-                    samples.append(time.perf_counter() - started)
-            return samples[1:]
-
-        return anyio.run(client)
-    finally:
-        server.terminate()
-        server.wait()
-
+ANYIO_ECHO = (
+    "import anyio, sys\n"
+    "async def main():\n"
+    "    async def echo(stream):\n"
+    "        async with stream:\n"
+    "            async for data in stream:\n"
+    "                await stream.send(data)\n"
+    "    await (await anyio.create_unix_listener(sys.argv[1])).serve(echo)\n"
+    "anyio.run(main)\n"
+)
 
 RAW_ECHO = (
     "import anyio, socket, sys\n"
@@ -143,30 +119,54 @@ RAW_ECHO = (
 )
 
 
-def raw_echo_in_process(path: str, count: int) -> list[float]:
-    """Seconds of each of ``count`` round trips of 8 bytes over raw non-blocking sockets (wait_readable both sides)."""
-    server = subprocess.Popen([sys.executable, "-c", RAW_ECHO, path])
+def _against_server(code: str, path: str, client: Callable[[], Awaitable[list[float]]]) -> list[float]:
+    """``client()``'s samples, run against the echo server ``code`` serving ``path`` in another process."""
+    server = subprocess.Popen([sys.executable, "-c", code, path])
     try:
         while not Path(path).exists():
             time.sleep(0.02)
-
-        async def client() -> list[float]:
-            samples: list[float] = []
-            with socket.socket(socket.AF_UNIX) as sock:
-                sock.connect(path)
-                sock.setblocking(False)
-                for _ in range(count + 1):
-                    started = time.perf_counter()
-                    sock.send(b"12345678")
-                    await anyio.wait_readable(sock)
-                    sock.recv(65536)
-                    samples.append(time.perf_counter() - started)
-            return samples[1:]
-
         return anyio.run(client)
     finally:
         server.terminate()
         server.wait()
+
+
+def echo_in_process(path: str, count: int) -> list[float]:
+    """Seconds of each of ``count`` round trips of 8 bytes to a bare anyio Unix-socket echo in another process.
+
+    The floor a lease round trip stands on: the same sockets and event loops, no protocol.
+    """
+
+    async def client() -> list[float]:
+        samples: list[float] = []
+        async with await anyio.connect_unix(path) as stream:
+            for _ in range(count + 1):
+                started = time.perf_counter()
+                await stream.send(b"12345678")
+                await stream.receive()
+                samples.append(time.perf_counter() - started)
+        return samples[1:]
+
+    return _against_server(ANYIO_ECHO, path, client)
+
+
+def raw_echo_in_process(path: str, count: int) -> list[float]:
+    """Seconds of each of ``count`` round trips of 8 bytes over raw non-blocking sockets (wait_readable both sides)."""
+
+    async def client() -> list[float]:
+        samples: list[float] = []
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(path)
+            sock.setblocking(False)
+            for _ in range(count + 1):
+                started = time.perf_counter()
+                sock.send(b"12345678")
+                await anyio.wait_readable(sock)
+                sock.recv(65536)
+                samples.append(time.perf_counter() - started)
+        return samples[1:]
+
+    return _against_server(RAW_ECHO, path, client)
 
 
 def main() -> None:
