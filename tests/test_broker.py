@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aiocubie import ArrayRequest, MemoryManager
+from aiocubie._broker.channel import Channel
 from aiocubie._broker.client import broker_status
 from aiocubie._broker.leases import Client, Leases
 from aiocubie._broker.protocol import MAX_FRAME, VERSION, ProtocolError, check, decode, encode
@@ -133,6 +134,42 @@ def test_a_refusal_names_what_the_others_hold() -> None:
     assert "pid 11 (trainer) 48.0 MiB" in answer["reason"] and "64.0 MiB" in answer["reason"]
     leases.leave(holder)
     assert leases.leased == 0 and leases.clients == [asker]
+
+
+# -- the channel ------------------------------------------------------------------------------
+@pytest.mark.anyio
+async def test_a_served_channel_hands_over_each_message_and_ends_as_its_peer_does() -> None:
+    """serve() takes frames cut anywhere, in order, and ends with the end: the peer's close, a handler's error, close()."""
+    frames = b"".join(encode({"op": "cancel", "id": i}) for i in range(50))
+    ends: list[type[BaseException]] = []
+    for end in ("peer closes", "handler raises", "closed here"):
+        mine, theirs = sockets.socketpair()
+        channel, got = Channel(mine), []
+
+        def handle(message: dict[str, object], end: str = end) -> None:
+            got.append(message["id"])
+            if end == "handler raises" and len(got) == 30:
+                raise ProtocolError("thirty is enough")
+
+        async def feed(end: str = end) -> None:
+            for start in range(0, len(frames), 7):  # 7 bytes at a time: headers and bodies cut
+                theirs.send(frames[start : start + 7])
+                await anyio.sleep(0)
+            await anyio.sleep(0.05)
+            if end == "closed here":
+                channel.close()
+            theirs.close()
+
+        with theirs, anyio.fail_after(10):
+            try:
+                async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(feed)
+                    await channel.serve(handle)
+            except Exception as exc:  # which one is the point
+                ends.append(type(exc.exceptions[0] if isinstance(exc, ExceptionGroup) else exc))
+        channel.close()
+        assert got == list(range(30 if end == "handler raises" else 50))
+    assert ends == [anyio.EndOfStream, ProtocolError, anyio.ClosedResourceError]
 
 
 # -- managers of one process leasing from a broker in the loop ---------------------------------

@@ -2,14 +2,19 @@
 
 A write never awaits (a frame goes out whole, or what the socket does not take waits for
 :meth:`Channel.drain`), so no cancellation can cut a frame; one task reads. Not anyio's streams:
-each of their calls is a checkpoint, a loop turn each, and a round trip paid four of them
+each of their calls is a checkpoint, a loop turn each, and a round trip paid four of them. On
+asyncio (and uvloop) :meth:`Channel.serve` keeps the socket registered with the loop and hands
+each message over in the loop's own callback: no task wakes and no ``epoll_ctl`` runs per message
 (benchmarks/bench_broker.py measures the round trip beside a raw socket echo). Knows no message.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import socket
-from typing import Any, Final
+from collections.abc import Callable
+from typing import Any, Final, NoReturn
 
 import anyio
 
@@ -33,7 +38,7 @@ class Channel:
         Bytes written but not taken by the socket beyond which :meth:`write` refuses.
     """
 
-    __slots__ = ("_backlog", "_chunk", "_in", "_out", "_queued", "sock")
+    __slots__ = ("_backlog", "_chunk", "_in", "_out", "_queued", "_served", "sock")
 
     def __init__(self, sock: socket.socket, *, backlog: int = BACKLOG) -> None:
         sock.setblocking(False)
@@ -43,6 +48,7 @@ class Channel:
         self._chunk = memoryview(bytearray(_CHUNK))  # recv_into it: no 64 KiB allocation (an mmap) a read
         self._out = bytearray()
         self._queued = anyio.Event()
+        self._served: asyncio.Future[NoReturn] | None = None  # while serve() has the socket on asyncio's loop
 
     def write(self, message: dict[str, Any]) -> None:
         """Send ``message`` now, or queue what the socket does not take for :meth:`drain`.
@@ -105,31 +111,83 @@ class Channel:
         anyio.ClosedResourceError
             When the channel was closed meanwhile.
         """
-        buffer = self._in
-        while True:
-            if len(buffer) >= HEADER.size:
-                (length,) = HEADER.unpack_from(buffer)
-                if length > MAX_FRAME:
-                    raise ProtocolError(f"a frame of {length} bytes is over the limit of {MAX_FRAME}")
-                end = HEADER.size + length
-                if len(buffer) >= end:
-                    body = bytes(buffer[HEADER.size : end])
-                    del buffer[:end]
-                    return decode(body)
+        while (message := self._next()) is None:
             # each recv after a wait: a peer that floods yields the loop to the others at every read
             await anyio.wait_readable(self.sock)
+            with contextlib.suppress(BlockingIOError):
+                self._receive()
+        return message
+
+    async def serve(self, handle: Callable[[dict[str, Any]], object]) -> NoReturn:
+        """Hand each message to ``handle`` as it comes, until the peer goes or ``handle`` raises (that ends it).
+
+        On asyncio the socket stays registered with the loop, and ``handle`` runs in the loop's
+        callback for it (so it must not await, and nothing it does may block); elsewhere a task reads
+        each message. The same errors as :meth:`read`, and whatever ``handle`` raises.
+        """
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # trio
+            while True:
+                handle(await self.read())
+        while (message := self._next()) is not None:  # what read() left in the buffer
+            handle(message)
+        served = self._served = loop.create_future()
+
+        def readable() -> None:
             try:
-                count = self.sock.recv_into(self._chunk)
+                self._receive()  # one recv a callback: a peer that floods lets the others' callbacks run
+                while not served.done() and (message := self._next()) is not None:
+                    handle(message)
             except BlockingIOError:
-                continue
-            except OSError as exc:
-                raise anyio.BrokenResourceError(f"the peer went: {exc}") from exc
-            if not count:
-                raise anyio.EndOfStream
-            buffer += self._chunk[:count]
+                pass
+            except Exception as exc:  # the connection ends: the task awaiting serve() raises it
+                if not served.done():
+                    served.set_exception(exc)
+
+        loop.add_reader(self.sock, readable)
+        try:
+            await served
+        finally:
+            if self._served is served:
+                self._served = None
+                loop.remove_reader(self.sock)
+        raise AssertionError("unreachable: served ends only with an exception")  # pragma: no cover
+
+    def _next(self) -> dict[str, Any] | None:
+        """The next whole message in the buffer, checked; None until one is."""
+        buffer = self._in
+        if len(buffer) < HEADER.size:
+            return None
+        (length,) = HEADER.unpack_from(buffer)
+        if length > MAX_FRAME:
+            raise ProtocolError(f"a frame of {length} bytes is over the limit of {MAX_FRAME}")
+        end = HEADER.size + length
+        if len(buffer) < end:
+            return None
+        body = bytes(buffer[HEADER.size : end])
+        del buffer[:end]
+        return decode(body)
+
+    def _receive(self) -> None:
+        """Take what the socket holds into the buffer (one recv; BlockingIOError when nothing)."""
+        try:
+            count = self.sock.recv_into(self._chunk)
+        except BlockingIOError:
+            raise
+        except OSError as exc:
+            raise anyio.BrokenResourceError(f"the peer went: {exc}") from exc
+        if not count:
+            raise anyio.EndOfStream
+        self._in += self._chunk[:count]
 
     def close(self) -> None:
         """Close the socket; a task waiting on it gets :exc:`anyio.ClosedResourceError`."""
+        served, self._served = self._served, None
+        if served is not None:
+            served.get_loop().remove_reader(self.sock)
+            if not served.done():
+                served.set_exception(anyio.ClosedResourceError())
         if self.sock.fileno() != -1:
             anyio.notify_closing(self.sock)
         self.sock.close()

@@ -116,11 +116,6 @@ class BrokerLease:
         self._changed: Callable[[], None] = lambda: None
         self._channel: Channel | None = None
         self._reader: anyio.CancelScope | None = None
-        # who reads the socket: the reader task, parked in a read while no grow reads; a grow that asks
-        # takes the socket (cancelling the parked read) and reads its answer in its own task
-        self._parked: anyio.CancelScope | None = None
-        self._aside: anyio.Event | None = None  # set when the parked reader has stepped aside
-        self._inline: anyio.Event | None = None  # a grow reads; set when it hands the socket back
         self._connecting = anyio.Lock()
         self._asks: dict[int, _Ask] = {}
         self._ids = itertools.count(1)
@@ -160,14 +155,11 @@ class BrokerLease:
         ask = self._asks[id] = _Ask()
         self._leases += 1
         try:
-            # a write never awaits: the frame is out whole, and the reader task takes the answer
+            # a write never awaits: the frame is out whole, and the reader takes the answer
             message = {"op": "lease", "id": id, "min": least, "want": want, "wait": wait, "priority": priority}
             if not self._write(channel, message):
                 raise BrokerError(f"the broker at {self.path} went away; the arrays held now stay valid")
-            if self._inline is None:
-                await self._read_inline(channel, ask)
-            else:
-                await ask.done.wait()  # another grow reads: it takes this answer too
+            await ask.done.wait()
         except BaseException:
             if not ask.done.is_set():
                 self._write(channel, {"op": "cancel", "id": id})
@@ -208,26 +200,6 @@ class BrokerLease:
             return False
         return True
 
-    async def _read_inline(self, channel: Channel, ask: _Ask) -> None:
-        """Read the socket in this task until ``ask`` is answered; the reader task steps aside meanwhile.
-
-        The hand-off happens while the ask is on its way: the answer wakes this task, not the reader
-        (a task switch less on the round trip).
-        """
-        self._inline = back = anyio.Event()
-        try:
-            if self._parked is not None:
-                aside = self._aside = anyio.Event()
-                self._parked.cancel()  # a cancelled read loses nothing
-                await aside.wait()
-            while not ask.done.is_set():
-                self._take(await channel.read())
-        except _ENDS as exc:
-            self._lost(channel, exc)
-        finally:
-            self._inline = None
-            back.set()
-
     async def _connected(self) -> Channel:
         """The connection, made (again) if there is none."""
         async with self._connecting:
@@ -259,17 +231,13 @@ class BrokerLease:
                 if self._channel is channel:
                     self._reader = tasks.cancel_scope  # _lost ends it
                 tasks.start_soon(self._drain, channel)
-                try:
-                    while self._channel is channel:
-                        if self._inline is not None:
-                            await self._inline.wait()  # a grow reads: it hands the socket back when answered
-                            continue
-                        with anyio.CancelScope() as self._parked:
-                            self._take(await channel.read())
-                        self._parked = None
-                        if self._aside is not None:
-                            self._aside.set()
-                            self._aside = None
+
+                def take(message: dict[str, Any]) -> None:
+                    if self._channel is channel:  # a connection lost takes nothing more
+                        self._take(message)
+
+                try:  # on asyncio each message is taken in the loop's callback: an answer wakes its grow
+                    await channel.serve(take)
                 except _ENDS as exc:
                     self._lost(channel, exc)
                 tasks.cancel_scope.cancel()
@@ -296,9 +264,6 @@ class BrokerLease:
         if self._reader is not None:
             self._reader.cancel()  # the reader task, and its drain, end
             self._reader = None
-        if self._aside is not None:
-            self._aside.set()  # a grow waiting for the reader to step aside: its ask has ended
-        self._parked = self._aside = None  # the next connection's reader parks anew
         self.granted = self._used()  # slack is the broker's no longer; a new broker is told what is held
         for ask in self._asks.values():
             ask.error = gone

@@ -198,11 +198,13 @@ class Broker:
 
     async def _report(self, channel: Channel) -> None:
         """A status reader: answer each ``status`` with the record."""
-        while True:
-            message = await channel.read()
+
+        def answer(message: dict[str, Any]) -> None:
             if message["op"] != "status":
                 raise ProtocolError(f"a status reader may only ask status, got {message['op']!r}")
             channel.write({"op": "report", "status": self.status()})
+
+        await channel.serve(answer)
 
     def _welcome(self) -> dict[str, Any]:
         return {"op": "welcome", "v": VERSION, "budget": self.leases.budget, "slab": self.slab, "device": self.device}
@@ -228,24 +230,23 @@ class Broker:
             log.info("client pid %d left; its lease is back", client.pid)
 
     async def _read(self, channel: Channel, client: Client, joined: Outbox) -> None:
-        leases = self.leases
         self._post(joined)
-        while True:
-            message = await channel.read()
-            op = message["op"]
-            if op == "lease":
-                out = leases.ask(
-                    client, message["id"], message["min"], message["want"], message["wait"], message["priority"]
-                )
-            elif op == "cancel":
-                out = leases.cancel(client, message["id"])
-            elif op == "return":
-                out = leases.give_back(client, message["bytes"])
-            elif op == "status":
-                out = [(client, {"op": "report", "status": self.status()})]
-            else:
-                raise ProtocolError(f"a client may not send {op!r}")
-            self._post(out)  # written now, on this turn: no task between the ask and its answer
+        # each message is answered as it is read (on asyncio in the loop's callback): no task between
+        await channel.serve(lambda message: self._post(self._answer(client, message)))
+
+    def _answer(self, client: Client, message: dict[str, Any]) -> Outbox:
+        op = message["op"]
+        if op == "lease":
+            return self.leases.ask(
+                client, message["id"], message["min"], message["want"], message["wait"], message["priority"]
+            )
+        if op == "cancel":
+            return self.leases.cancel(client, message["id"])
+        if op == "return":
+            return self.leases.give_back(client, message["bytes"])
+        if op == "status":
+            return [(client, {"op": "report", "status": self.status()})]
+        raise ProtocolError(f"a client may not send {op!r}")
 
     def _post(self, out: Outbox) -> None:
         """Send each message to its client; a client gone, or too slow to read, is disconnected."""
