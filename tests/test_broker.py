@@ -136,6 +136,67 @@ def test_a_refusal_names_what_the_others_hold() -> None:
     assert leases.leased == 0 and leases.clients == [asker]
 
 
+def test_a_process_leases_at_most_its_share_and_the_line_goes_on_past_it() -> None:
+    leases = Leases(100, share=50)
+    a1, a2, b, c = Client(1, 0, "a1"), Client(1, 0, "a2"), Client(2, 0, "b"), Client(3, 0, "c")  # a1, a2: one process
+    for client in (a1, a2, b, c):
+        leases.join(client, 0)
+    assert leases.ask(a1, 1, 10, 40, False, 0)[0][1] == {"op": "granted", "id": 1, "bytes": 40}
+    (_, answer), *_ = leases.ask(a2, 1, 20, 20, False, 0)  # the node has 60 free, its process 10
+    assert answer["op"] == "denied" and "this process holds 40 B of its share of 50 B" in answer["reason"]
+    assert [m["op"] for _, m in leases.ask(a2, 2, 20, 20, True, 9)] == ["pressure"] * 4  # first in line
+    # a2 waits for its own process, not the node: the line goes on past it, and asks past it are granted
+    assert leases.ask(c, 1, 10, 10, True, 0) == [(c, {"op": "granted", "id": 1, "bytes": 10})]
+    assert leases.ask(b, 1, 10, 80, False, 0)[0][1] == {"op": "granted", "id": 1, "bytes": 50}  # its share
+    assert next(m for _, m in leases.give_back(a1, 40)) == {"op": "granted", "id": 2, "bytes": 20}
+    status = leases.status()
+    assert status["share"] == 50 and status["peak"] == 100 and leases.leased == 80
+    assert {p["pid"]: (p["lease"], p["peak"]) for p in status["processes"]} == {1: (20, 40), 2: (50, 50), 3: (10, 10)}
+    for client in (a1, a2):
+        leases.leave(client)
+    assert {p["pid"]: (p["lease"], p["clients"]) for p in leases.status()["processes"]}[1] == (0, 0)  # kept, gone
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3), st.integers(0, 60), st.booleans()), max_size=80))
+@settings(max_examples=300, deadline=None)
+def test_the_record_never_leases_over_the_budget_or_a_share_and_serves_every_waiter_in_the_end(
+    steps: list[tuple[int, int, int, bool]],
+) -> None:
+    """Random asks (waiting or not), give-backs and leaves of six managers in three processes."""
+    leases = Leases(100, share=60)
+    clients = [Client(pid, 0, str(i)) for i, pid in enumerate((1, 1, 2, 2, 3, 3))]
+    for client in clients:
+        leases.join(client, 0)
+    waiting: dict[int, Client] = {}
+    for index, (who, what, nbytes, wait) in enumerate(steps):
+        client = clients[who]
+        if what == 0 and client in leases.clients:
+            out = leases.ask(client, index, nbytes, nbytes + 5, wait, index % 3)
+            waiting[index] = client
+        elif what == 1:
+            out = leases.give_back(client, nbytes)
+        elif what == 2 and client in leases.clients and len(leases.clients) > 1:
+            out = leases.leave(client)
+            waiting = {i: c for i, c in waiting.items() if c is not client}
+        else:
+            continue
+        for _, message in out:
+            if message["op"] in ("granted", "denied"):
+                waiting.pop(message["id"])
+        held: dict[int, int] = {}
+        for each in leases.clients:
+            held[each.pid] = held.get(each.pid, 0) + each.lease
+        assert leases.leased == sum(held.values()) <= leases.peak <= leases.budget
+        assert all(lease <= leases.share for lease in held.values()), held
+        assert {p["pid"]: p["lease"] for p in leases.status()["processes"] if p["clients"]} == held
+    for _ in range(len(clients)):  # everyone gives everything back, again and again: every waiter is served
+        for client in list(leases.clients):
+            for _, message in leases.give_back(client, client.lease):
+                if message["op"] == "granted":
+                    waiting.pop(message["id"])
+    assert not waiting, leases.status()
+
+
 # -- the channel ------------------------------------------------------------------------------
 @pytest.mark.anyio
 async def test_a_served_channel_hands_over_each_message_and_ends_as_its_peer_does() -> None:

@@ -7,6 +7,7 @@ tests run on the simulator under anyio (asyncio and trio) and pytest-asyncio.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy  # noqa: F401  (imported here: pytester's inline runs drop modules they first import,
@@ -374,6 +375,18 @@ def test_xdist_workers_lease_from_one_session_broker_that_is_stopped_at_the_end(
     pid, path = _session_broker(result)
     outcomes = result.parseoutcomes()
     assert outcomes == {"passed": 6, "failed": 1}, result.stdout.str()  # the crash
+    # the summary: each worker's peak against its share (the budget in two)
+    (budget, share) = re.search(
+        r"aiocubie broker: budget ([\d.]+) GiB, a worker's share ([\d.]+) GiB", result.stdout.str()
+    ).groups()
+    assert abs(float(budget) / 2 - float(share)) < 0.001
+    peaks = re.findall(
+        r"pid \d+ \((gw\d|a crashed worker, or a test's own process)\): peak ([\d.]+) GiB, (\w+ its share)",
+        result.stdout.str(),
+    )
+    whom = {who for who, _, _ in peaks}
+    assert "a crashed worker, or a test's own process" in whom and whom & {"gw0", "gw1", "gw2"}, peaks
+    assert all(0 < float(peak) <= float(share) and under == "under its share" for _, peak, under in peaks), peaks
     result.stdout.fnmatch_lines(["*worker 'gw*' crashed while running*test_a_crashing_worker*"])
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # stopped and reaped

@@ -45,6 +45,13 @@ def add_parser(
     )
     broker.add_argument("--slab", type=nbytes, metavar="BYTES", help="bytes leased at a time (default: budget/32)")
     broker.add_argument(
+        "--split",
+        type=int,
+        default=1,
+        metavar="N",
+        help="split the budget into N equal shares: one process leases at most one (default 1: the whole budget)",
+    )
+    broker.add_argument(
         "--backend",
         dest="device_backend",
         choices=["cuda", "simulator"],
@@ -67,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     if args.device_backend is not None:
         args.budget = _check_device(args.device_backend, args.device, args.budget)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s aiocubie broker: %(message)s", stream=sys.stderr)
-    broker = Broker(args.socket, args.budget, slab=args.slab, device=args.device)
+    broker = Broker(args.socket, args.budget, slab=args.slab, device=args.device, split=args.split)
     anyio.run(_serve, broker)
     return 0
 
@@ -94,8 +101,10 @@ def _check_device(name: str, device: int, budget: int | None) -> int:
 async def _serve(broker: Broker) -> None:
     async with anyio.create_task_group() as tasks:
         await tasks.start(broker.serve)
+        leases = broker.leases
+        share = "" if leases.share == leases.budget else f", a process's share {format_bytes(leases.share)}"
         print(
-            f"aiocubie broker: serving {broker.path} (budget {format_bytes(broker.leases.budget)}, slab "
+            f"aiocubie broker: serving {broker.path} (budget {format_bytes(leases.budget)}{share}, slab "
             f"{format_bytes(broker.slab)}, device {broker.device}); SIGTERM or SIGINT stops it",
             flush=True,
         )
@@ -112,11 +121,18 @@ def _status(args: argparse.Namespace) -> int:
         return 0
     print(
         f"broker {status['socket']} (device {status['device']}): {format_bytes(status['leased'])} of "
-        f"{format_bytes(status['budget'])} leased (peak {format_bytes(status['peak'])}), slab {format_bytes(status['slab'])}"
+        f"{format_bytes(status['budget'])} leased (peak {format_bytes(status['peak'])}), slab {format_bytes(status['slab'])}, "
+        f"a process's share {format_bytes(status['share'])}"
     )
     print(f"clients ({len(status['clients'])}):")
     for client in status["clients"]:
         print(f"  pid {client['pid']:<8} {format_bytes(client['lease']):>12}  {client['name']}")
+    print(f"processes ({len(status['processes'])}, the latest gone ones kept):")
+    for process in status["processes"]:
+        gone = "" if process["clients"] else "  (gone)"
+        print(
+            f"  pid {process['pid']:<8} {format_bytes(process['lease']):>12}  peak {format_bytes(process['peak'])}{gone}"
+        )
     print(f"waiters ({len(status['waiters'])}):")
     for waiter in status["waiters"]:
         print(

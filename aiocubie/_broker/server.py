@@ -87,6 +87,9 @@ class Broker:
         The device the budget is of (told to clients).
     allowed_uid : int, optional
         The user whose processes may connect (default: the broker's own user).
+    split : int
+        Split the budget into this many equal shares: one process's clients together lease at most
+        one (``pytest -n N``: one a worker). Default 1: a process may lease the whole budget.
     """
 
     def __init__(
@@ -97,11 +100,14 @@ class Broker:
         slab: int | None = None,
         device: int = 0,
         allowed_uid: int | None = None,
+        split: int = 1,
     ) -> None:
         if budget < 1:
             raise BrokerError(f"the broker's budget must be at least 1 byte, got {budget}")
+        if not 1 <= split <= budget:
+            raise BrokerError(f"the broker's budget of {budget} bytes cannot be split {split} ways: give 1 to {budget}")
         self.path = Path(path)
-        self.leases = Leases(budget)
+        self.leases = Leases(budget, budget // split)
         self.slab = slab if slab is not None else max(4096, budget // 32 // 4096 * 4096)
         self.device = device
         self.allowed_uid = os.getuid() if allowed_uid is None else allowed_uid
@@ -117,7 +123,12 @@ class Broker:
         finally:
             os.umask(mask)
         log.info(
-            "broker on %s: budget %d bytes, slab %d, device %d", self.path, self.leases.budget, self.slab, self.device
+            "broker on %s: budget %d bytes (a process's share %d), slab %d, device %d",
+            self.path,
+            self.leases.budget,
+            self.leases.share,
+            self.slab,
+            self.device,
         )
         try:
             with listener:
