@@ -6,6 +6,7 @@ aiocubie installs over the device's RMM resource is shared by all of them (one p
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -96,6 +97,8 @@ async def test_torch_allocations_count_against_the_instance(rmm: Any) -> None:
     mgr, part = MemoryManager("cuda", allocator="rmm"), Part()
     mgr.register(part)
     async with mgr:
+        # the pool is the process's: an earlier test's garbage freed meanwhile would move in_use
+        gc.collect()
         before = mgr.stats()
         with mgr.pool.torch_allocations(part) as scope:
             tensor = torch.ones(MiB // 4, device="cuda")  # 1 MiB in a segment torch rounds up
