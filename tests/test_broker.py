@@ -172,6 +172,33 @@ async def test_a_served_channel_hands_over_each_message_and_ends_as_its_peer_doe
     assert ends == [anyio.EndOfStream, ProtocolError, anyio.ClosedResourceError]
 
 
+
+def _frames(ids: range) -> bytes:
+    return b"".join(encode({"op": "cancel", "id": i}) for i in ids)
+
+
+class _Interrupt(BaseException):
+    """Not an Exception, as KeyboardInterrupt and SystemExit are not."""
+
+
+@pytest.mark.anyio
+async def test_a_handler_s_base_exception_ends_its_serve() -> None:
+    """A BaseException from the handler ends serve() with it on every loop (on asyncio it was only logged: a hang)."""
+    mine, theirs = sockets.socketpair()
+    channel, got = Channel(mine), []
+
+    def handle(message: dict[str, object]) -> None:
+        got.append(message["id"])
+        if len(got) == 3:
+            raise _Interrupt
+
+    with theirs, anyio.fail_after(5), pytest.raises(_Interrupt):
+        theirs.send(_frames(range(9)))
+        await channel.serve(handle)
+    channel.close()
+    assert got == [0, 1, 2]
+
+
 # -- managers of one process leasing from a broker in the loop ---------------------------------
 @pytest.mark.anyio
 async def test_a_request_its_lease_covers_never_talks_to_the_broker(where: Path) -> None:

@@ -141,9 +141,11 @@ class Channel:
                     handle(message)
             except BlockingIOError:
                 pass
-            except Exception as exc:  # the connection ends: the task awaiting serve() raises it
+            except BaseException as exc:  # the connection ends: the task awaiting serve() raises it
                 if not served.done():
-                    served.set_exception(exc)
+                    served.set_exception(exc)  # a KeyboardInterrupt too, as a task's own raise would
+                elif not isinstance(exc, Exception):
+                    raise  # serve() has ended: the loop's run raises it
 
         loop.add_reader(self.sock, readable)
         try:
