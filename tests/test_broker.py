@@ -172,7 +172,6 @@ async def test_a_served_channel_hands_over_each_message_and_ends_as_its_peer_doe
     assert ends == [anyio.EndOfStream, ProtocolError, anyio.ClosedResourceError]
 
 
-
 def _frames(ids: range) -> bytes:
     return b"".join(encode({"op": "cancel", "id": i}) for i in ids)
 
@@ -197,6 +196,37 @@ async def test_a_handler_s_base_exception_ends_its_serve() -> None:
         await channel.serve(handle)
     channel.close()
     assert got == [0, 1, 2]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("when", ["buffered before serve", "arriving while served"])
+async def test_a_handler_that_closes_its_channel_is_handed_nothing_more(when: str) -> None:
+    """close() in the handler ends serve() with ClosedResourceError, the frames behind it unhanded, on every loop."""
+    mine, theirs = sockets.socketpair()
+    channel, got, ends = Channel(mine), [], []
+
+    def handle(message: dict[str, object]) -> None:
+        got.append(message["id"])
+        if len(got) == 3:
+            channel.close()
+
+    async def serve() -> None:
+        try:
+            await channel.serve(handle)
+        except Exception as exc:  # which one is the point
+            ends.append(exc)
+
+    with theirs, anyio.fail_after(5):
+        if when == "buffered before serve":
+            theirs.send(_frames(range(9)))
+            assert (await channel.read())["id"] == 0  # one recv took them all: eight wait in the channel
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(serve)
+            if when == "arriving while served":
+                await anyio.sleep(0.01)
+                theirs.send(_frames(range(9)))
+    first = 1 if when == "buffered before serve" else 0
+    assert got == [first, first + 1, first + 2] and [type(end) for end in ends] == [anyio.ClosedResourceError]
 
 
 # -- managers of one process leasing from a broker in the loop ---------------------------------

@@ -112,6 +112,8 @@ class Channel:
             When the channel was closed meanwhile.
         """
         while (message := self._next()) is None:
+            if self.sock.fileno() == -1:
+                raise anyio.ClosedResourceError
             # each recv after a wait: a peer that floods yields the loop to the others at every read
             await anyio.wait_readable(self.sock)
             with contextlib.suppress(BlockingIOError):
@@ -132,6 +134,8 @@ class Channel:
                 handle(await self.read())
         while (message := self._next()) is not None:  # what read() left in the buffer
             handle(message)
+        if self.sock.fileno() == -1:
+            raise anyio.ClosedResourceError  # handle closed it
         served = self._served = loop.create_future()
 
         def readable() -> None:
@@ -184,7 +188,8 @@ class Channel:
         self._in += self._chunk[:count]
 
     def close(self) -> None:
-        """Close the socket; a task waiting on it gets :exc:`anyio.ClosedResourceError`."""
+        """Close the socket, dropping what it read; a task waiting on it, or reading next, gets ClosedResourceError."""
+        self._in.clear()  # a handler that closes it is handed nothing more
         served, self._served = self._served, None
         if served is not None:
             served.get_loop().remove_reader(self.sock)
