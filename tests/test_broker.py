@@ -16,6 +16,7 @@ import struct
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -227,6 +228,33 @@ async def test_a_handler_that_closes_its_channel_is_handed_nothing_more(when: st
                 theirs.send(_frames(range(9)))
     first = 1 if when == "buffered before serve" else 0
     assert got == [first, first + 1, first + 2] and [type(end) for end in ends] == [anyio.ClosedResourceError]
+
+
+def test_a_channel_served_in_trio_s_guest_run_on_asyncio_reads_as_on_trio() -> None:
+    """Trio as asyncio's guest: asyncio.get_running_loop() answers in its tasks too, but serve() must read as trio."""
+    trio = pytest.importorskip("trio")
+    import asyncio
+
+    async def guest() -> list[object]:
+        mine, theirs = sockets.socketpair()
+        channel, got = Channel(mine), []
+        with theirs:
+            theirs.send(_frames(range(9)))
+        with trio.fail_after(5), pytest.raises(anyio.EndOfStream):
+            await channel.serve(lambda message: got.append(message["id"]))
+        channel.close()
+        return got
+
+    async def host() -> list[object]:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Any] = loop.create_future()
+        trio.lowlevel.start_guest_run(
+            guest, run_sync_soon_threadsafe=loop.call_soon_threadsafe, done_callback=done.set_result
+        )
+        result: list[object] = (await done).unwrap()
+        return result
+
+    assert asyncio.run(host()) == list(range(9))
 
 
 # -- managers of one process leasing from a broker in the loop ---------------------------------

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any, Final, NoReturn
 
 import anyio
+import anyio.lowlevel
 
 from .protocol import HEADER, MAX_FRAME, ProtocolError, decode, encode
 
@@ -127,9 +128,8 @@ class Channel:
         callback for it (so it must not await, and nothing it does may block); elsewhere a task reads
         each message. The same errors as :meth:`read`, and whatever ``handle`` raises.
         """
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # trio
+        loop = anyio.lowlevel.current_token().native_token  # (trio as asyncio's guest sees asyncio's running loop)
+        if not isinstance(loop, asyncio.AbstractEventLoop):  # trio
             while True:
                 handle(await self.read())
         while (message := self._next()) is not None:  # what read() left in the buffer
