@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket as sockets
@@ -342,6 +343,22 @@ async def test_the_socket_is_the_owners_only(where: Path) -> None:
     where.parent.chmod(0o755)
     with pytest.raises(BrokerError, match="only you can open.*chmod 700"):
         prepare_socket(where)
+
+
+@pytest.mark.anyio
+async def test_a_peer_gone_before_its_welcome_leaves_quietly(where: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A peer that says hello and goes at once (a connect cancelled) is let go: no 'unexpected error' logged."""
+    caplog.set_level(logging.INFO, "aiocubie.broker")
+    async with serving(where, MiB) as served:
+        for role in ("status", "client"):
+            with sockets.socket(sockets.AF_UNIX) as peer:  # closed before the broker reads the hello
+                peer.connect(str(where))
+                peer.sendall(encode({"op": "hello", "v": VERSION, "role": role, "pid": 1, "name": "", "hold": 0}))
+        with anyio.fail_after(5):
+            while "left; its lease is back" not in caplog.text:  # the client's welcome met a closed socket
+                await anyio.sleep(0.01)
+        assert served.leases.clients == [] and (await broker_status(str(where)))["clients"] == []
+    assert "unexpected error" not in caplog.text and "Traceback" not in caplog.text
 
 
 @pytest.mark.anyio
