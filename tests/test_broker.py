@@ -412,6 +412,7 @@ def test_a_dead_broker_leaves_arrays_valid_and_is_rejoined(where: Path) -> None:
 
 def test_hostile_bytes_close_only_their_connection(where: Path) -> None:
     with broker(where, 8 * MiB) as process:
+        hello = encode({"op": "hello", "v": VERSION, "role": "client", "pid": 1, "name": "", "hold": 0})
         frames = st.one_of(
             st.binary(max_size=64),
             st.builds(lambda body: struct.pack(">I", len(body)) + body, st.binary(max_size=64)),
@@ -425,9 +426,7 @@ def test_hostile_bytes_close_only_their_connection(where: Path) -> None:
                 ),
             ),
             st.builds(
-                lambda m: (
-                    encode({"op": "hello", "v": VERSION, "role": "client", "pid": 1, "name": "", "hold": 0}) + encode(m)
-                ),
+                lambda m: hello + encode(m),
                 st.dictionaries(
                     st.sampled_from(["op", "id", "bytes", "want"]),
                     st.integers(-2, 2**64) | st.sampled_from(["lease", "return", "cancel", "steal"]),
@@ -437,16 +436,30 @@ def test_hostile_bytes_close_only_their_connection(where: Path) -> None:
         )
 
         @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-        @given(frames)
-        def attack(data: bytes) -> None:
+        @given(frames, st.booleans())
+        def attack(data: bytes, welcomed: bool) -> None:
+            refused = False  # a message the broker must close the connection for, the peer's end not waited for
             with sockets.socket(sockets.AF_UNIX) as peer:
                 peer.settimeout(2)
                 peer.connect(str(where))
+                if welcomed and data.startswith(hello):  # the rest reaches a served connection (the loop's callback)
+                    peer.sendall(hello)
+                    assert decode(peer.recv(4096)[4:])["op"] == "welcome"
+                    data = data[len(hello) :]
+                    try:
+                        refused = decode(data[4:])["op"] not in ("lease", "cancel", "return", "status")
+                    except ProtocolError:
+                        refused = True
                 peer.sendall(data)
-                peer.shutdown(sockets.SHUT_WR)
-                with contextlib.suppress(OSError):
+                if not refused:
+                    peer.shutdown(sockets.SHUT_WR)
+                try:
                     while peer.recv(4096):
                         pass  # the broker answers, then closes (or closes at once)
+                except TimeoutError:
+                    assert not refused, f"{data!r} left its connection open"
+                except OSError:
+                    pass
 
         attack()
         assert process.poll() is None  # alive
