@@ -231,6 +231,40 @@ async def test_a_handler_that_closes_its_channel_is_handed_nothing_more(when: st
     assert got == [first, first + 1, first + 2] and [type(end) for end in ends] == [anyio.ClosedResourceError]
 
 
+@pytest.mark.anyio
+async def test_a_peer_that_floods_holds_the_loop_for_short_turns() -> None:
+    """A served channel takes one recv of at most 16 KiB a turn: another peer's message, sent as a flood of tiny frames
+    is being handled, waits for two such turns of it (a few hundred frames each), not two of 64 KiB."""
+    flooder, flooding = sockets.socketpair()
+    quiet, talking = sockets.socketpair()
+    flooding.setblocking(False)
+    block = encode({"op": "cancel", "id": 7}) * 1000
+    flooded = 0
+    with contextlib.suppress(BlockingIOError):
+        while (sent := flooding.send(block)) == len(block):  # until the socket is full (its last frame may be cut)
+            flooded += sent
+    assert flooded > 2 * 65536  # more than two turns of 64 KiB
+    heard: list[str] = []
+
+    def flood(message: dict[str, object]) -> None:
+        heard.append("flood")
+        if len(heard) == 1:
+            talking.send(encode({"op": "cancel", "id": 1}))
+
+    channels = Channel(flooder), Channel(quiet)
+    with flooding, talking, anyio.fail_after(5):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(channels[0].serve, flood)
+            tasks.start_soon(channels[1].serve, lambda message: heard.append("quiet"))
+            while "quiet" not in heard:
+                await anyio.sleep(0)
+            tasks.cancel_scope.cancel()
+    for channel in channels:
+        channel.close()
+    per_turn = 16384 // (len(block) // 1000) + 1
+    assert 1 <= heard.index("quiet") <= 2 * per_turn
+
+
 def test_a_channel_served_in_trio_s_guest_run_on_asyncio_reads_as_on_trio() -> None:
     """Trio as asyncio's guest: asyncio.get_running_loop() answers in its tasks too, but serve() must read as trio."""
     trio = pytest.importorskip("trio")

@@ -25,7 +25,8 @@ __all__ = ["Channel", "connect"]
 
 #: Bytes a peer may leave unread before its writer is told to give up on it (see :meth:`Channel.write`).
 BACKLOG: Final = 4 * MAX_FRAME
-_CHUNK = 65536
+#: Bytes one recv takes: a turn of the loop a peer may hold (a flood of tiny frames: a few hundred of them, ~2 ms).
+_CHUNK = 16384
 
 
 class Channel:
@@ -46,7 +47,7 @@ class Channel:
         self.sock = sock
         self._backlog = backlog
         self._in = bytearray()
-        self._chunk = memoryview(bytearray(_CHUNK))  # recv_into it: no 64 KiB allocation (an mmap) a read
+        self._chunk = memoryview(bytearray(_CHUNK))  # recv_into it: no allocation a read
         self._out = bytearray()
         self._queued = anyio.Event()
         self._served: asyncio.Future[NoReturn] | None = None  # while serve() has the socket on asyncio's loop
