@@ -588,3 +588,43 @@ async def test_grows_beside_a_waiting_grow_are_answered_and_end_when_the_broker_
                 await anyio.sleep(0.01)
         assert "went away" in str(ends[0]) and asker.granted == 4 * MiB  # what it holds
         tasks.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_connection_lost_before_its_reader_starts_is_not_served(where: Path) -> None:
+    """A broker that welcomes, then reads nothing: the first ask breaks the pipe (no end of stream comes), and the
+    reader, started after the loss, ends at once instead of serving the lost connection until the manager ends."""
+    from aiocubie._broker.client import BrokerLease
+
+    async def deaf(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            await stream.receive()
+            await stream.send(encode({"op": "welcome", "v": VERSION, "budget": 8 * MiB, "slab": MiB, "device": 0}))
+            stream.extra(anyio.abc.SocketAttribute.raw_socket).shutdown(sockets.SHUT_RD)
+            await anyio.sleep_forever()
+
+    where.parent.mkdir(mode=0o700, exist_ok=True)
+    listener = await anyio.create_unix_listener(where)
+    started: list[str] = []
+    alive: list[str] = []
+    async with listener, anyio.create_task_group() as tasks:
+        tasks.start_soon(listener.serve, deaf)
+
+        def spawn(run: Any, *args: object, name: str) -> bool:
+            async def counted() -> None:
+                started.append(name)
+                alive.append(name)
+                try:
+                    await run(*args)
+                finally:
+                    alive.remove(name)
+
+            tasks.start_soon(counted)
+            return True
+
+        with pytest.raises(BrokerError, match="went away"):
+            await BrokerLease(str(where), spawn).grow(MiB, MiB, wait=False)
+        with anyio.fail_after(5):
+            while not started or alive:
+                await anyio.sleep(0.01)
+        tasks.cancel_scope.cancel()
