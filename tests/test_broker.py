@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket as sockets
@@ -16,6 +17,7 @@ import struct
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -233,6 +235,124 @@ async def test_a_served_channel_hands_over_each_message_and_ends_as_its_peer_doe
     assert ends == [anyio.EndOfStream, ProtocolError, anyio.ClosedResourceError]
 
 
+def _frames(ids: range) -> bytes:
+    return b"".join(encode({"op": "cancel", "id": i}) for i in ids)
+
+
+class _Interrupt(BaseException):
+    """Not an Exception, as KeyboardInterrupt and SystemExit are not."""
+
+
+@pytest.mark.anyio
+async def test_a_handler_s_base_exception_ends_its_serve() -> None:
+    """A BaseException from the handler ends serve() with it on every loop (on asyncio it was only logged: a hang)."""
+    mine, theirs = sockets.socketpair()
+    channel, got = Channel(mine), []
+
+    def handle(message: dict[str, object]) -> None:
+        got.append(message["id"])
+        if len(got) == 3:
+            raise _Interrupt
+
+    with theirs, anyio.fail_after(5), pytest.raises(_Interrupt):
+        theirs.send(_frames(range(9)))
+        await channel.serve(handle)
+    channel.close()
+    assert got == [0, 1, 2]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("when", ["buffered before serve", "arriving while served"])
+async def test_a_handler_that_closes_its_channel_is_handed_nothing_more(when: str) -> None:
+    """close() in the handler ends serve() with ClosedResourceError, the frames behind it unhanded, on every loop."""
+    mine, theirs = sockets.socketpair()
+    channel, got, ends = Channel(mine), [], []
+
+    def handle(message: dict[str, object]) -> None:
+        got.append(message["id"])
+        if len(got) == 3:
+            channel.close()
+
+    async def serve() -> None:
+        try:
+            await channel.serve(handle)
+        except Exception as exc:  # which one is the point
+            ends.append(exc)
+
+    with theirs, anyio.fail_after(5):
+        if when == "buffered before serve":
+            theirs.send(_frames(range(9)))
+            assert (await channel.read())["id"] == 0  # one recv took them all: eight wait in the channel
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(serve)
+            if when == "arriving while served":
+                await anyio.sleep(0.01)
+                theirs.send(_frames(range(9)))
+    first = 1 if when == "buffered before serve" else 0
+    assert got == [first, first + 1, first + 2] and [type(end) for end in ends] == [anyio.ClosedResourceError]
+
+
+@pytest.mark.anyio
+async def test_a_peer_that_floods_holds_the_loop_for_short_turns() -> None:
+    """A served channel takes one recv of at most 16 KiB a turn: another peer's message, sent as a flood of tiny frames
+    is being handled, waits for two such turns of it (a few hundred frames each), not two of 64 KiB."""
+    flooder, flooding = sockets.socketpair()
+    quiet, talking = sockets.socketpair()
+    flooding.setblocking(False)
+    block = encode({"op": "cancel", "id": 7}) * 1000
+    flooded = 0
+    with contextlib.suppress(BlockingIOError):
+        while (sent := flooding.send(block)) == len(block):  # until the socket is full (its last frame may be cut)
+            flooded += sent
+    assert flooded > 2 * 65536  # more than two turns of 64 KiB
+    heard: list[str] = []
+
+    def flood(message: dict[str, object]) -> None:
+        heard.append("flood")
+        if len(heard) == 1:
+            talking.send(encode({"op": "cancel", "id": 1}))
+
+    channels = Channel(flooder), Channel(quiet)
+    with flooding, talking, anyio.fail_after(5):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(channels[0].serve, flood)
+            tasks.start_soon(channels[1].serve, lambda message: heard.append("quiet"))
+            while "quiet" not in heard:
+                await anyio.sleep(0)
+            tasks.cancel_scope.cancel()
+    for channel in channels:
+        channel.close()
+    per_turn = 16384 // (len(block) // 1000) + 1
+    assert 1 <= heard.index("quiet") <= 2 * per_turn
+
+
+def test_a_channel_served_in_trio_s_guest_run_on_asyncio_reads_as_on_trio() -> None:
+    """Trio as asyncio's guest: asyncio.get_running_loop() answers in its tasks too, but serve() must read as trio."""
+    trio = pytest.importorskip("trio")
+    import asyncio
+
+    async def guest() -> list[object]:
+        mine, theirs = sockets.socketpair()
+        channel, got = Channel(mine), []
+        with theirs:
+            theirs.send(_frames(range(9)))
+        with trio.fail_after(5), pytest.raises(anyio.EndOfStream):
+            await channel.serve(lambda message: got.append(message["id"]))
+        channel.close()
+        return got
+
+    async def host() -> list[object]:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Any] = loop.create_future()
+        trio.lowlevel.start_guest_run(
+            guest, run_sync_soon_threadsafe=loop.call_soon_threadsafe, done_callback=done.set_result
+        )
+        result: list[object] = (await done).unwrap()
+        return result
+
+    assert asyncio.run(host()) == list(range(9))
+
+
 # -- managers of one process leasing from a broker in the loop ---------------------------------
 @pytest.mark.anyio
 async def test_a_request_its_lease_covers_never_talks_to_the_broker(where: Path) -> None:
@@ -321,6 +441,22 @@ async def test_the_socket_is_the_owners_only(where: Path) -> None:
 
 
 @pytest.mark.anyio
+async def test_a_peer_gone_before_its_welcome_leaves_quietly(where: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A peer that says hello and goes at once (a connect cancelled) is let go: no 'unexpected error' logged."""
+    caplog.set_level(logging.INFO, "aiocubie.broker")
+    async with serving(where, MiB) as served:
+        for role in ("status", "client"):
+            with sockets.socket(sockets.AF_UNIX) as peer:  # closed before the broker reads the hello
+                peer.connect(str(where))
+                peer.sendall(encode({"op": "hello", "v": VERSION, "role": role, "pid": 1, "name": "", "hold": 0}))
+        with anyio.fail_after(5):
+            while "left; its lease is back" not in caplog.text:  # the client's welcome met a closed socket
+                await anyio.sleep(0.01)
+        assert served.leases.clients == [] and (await broker_status(str(where)))["clients"] == []
+    assert "unexpected error" not in caplog.text and "Traceback" not in caplog.text
+
+
+@pytest.mark.anyio
 @pytest.mark.skipif(not hasattr(sockets, "SO_PEERCRED"), reason="peer credentials are Linux's")
 async def test_a_peer_of_another_user_is_refused(where: Path) -> None:
     async with serving(where, MiB, allowed_uid=os.getuid() + 1):
@@ -371,6 +507,7 @@ def test_a_dead_broker_leaves_arrays_valid_and_is_rejoined(where: Path) -> None:
 
 def test_hostile_bytes_close_only_their_connection(where: Path) -> None:
     with broker(where, 8 * MiB) as process:
+        hello = encode({"op": "hello", "v": VERSION, "role": "client", "pid": 1, "name": "", "hold": 0})
         frames = st.one_of(
             st.binary(max_size=64),
             st.builds(lambda body: struct.pack(">I", len(body)) + body, st.binary(max_size=64)),
@@ -384,9 +521,7 @@ def test_hostile_bytes_close_only_their_connection(where: Path) -> None:
                 ),
             ),
             st.builds(
-                lambda m: (
-                    encode({"op": "hello", "v": VERSION, "role": "client", "pid": 1, "name": "", "hold": 0}) + encode(m)
-                ),
+                lambda m: hello + encode(m),
                 st.dictionaries(
                     st.sampled_from(["op", "id", "bytes", "want"]),
                     st.integers(-2, 2**64) | st.sampled_from(["lease", "return", "cancel", "steal"]),
@@ -396,16 +531,30 @@ def test_hostile_bytes_close_only_their_connection(where: Path) -> None:
         )
 
         @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-        @given(frames)
-        def attack(data: bytes) -> None:
+        @given(frames, st.booleans())
+        def attack(data: bytes, welcomed: bool) -> None:
+            refused = False  # a message the broker must close the connection for, the peer's end not waited for
             with sockets.socket(sockets.AF_UNIX) as peer:
                 peer.settimeout(2)
                 peer.connect(str(where))
+                if welcomed and data.startswith(hello):  # the rest reaches a served connection (the loop's callback)
+                    peer.sendall(hello)
+                    assert decode(peer.recv(4096)[4:])["op"] == "welcome"
+                    data = data[len(hello) :]
+                    try:
+                        refused = decode(data[4:])["op"] not in ("lease", "cancel", "return", "status")
+                    except ProtocolError:
+                        refused = True
                 peer.sendall(data)
-                peer.shutdown(sockets.SHUT_WR)
-                with contextlib.suppress(OSError):
+                if not refused:
+                    peer.shutdown(sockets.SHUT_WR)
+                try:
                     while peer.recv(4096):
                         pass  # the broker answers, then closes (or closes at once)
+                except TimeoutError:
+                    assert not refused, f"{data!r} left its connection open"
+                except OSError:
+                    pass
 
         attack()
         assert process.poll() is None  # alive
@@ -499,4 +648,44 @@ async def test_grows_beside_a_waiting_grow_are_answered_and_end_when_the_broker_
             while not ends:
                 await anyio.sleep(0.01)
         assert "went away" in str(ends[0]) and asker.granted == 4 * MiB  # what it holds
+        tasks.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_connection_lost_before_its_reader_starts_is_not_served(where: Path) -> None:
+    """A broker that welcomes, then reads nothing: the first ask breaks the pipe (no end of stream comes), and the
+    reader, started after the loss, ends at once instead of serving the lost connection until the manager ends."""
+    from aiocubie._broker.client import BrokerLease
+
+    async def deaf(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            await stream.receive()
+            await stream.send(encode({"op": "welcome", "v": VERSION, "budget": 8 * MiB, "slab": MiB, "device": 0}))
+            stream.extra(anyio.abc.SocketAttribute.raw_socket).shutdown(sockets.SHUT_RD)
+            await anyio.sleep_forever()
+
+    where.parent.mkdir(mode=0o700, exist_ok=True)
+    listener = await anyio.create_unix_listener(where)
+    started: list[str] = []
+    alive: list[str] = []
+    async with listener, anyio.create_task_group() as tasks:
+        tasks.start_soon(listener.serve, deaf)
+
+        def spawn(run: Any, *args: object, name: str) -> bool:
+            async def counted() -> None:
+                started.append(name)
+                alive.append(name)
+                try:
+                    await run(*args)
+                finally:
+                    alive.remove(name)
+
+            tasks.start_soon(counted)
+            return True
+
+        with pytest.raises(BrokerError, match="went away"):
+            await BrokerLease(str(where), spawn).grow(MiB, MiB, wait=False)
+        with anyio.fail_after(5):
+            while not started or alive:
+                await anyio.sleep(0.01)
         tasks.cancel_scope.cancel()

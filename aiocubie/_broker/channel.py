@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any, Final, NoReturn
 
 import anyio
+import anyio.lowlevel
 
 from .protocol import HEADER, MAX_FRAME, ProtocolError, decode, encode
 
@@ -24,7 +25,8 @@ __all__ = ["Channel", "connect"]
 
 #: Bytes a peer may leave unread before its writer is told to give up on it (see :meth:`Channel.write`).
 BACKLOG: Final = 4 * MAX_FRAME
-_CHUNK = 65536
+#: Bytes one recv takes: a turn of the loop a peer may hold (a flood of tiny frames: a few hundred of them, ~2 ms).
+_CHUNK = 16384
 
 
 class Channel:
@@ -45,7 +47,7 @@ class Channel:
         self.sock = sock
         self._backlog = backlog
         self._in = bytearray()
-        self._chunk = memoryview(bytearray(_CHUNK))  # recv_into it: no 64 KiB allocation (an mmap) a read
+        self._chunk = memoryview(bytearray(_CHUNK))  # recv_into it: no allocation a read
         self._out = bytearray()
         self._queued = anyio.Event()
         self._served: asyncio.Future[NoReturn] | None = None  # while serve() has the socket on asyncio's loop
@@ -112,6 +114,8 @@ class Channel:
             When the channel was closed meanwhile.
         """
         while (message := self._next()) is None:
+            if self.sock.fileno() == -1:
+                raise anyio.ClosedResourceError
             # each recv after a wait: a peer that floods yields the loop to the others at every read
             await anyio.wait_readable(self.sock)
             with contextlib.suppress(BlockingIOError):
@@ -125,13 +129,14 @@ class Channel:
         callback for it (so it must not await, and nothing it does may block); elsewhere a task reads
         each message. The same errors as :meth:`read`, and whatever ``handle`` raises.
         """
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # trio
+        loop = anyio.lowlevel.current_token().native_token  # (trio as asyncio's guest sees asyncio's running loop)
+        if not isinstance(loop, asyncio.AbstractEventLoop):  # trio
             while True:
                 handle(await self.read())
         while (message := self._next()) is not None:  # what read() left in the buffer
             handle(message)
+        if self.sock.fileno() == -1:
+            raise anyio.ClosedResourceError  # handle closed it
         served = self._served = loop.create_future()
 
         def readable() -> None:
@@ -141,9 +146,11 @@ class Channel:
                     handle(message)
             except BlockingIOError:
                 pass
-            except Exception as exc:  # the connection ends: the task awaiting serve() raises it
+            except BaseException as exc:  # the connection ends: the task awaiting serve() raises it
                 if not served.done():
-                    served.set_exception(exc)
+                    served.set_exception(exc)  # a KeyboardInterrupt too, as a task's own raise would
+                elif not isinstance(exc, Exception):
+                    raise  # serve() has ended: the loop's run raises it
 
         loop.add_reader(self.sock, readable)
         try:
@@ -182,7 +189,8 @@ class Channel:
         self._in += self._chunk[:count]
 
     def close(self) -> None:
-        """Close the socket; a task waiting on it gets :exc:`anyio.ClosedResourceError`."""
+        """Close the socket, dropping what it read; a task waiting on it, or reading next, gets ClosedResourceError."""
+        self._in.clear()  # a handler that closes it is handed nothing more
         served, self._served = self._served, None
         if served is not None:
             served.get_loop().remove_reader(self.sock)

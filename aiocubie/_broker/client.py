@@ -237,7 +237,8 @@ class BrokerLease:
                         self._take(message)
 
                 try:  # on asyncio each message is taken in the loop's callback: an answer wakes its grow
-                    await channel.serve(take)
+                    if self._channel is channel:  # else lost before this task started: nothing ends it
+                        await channel.serve(take)
                 except _ENDS as exc:
                     self._lost(channel, exc)
                 tasks.cancel_scope.cancel()

@@ -188,11 +188,11 @@ class Broker:
     async def _session(self, channel: Channel, client: Client | None, serve: Callable[[], Awaitable[None]]) -> None:
         """Welcome the peer and ``serve()`` it, sending what its channel queued meanwhile; until either ends."""
         error: Exception | None = None  # raised outside the task group: not wrapped in an ExceptionGroup
+        channel.write(self._welcome())  # here too: a peer gone already is not an ExceptionGroup
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(self._drain, channel, tasks.cancel_scope)
             if client is not None:
                 self._channels[client] = channel, tasks.cancel_scope
-            channel.write(self._welcome())
             try:
                 await serve()
             except Exception as exc:
