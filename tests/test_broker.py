@@ -29,7 +29,7 @@ from aiocubie._broker.client import broker_status
 from aiocubie._broker.leases import Client, Leases
 from aiocubie._broker.protocol import MAX_FRAME, VERSION, ProtocolError, check, decode, encode
 from aiocubie._broker.server import Broker, prepare_socket
-from aiocubie.errors import BrokerError, LeaseError
+from aiocubie.errors import BrokerError, LeaseError, UnchunkableTooLargeError
 from aiocubie.simulator import SimulatorBackend
 
 
@@ -283,6 +283,26 @@ async def test_policies_across_managers_wait_chunk_fail(where: Path) -> None:
                 held.release()
             assert got == [1]  # whole, once the first manager gave its bytes back
             assert (await broker_status(str(where)))["peak"] <= 16 * MiB
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("policy", ["wait", "chunk", "fail"])
+@pytest.mark.parametrize("split", [1, 4])
+async def test_an_unchunkable_batch_over_what_the_broker_could_lease_fails_at_once(
+    where: Path, policy: str, split: int
+) -> None:
+    # it leased all its share could give, then asked again and again for nothing (no waiter: a busy loop)
+    async with (
+        serving(where, 16 * MiB, split=split),
+        MemoryManager(SimulatorBackend(total=DEVICE), broker=where, policy=policy) as mgr,
+    ):
+        member = object()
+        mgr.register(member)
+        too_big = {"x": ArrayRequest((5 * MiB,), "float32", unchunkable=True)}  # 20 MiB
+        with anyio.fail_after(5), pytest.raises(UnchunkableTooLargeError):
+            await mgr.request(member, too_big)
+        async with mgr.request(member, block(MiB)) as response:  # the manager serves on
+            assert response.chunks == 1
 
 
 @pytest.mark.anyio
