@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if args.budget is None and args.device_backend is None:
         raise ConfigurationError(
             "broker needs --budget BYTES (the node budget), e.g. --budget 60GiB, or --backend cuda|simulator "
-            "for the whole device"
+            "(then the budget is the device's free memory less a tenth of its total)"
         )
     if args.device_backend is not None:
         args.budget = _check_device(args.device_backend, args.device, args.budget)
