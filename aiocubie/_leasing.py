@@ -26,12 +26,13 @@ class BatchLease:
         The bytes to lease for the batch whole, and for one run of it (None: nothing to lease).
     """
 
-    __slots__ = ("_account", "_leased", "_scope", "short")
+    __slots__ = ("_account", "_capped", "_leased", "_scope", "short")
 
     def __init__(self, account: Account) -> None:
         self._account = account
         self.short: tuple[int, int] | None = None
         self._leased = False  # it just leased: plan against what there is (chunk, or decide)
+        self._capped = False  # and got less than it asked: the broker could never give more
         self._scope: anyio.CancelScope | None = None
 
     def lacks(self, totals: Totals, plan: ChunkPlan | None) -> bool:
@@ -41,7 +42,7 @@ class BatchLease:
             return False
         if self._leased:  # leased for this plan already: what there is now is what there is (if a run fits)
             self._leased = False
-            if plan is not None:
+            if plan is not None or self._capped:  # capped: the broker could give no more; the policy decides
                 return False
         account = self._account
         whole = account.lease_shortfall(totals.fixed + totals.per_run * totals.runs)
@@ -70,11 +71,15 @@ class BatchLease:
         lease, options = self._account.lease, self._account.options
         assert lease is not None
         fails = options.policy is Policy.FAIL and options.active
+        granted = 0
         with anyio.CancelScope() as scope:
             self._scope = scope
-            await lease.grow(whole if fails or options.waits else one_run, whole, wait=not fails, priority=priority)
+            least = whole if fails or options.waits else one_run
+            granted = await lease.grow(least, whole, wait=not fails, priority=priority)
         self._scope = None
         self._leased = not scope.cancelled_caught  # withdrawn from the wait: lease again if need be
+        # under least: the broker capped the wait at what this client's share or the budget could ever give
+        self._capped = self._leased and granted < least
 
     def again(self) -> None:
         """The batch changed while it waits for a lease: stop waiting (it is planned again)."""
@@ -83,4 +88,4 @@ class BatchLease:
 
     def reset(self) -> None:
         """The batch was served or ended: forget what it lacked."""
-        self.short, self._leased = None, False
+        self.short, self._leased, self._capped = None, False, False

@@ -83,6 +83,7 @@ class SessionBroker:
         self.path = self.directory / "broker.sock"
         command = [sys.executable, "-m", "aiocubie", "broker", "--socket", str(self.path), "--backend", backend]
         command += ["--split", str(split)] + ([] if budget is None else ["--budget", budget])
+        self.budget = budget
         self.log = (self.directory / "broker.log").open("w+")
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -97,8 +98,17 @@ class SessionBroker:
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.log.seek(0)
                 what = f"exited ({self.process.returncode})" if self.process.poll() is not None else "did not answer"
+                # its error, without the command's usage text (the user wrote no command line)
+                said = [
+                    line
+                    for line in self.log.read().splitlines()
+                    if not line.startswith(("usage: ", "      ", "(run with --debug"))
+                ]
+                given = (
+                    "" if self.budget is None else " (its --budget: --aiocubie-broker-budget or aiocubie_broker_budget)"
+                )
                 raise pytest.UsageError(
-                    f"--aiocubie-broker: the session's broker {what} at {self.path}: {self.log.read().strip()}"
+                    f"--aiocubie-broker: the session's broker {what} at {self.path}: {' '.join(said).strip()}{given}"
                 )
             time.sleep(0.02)
 

@@ -9,6 +9,7 @@ be two processes) ask for 12 MiB each: the second waits at the broker until the 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -62,3 +63,4 @@ if __name__ == "__main__":
     finally:
         broker.terminate()
         broker.wait()
+        shutil.rmtree(folder, ignore_errors=True)  # the broker removed its socket; the folder is ours

@@ -14,6 +14,7 @@ import signal
 import socket as sockets
 import stat
 import struct
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -31,7 +32,7 @@ from aiocubie._broker.client import broker_status
 from aiocubie._broker.leases import Client, Leases
 from aiocubie._broker.protocol import MAX_FRAME, VERSION, ProtocolError, check, decode, encode
 from aiocubie._broker.server import Broker, prepare_socket
-from aiocubie.errors import BrokerError, LeaseError
+from aiocubie.errors import BrokerError, LeaseError, UnchunkableTooLargeError
 from aiocubie.simulator import SimulatorBackend
 
 
@@ -134,6 +135,9 @@ def test_a_refusal_names_what_the_others_hold() -> None:
     (_, answer), (reclaimed, reclaim) = leases.ask(asker, 3, 32 * MiB, 32 * MiB, False, 0)
     assert answer["op"] == "denied" and reclaimed is holder and reclaim == {"op": "reclaim"}
     assert "pid 11 (trainer) 48.0 MiB" in answer["reason"] and "64.0 MiB" in answer["reason"]
+    assert answer["reason"].endswith("policy 'wait' waits for them, 'chunk' takes what there is")
+    (_, answer), *_ = leases.ask(asker, 4, 65 * MiB, 65 * MiB, False, 0)
+    assert answer["reason"].endswith("more than the node budget: a larger --budget, or policy 'chunk'")
     leases.leave(holder)
     assert leases.leased == 0 and leases.clients == [asker]
 
@@ -146,6 +150,8 @@ def test_a_process_leases_at_most_its_share_and_the_line_goes_on_past_it() -> No
     assert leases.ask(a1, 1, 10, 40, False, 0)[0][1] == {"op": "granted", "id": 1, "bytes": 40}
     (_, answer), *_ = leases.ask(a2, 1, 20, 20, False, 0)  # the node has 60 free, its process 10
     assert answer["op"] == "denied" and "this process holds 40 B of its share of 50 B" in answer["reason"]
+    (_, answer), *_ = leases.ask(a2, 9, 60, 60, False, 0)
+    assert answer["reason"].endswith("more than a process's share: a smaller --split, or policy 'chunk'")
     assert [m["op"] for _, m in leases.ask(a2, 2, 20, 20, True, 9)] == ["pressure"] * 4  # first in line
     # a2 waits for its own process, not the node: the line goes on past it, and asks past it are granted
     assert leases.ask(c, 1, 10, 10, True, 0) == [(c, {"op": "granted", "id": 1, "bytes": 10})]
@@ -406,6 +412,26 @@ async def test_policies_across_managers_wait_chunk_fail(where: Path) -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("policy", ["wait", "chunk", "fail"])
+@pytest.mark.parametrize("split", [1, 4])
+async def test_an_unchunkable_batch_over_what_the_broker_could_lease_fails_at_once(
+    where: Path, policy: str, split: int
+) -> None:
+    # it leased all its share could give, then asked again and again for nothing (no waiter: a busy loop)
+    async with (
+        serving(where, 16 * MiB, split=split),
+        MemoryManager(SimulatorBackend(total=DEVICE), broker=where, policy=policy) as mgr,
+    ):
+        member = object()
+        mgr.register(member)
+        too_big = {"x": ArrayRequest((5 * MiB,), "float32", unchunkable=True)}  # 20 MiB
+        with anyio.fail_after(5), pytest.raises(UnchunkableTooLargeError):
+            await mgr.request(member, too_big)
+        async with mgr.request(member, block(MiB)) as response:  # the manager serves on
+            assert response.chunks == 1
+
+
+@pytest.mark.anyio
 async def test_a_client_of_another_protocol_version_is_refused_and_refuses(where: Path) -> None:
     async with serving(where, MiB):
         stream = await anyio.connect_unix(where)
@@ -438,6 +464,16 @@ async def test_the_socket_is_the_owners_only(where: Path) -> None:
     where.parent.chmod(0o755)
     with pytest.raises(BrokerError, match="only you can open.*chmod 700"):
         prepare_socket(where)
+
+
+def test_a_socket_path_the_broker_cannot_serve_is_refused_saying_what_to_do(where: Path) -> None:
+    with pytest.raises(BrokerError, match="only you can open") as refused:
+        prepare_socket(Path(tempfile.gettempdir()) / "broker.sock")  # open to all: chmod 700 of it breaks the node
+    assert "chmod" not in str(refused.value) and f"aiocubie-{os.getuid()}/broker.sock" in str(refused.value)
+    deep = where.parent / ("d" * 120) / "broker.sock"  # bind() raised a bare OSError, the directory left behind
+    with pytest.raises(BrokerError, match=f"{len(bytes(deep))} bytes long.*at most"):
+        prepare_socket(deep)
+    assert not where.parent.exists()
 
 
 @pytest.mark.anyio
@@ -597,6 +633,7 @@ def test_the_command_needs_a_budget_and_a_broker(where: Path) -> None:
     assert "needs --budget BYTES" in err
     _, err = spawn("-m", "aiocubie", "broker", "status", "--socket", str(where)).communicate(timeout=30)
     assert f"no broker answers at {where}" in err
+    assert "arrays" not in err and "AIOCUBIE_BROKER" not in err  # a status reader holds none, and set no variable
 
 
 @pytest.mark.anyio

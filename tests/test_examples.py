@@ -34,6 +34,8 @@ def test_async_pipeline() -> None:
 def test_broker_share() -> None:
     out = _run(str(EXAMPLES / "broker_share.py"))
     assert out.index("first: releasing") < out.index("second: served whole (1 chunk) once the first released")
+    (socket,) = re.findall(r"serving (\S+) ", out)
+    assert not Path(socket).parent.exists()  # its temporary folder removed (one was left a run)
 
 
 def test_batch_stream() -> None:

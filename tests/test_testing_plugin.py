@@ -409,3 +409,15 @@ def test_a_session_broker_that_cannot_start_stops_the_session_saying_why(pyteste
     assert "test_never_run" not in result.stdout.str()
     (line,) = [line for line in result.errlines if "the session's broker exited" in line]
     assert not Path(line.split(" at ")[1].split(":")[0]).parent.exists()  # its directory removed
+
+
+def test_a_session_broker_budget_that_is_no_number_says_which_option(pytester: pytest.Pytester) -> None:
+    # the ini budget went to the broker's command line: the error was its usage text, naming only --budget
+    pytester.makeconftest(CONFTEST)
+    pytester.makeini("[pytest]\naiocubie_broker = simulator\naiocubie_broker_budget = lots\n")
+    pytester.makepyfile("def test_never_run():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    errors = result.stderr.str()
+    assert "'lots' is not a whole number of bytes" in errors and "aiocubie_broker_budget" in errors
+    assert "usage:" not in errors

@@ -10,13 +10,14 @@ import argparse
 import json
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import anyio
 
-from .._errors import ConfigurationError
+from .._errors import BrokerError, ConfigurationError
 from .._stats import format_bytes
 from .client import broker_status
 from .server import Broker
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if args.budget is None and args.device_backend is None:
         raise ConfigurationError(
             "broker needs --budget BYTES (the node budget), e.g. --budget 60GiB, or --backend cuda|simulator "
-            "for the whole device"
+            "(then the budget is the device's free memory less a tenth of its total)"
         )
     if args.device_backend is not None:
         args.budget = _check_device(args.device_backend, args.device, args.budget)
@@ -115,6 +116,13 @@ async def _serve(broker: Broker) -> None:
 
 
 def _status(args: argparse.Namespace) -> int:
+    with socket.socket(socket.AF_UNIX) as probe:  # the client's "no broker answers" speaks to a manager
+        try:
+            probe.connect(args.socket)
+        except OSError as exc:
+            raise BrokerError(
+                f"no broker answers at {args.socket} ({exc}): is it the --socket the broker was started with?"
+            ) from None
     status: dict[str, Any] = anyio.run(broker_status, args.socket)
     if args.json:
         print(json.dumps(status, indent=2))

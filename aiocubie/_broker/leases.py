@@ -152,10 +152,16 @@ class Leases:
         if self.share < self.budget:
             mine = self._processes[client.pid].lease
             share = f"; this process holds {format_bytes(mine)} of its share of {format_bytes(self.share)}"
+        if client.lease + least > self.budget:
+            fix = "more than the node budget: a larger --budget, or policy 'chunk'"
+        elif client.lease + least > self.share:
+            fix = "more than a process's share: a smaller --split, or policy 'chunk'"
+        else:
+            fix = "policy 'wait' waits for them, 'chunk' takes what there is"
         return (
             f"{format_bytes(least)} more cannot be leased: {format_bytes(self.leased)} of the node budget of "
             f"{format_bytes(self.budget)} is leased (this client {format_bytes(client.lease)}; others: "
-            f"{held or 'none'}{share}), {len(self._waiters)} waiting"
+            f"{held or 'none'}{share}), {len(self._waiters)} waiting; {fix}"
         )
 
     def status(self) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import os
 import socket
 import stat
 import struct
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,8 @@ log = logging.getLogger("aiocubie.broker")
 
 #: Seconds a peer has to say hello.
 HELLO_TIMEOUT = 5.0
+#: The longest path a Unix socket binds to (sun_path: 108 bytes on Linux, 104 elsewhere, less the NUL).
+PATH_MAX = 107 if sys.platform.startswith("linux") else 103
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int] | None:
@@ -52,13 +55,20 @@ def prepare_socket(path: Path) -> None:
         If the directory is another user's or open to others, or a broker answers at ``path``.
     """
     folder = path.parent
+    if len(os.fsencode(path)) > PATH_MAX:
+        raise BrokerError(
+            f"the broker's socket path {path} is {len(os.fsencode(path))} bytes long; a Unix socket's is at most "
+            f"{PATH_MAX}: use a shorter one, such as /tmp/aiocubie-{os.getuid()}/broker.sock"
+        )
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = folder.stat()
     if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        mine = info.st_uid == os.getuid() and not info.st_mode & stat.S_ISVTX  # not a shared one such as /tmp
         raise BrokerError(
             f"the broker's socket goes in a directory only you can open; {folder} has mode "
-            f"{stat.filemode(info.st_mode)} (owner uid {info.st_uid}): use a new one such as "
-            f"$XDG_RUNTIME_DIR/aiocubie/broker.sock, or chmod 700 {folder}"
+            f"{stat.filemode(info.st_mode)} (owner uid {info.st_uid}): use a new one, such as "
+            f"{folder / f'aiocubie-{os.getuid()}' / path.name} (the broker makes it, mode 0700)"
+            + (f", or chmod 700 {folder}" if mine else "")
         )
     if path.exists() or path.is_symlink():
         probe = socket.socket(socket.AF_UNIX)
