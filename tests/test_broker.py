@@ -628,6 +628,16 @@ def test_eight_clients_storm_one_node_budget(where: Path) -> None:
     assert {r["policy"] for r in results} == {"chunk", "wait"}
 
 
+@pytest.mark.parametrize(
+    ("options", "why"), [({"split": 0}, "cannot be split 0 ways"), ({"slab": 2 * MiB}, "a smaller --slab")]
+)
+def test_a_broker_of_a_split_or_slab_its_budget_cannot_hold_is_refused(
+    where: Path, options: dict[str, int], why: str
+) -> None:
+    with pytest.raises(BrokerError, match=why):
+        Broker(where, MiB, **options)  # type: ignore[arg-type]
+
+
 def test_the_command_needs_a_budget_and_a_broker(where: Path) -> None:
     _, err = spawn("-m", "aiocubie", "broker", "--socket", str(where)).communicate(timeout=30)
     assert "needs --budget BYTES" in err
@@ -685,6 +695,7 @@ async def test_grows_beside_a_waiting_grow_are_answered_and_end_when_the_broker_
             while not ends:
                 await anyio.sleep(0.01)
         assert "went away" in str(ends[0]) and asker.granted == 4 * MiB  # what it holds
+        assert "the next lease connects again once a broker serves that socket (restart it)" in str(ends[0])
         tasks.cancel_scope.cancel()
 
 

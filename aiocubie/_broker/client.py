@@ -40,6 +40,13 @@ def _unreachable(path: str, exc: BaseException) -> BrokerError:
     )
 
 
+def _went_away(path: str) -> str:
+    return (
+        f"the broker at {path} went away; the arrays held now stay valid, and the next lease connects again once a "
+        "broker serves that socket (restart it)"
+    )
+
+
 async def _connect(path: str, hello: dict[str, Any]) -> tuple[Channel, dict[str, Any]]:
     """Connect, say ``hello``, and return the channel and the broker's welcome."""
     try:
@@ -158,7 +165,7 @@ class BrokerLease:
             # a write never awaits: the frame is out whole, and the reader takes the answer
             message = {"op": "lease", "id": id, "min": least, "want": want, "wait": wait, "priority": priority}
             if not self._write(channel, message):
-                raise BrokerError(f"the broker at {self.path} went away; the arrays held now stay valid")
+                raise BrokerError(_went_away(self.path))
             await ask.done.wait()
         except BaseException:
             if not ask.done.is_set():
@@ -256,7 +263,7 @@ class BrokerLease:
         """The connection ended (``exc``: how, None when cancelled): keep only what is held; end the waits."""
         if self._channel is not channel:
             return
-        gone = BrokerError(f"the broker at {self.path} went away; the arrays held now stay valid")
+        gone = BrokerError(_went_away(self.path))
         if isinstance(exc, ProtocolError):
             gone = BrokerError(f"the broker at {self.path} broke the protocol: {exc}")
         if exc is not None:

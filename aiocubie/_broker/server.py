@@ -118,6 +118,10 @@ class Broker:
             raise BrokerError(f"the broker's budget of {budget} bytes cannot be split {split} ways: give 1 to {budget}")
         self.path = Path(path)
         self.leases = Leases(budget, budget // split)
+        if slab is not None and not 1 <= slab <= budget:
+            raise BrokerError(
+                f"the broker's slab of {slab} bytes must be 1 to its budget of {budget}: give a smaller --slab"
+            )
         self.slab = slab if slab is not None else max(4096, budget // 32 // 4096 * 4096)
         self.device = device
         self.allowed_uid = os.getuid() if allowed_uid is None else allowed_uid
