@@ -117,11 +117,12 @@ class SessionBroker:
 
         Raises
         ------
-        subprocess.CalledProcessError
-            If the broker does not answer.
+        subprocess.SubprocessError
+            If the broker does not answer (in a minute).
         """
         command = [sys.executable, "-m", "aiocubie", "broker", "status", "--socket", str(self.path), "--json"]
-        record: dict[str, Any] = json.loads(subprocess.run(command, capture_output=True, check=True, text=True).stdout)
+        answer = subprocess.run(command, capture_output=True, check=True, text=True, timeout=60)
+        record: dict[str, Any] = json.loads(answer.stdout)
         return record
 
     def stop(self) -> None:
@@ -189,7 +190,7 @@ class _Controller:
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         try:
             record = self.broker.status()
-        except (subprocess.CalledProcessError, ValueError) as exc:
+        except (subprocess.SubprocessError, ValueError) as exc:
             terminalreporter.write_line(f"aiocubie broker: no record at the end ({exc})")
             return
         share = record["share"]

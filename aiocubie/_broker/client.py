@@ -33,7 +33,9 @@ Spawn = Callable[..., object]
 _ENDS = (ProtocolError, anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 
 
-def _unreachable(path: str, exc: BaseException) -> BrokerError:
+def _unreachable(path: str, exc: BaseException, role: str) -> BrokerError:
+    if role == "status":  # a status reader holds no arrays and set no broker=
+        return BrokerError(f"no broker answers at {path} ({exc}): is it the --socket the broker was started with?")
     return BrokerError(
         f"no broker answers at {path} ({exc}): start one with `python -m aiocubie broker --socket {path} "
         "--budget BYTES`, or drop broker= / AIOCUBIE_BROKER; the arrays held now stay valid"
@@ -53,7 +55,7 @@ async def _connect(path: str, hello: dict[str, Any]) -> tuple[Channel, dict[str,
         with anyio.fail_after(CONNECT_TIMEOUT):
             channel = await connect(path)
     except (OSError, TimeoutError) as exc:
-        raise _unreachable(path, exc) from None
+        raise _unreachable(path, exc, hello["role"]) from None
     try:
         with anyio.fail_after(CONNECT_TIMEOUT):
             channel.write(hello)
@@ -81,10 +83,11 @@ async def broker_status(path: str) -> dict[str, Any]:
     hello = {"op": "hello", "v": VERSION, "role": "status", "pid": os.getpid(), "name": "status", "hold": 0}
     channel, _ = await _connect(path, hello)
     try:
-        channel.write({"op": "status"})
-        report = await channel.read()  # a large record waits in the socket: the broker sends it as it is read
-    except _ENDS as exc:
-        raise BrokerError(f"the broker at {path} went away: {exc!r}") from exc
+        with anyio.fail_after(CONNECT_TIMEOUT):
+            channel.write({"op": "status"})
+            report = await channel.read()  # a large record waits in the socket: the broker sends it as it is read
+    except (*_ENDS, TimeoutError) as exc:
+        raise BrokerError(f"the broker at {path} went away, or did not answer: {exc!r}") from exc
     finally:
         channel.close()
     status: dict[str, Any] = report["status"]
